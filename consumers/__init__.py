@@ -1,0 +1,1 @@
+"""Kafka consumers that drive replay, the Parquet shard writer, seal and rebuild."""

@@ -1,0 +1,80 @@
+"""``flywheel``: one entry point, one sub-command per stage of the flywheel.
+
+Sub-apps live next to the code they drive (``streams.cli``, ``replay.cli``) and must
+not import torch at module level, so ``flywheel broker status`` starts fast. Every
+deliberate error (:class:`~flywheel.errors.FlywheelError`) becomes a one-paragraph
+message on stderr and exit status 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import typer
+
+from flywheel import __version__
+from flywheel.errors import FlywheelError
+
+app = typer.Typer(
+    name="flywheel",
+    help="hebrus-flywheel: capture → streams → replay → snapshots → train → qualify.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _mount_subapps() -> None:
+    from replay.cli import capture_command, teacher_app
+    from streams.cli import broker_app, topics_app
+
+    app.add_typer(broker_app, name="broker", help="Run the embedded single-node Kafka (KRaft).")
+    app.add_typer(topics_app, name="topics", help="Create and describe the topic catalogue.")
+    app.add_typer(teacher_app, name="teacher", help="Create or describe a frozen teacher.")
+    app.command("capture")(capture_command)
+
+
+@app.callback()
+def _root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
+) -> None:
+    level = logging.DEBUG if verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("faust", "aiokafka", "mode", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+@app.command("version")
+def version() -> None:
+    """Print the package version."""
+    typer.echo(__version__)
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _mount_subapps()
+    try:
+        app(args=argv, standalone_mode=False)
+    except FlywheelError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # click usage errors come through here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

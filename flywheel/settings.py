@@ -1,0 +1,28 @@
+"""Where the flywheel keeps local state and which Kafka cluster it talks to.
+
+Every command takes ``--bootstrap-servers``; without it, ``FLYWHEEL_BOOTSTRAP_SERVERS``
+is read, and without that the embedded broker's address is used.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+EMBEDDED_BROKER_PORT = 19092
+EMBEDDED_CONTROLLER_PORT = 19093
+EMBEDDED_BOOTSTRAP = f"127.0.0.1:{EMBEDDED_BROKER_PORT}"
+BOOTSTRAP_ENV = "FLYWHEEL_BOOTSTRAP_SERVERS"
+HOME_ENV = "FLYWHEEL_HOME"
+
+
+def bootstrap_servers(cli_value: str | None = None) -> str:
+    """The Kafka bootstrap list: the flag, else the environment, else the embedded broker."""
+    if cli_value:
+        return cli_value
+    return os.environ.get(BOOTSTRAP_ENV) or EMBEDDED_BOOTSTRAP
+
+
+def flywheel_home() -> Path:
+    """Local state root (broker jars and data, teachers, datasets): ``$FLYWHEEL_HOME`` or ``./.flywheel``."""
+    return Path(os.environ.get(HOME_ENV) or Path.cwd() / ".flywheel").resolve()

@@ -1,0 +1,1 @@
+"""Teacher loading, model-family adapters, tokenizer, decode capture and prefill replay."""

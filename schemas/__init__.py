@@ -1,0 +1,1 @@
+"""Avro schemas (every published version) and the single-object codec."""

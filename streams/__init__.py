@@ -1,0 +1,1 @@
+"""Topic catalogue, broker control, the runtime publisher and stream processors."""

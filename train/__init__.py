@@ -1,0 +1,1 @@
+"""Snapshot readers, sidecar models, baselines, losses, metrics and qualification."""
