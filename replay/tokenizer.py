@@ -1,0 +1,363 @@
+"""The flywheel's offline tokenizer: byte-level BPE plus a ChatML (Qwen-style) template.
+
+:func:`build_tokenizer` trains a Hugging Face ``tokenizers`` byte-level BPE on the corpus
+shipped in ``replay/data`` plus message text from the synthetic generator (fixed seed),
+single-threaded and in a fixed input order, and writes a directory that
+``transformers.AutoTokenizer.from_pretrained(dir)`` loads offline:
+
+- ``tokenizer.json``: the tokenizer (byte-identical across builds with the same config);
+- ``tokenizer_config.json``: class, special tokens and :data:`CHAT_TEMPLATE`;
+- ``special_tokens_map.json``.
+
+Special tokens are ``<|endoftext|>`` (pad, id 0), ``<|im_start|>``, ``<|im_end|>`` (eos),
+``<tool_call>`` and ``</tool_call>``; all are atomic added tokens. There is no
+normalizer, so ``decode(encode(text)) == text`` for any text.
+
+:func:`tokenizer_digest` and :func:`chat_template_digest` are the identity digests that
+records carry; :func:`load_tokenizer` returns a :class:`LoadedTokenizer`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from flywheel.errors import ConfigError
+from replay.exceptions import TokenizerError
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+SPECIAL_TOKENS: tuple[str, ...] = (ENDOFTEXT, IM_START, IM_END, TOOL_CALL_START, TOOL_CALL_END)
+_LOG = logging.getLogger(__name__)
+EOS_TOKEN = IM_END
+PAD_TOKEN = ENDOFTEXT
+
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+TEMPLATE_FILE = "chat_template.jinja"  # read if present (transformers gives it precedence)
+
+# The Qwen2 pre-tokenization split: contractions, words with one leading non-letter,
+# single digits, punctuation runs, newline runs, other whitespace.
+PRETOKENIZE_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# ChatML. Every message renders as "<|im_start|>{role}\n{content}<|im_end|>\n"; an
+# assistant's tool calls follow its content, each as "<tool_call>\n{json}\n</tool_call>",
+# preceded by "\n" unless it is the first call and the content is empty.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}{%- endif %}"
+    "{%- if message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{%- for tool_call in message['tool_calls'] %}"
+    "{%- if tool_call['function'] is defined %}{%- set tool_call = tool_call['function'] %}"
+    "{%- endif %}"
+    "{%- if not loop.first or message['content'] %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": ' + tool_call['name'] | tojson + ', \"arguments\": ' }}"
+    "{%- if tool_call['arguments'] is string %}{{- tool_call['arguments'] }}"
+    "{%- else %}{{- tool_call['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerBuildConfig:
+    """How the default tokenizer is trained. Same config, same ``tokenizer.json`` bytes.
+
+    Fields:
+        vocab_size: maximum vocabulary size including the special tokens (>= 512);
+            reached exactly up to about 7,500 with the default corpus.
+        min_frequency: a pair must occur this often to be merged.
+        synthetic_threads: synthetic threads whose text is added to the corpus.
+        synthetic_seed: seed of those synthetic threads.
+        model_max_length: ``model_max_length`` written to ``tokenizer_config.json``.
+    """
+
+    vocab_size: int = 4096
+    min_frequency: int = 2
+    synthetic_threads: int = 600
+    synthetic_seed: int = 20260831
+    model_max_length: int = 32768
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "min_frequency", "model_max_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.vocab_size < 512:
+            raise ConfigError(
+                f"vocab_size must be >= 512 (256 byte symbols + specials + merges), "
+                f"got {self.vocab_size}"
+            )
+        if self.synthetic_threads < 0:
+            raise ConfigError("synthetic_threads must be >= 0")
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A tokenizer directory, loaded: the ``tokenizers.Tokenizer`` and its template."""
+
+    tokenizer: Tokenizer
+    chat_template: str
+    directory: Path
+    tokenizer_digest: str
+    chat_template_digest: str
+
+    def token_id(self, token: str) -> int:
+        """The id of a special token; TokenizerError if the vocabulary lacks it."""
+        return special_token_id(self.tokenizer, token)
+
+    @property
+    def eos_id(self) -> int:
+        return self.token_id(EOS_TOKEN)
+
+    @property
+    def pad_id(self) -> int:
+        return self.token_id(PAD_TOKEN)
+
+
+def special_token_id(tokenizer: Tokenizer, token: str) -> int:
+    """The id of ``token``; TokenizerError if it is missing from the vocabulary."""
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise TokenizerError(
+            f"the tokenizer has no {token!r} token; use a tokenizer built by "
+            "replay.tokenizer.build_tokenizer (ChatML special tokens are required)"
+        )
+    return token_id
+
+
+# --- building ---------------------------------------------------------------------------
+
+
+def _new_tokenizer() -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def training_texts(config: TokenizerBuildConfig) -> Iterator[str]:
+    """The training input in its fixed order: corpus files, then synthetic messages."""
+    from replay.synthetic import corpus_texts, generate_threads
+
+    for _name, text in corpus_texts():
+        yield text
+    for thread in generate_threads(config.synthetic_threads, seed=config.synthetic_seed):
+        for message in thread.messages:
+            yield f"{message.role}\n{message.content}"
+            for call in message.tool_calls:
+                payload = {"name": call.name, "arguments": call.arguments}
+                yield "\n" + json.dumps(payload, ensure_ascii=False) + "\n"
+
+
+@contextmanager
+def _single_threaded() -> Iterator[None]:
+    """Disable the tokenizers thread pool while training (restores the old setting)."""
+    old = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = old
+
+
+def train_tokenizer(config: TokenizerBuildConfig) -> Tokenizer:
+    """Train the byte-level BPE in memory (deterministic for a given config)."""
+    tokenizer = _new_tokenizer()
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.vocab_size,
+        min_frequency=config.min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    with _single_threaded():
+        tokenizer.train_from_iterator(training_texts(config), trainer=trainer)
+    for token in SPECIAL_TOKENS:
+        special_token_id(tokenizer, token)
+    return tokenizer
+
+
+def _tokenizer_config(config: TokenizerBuildConfig) -> dict[str, Any]:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": EOS_TOKEN,
+        "pad_token": PAD_TOKEN,
+        "unk_token": None,
+        "extra_special_tokens": [IM_START, TOOL_CALL_START, TOOL_CALL_END],
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": config.model_max_length,
+        "padding_side": "left",
+        "chat_template": CHAT_TEMPLATE,
+    }
+
+
+def _special_tokens_map() -> dict[str, Any]:
+    return {
+        "eos_token": EOS_TOKEN,
+        "pad_token": PAD_TOKEN,
+        "extra_special_tokens": [IM_START, TOOL_CALL_START, TOOL_CALL_END],
+    }
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def _dump(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def build_tokenizer(
+    out_dir: str | Path, *, vocab_size: int | None = None,
+    config: TokenizerBuildConfig | None = None,
+) -> Path:
+    """Train the tokenizer and write it to ``out_dir``; return ``out_dir``.
+
+    ``vocab_size`` overrides ``config.vocab_size``; the result has at most that many
+    entries (the shipped corpus supports about 7,500, so larger requests are capped, with
+    a warning). Existing files are replaced atomically. Takes about a second on one core.
+    """
+    cfg = config or TokenizerBuildConfig()
+    if vocab_size is not None:
+        cfg = replace(cfg, vocab_size=vocab_size)
+    target = Path(out_dir)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TokenizerError(f"cannot create tokenizer directory {target}: {exc}") from None
+    tokenizer = train_tokenizer(cfg)
+    if tokenizer.get_vocab_size() < cfg.vocab_size:
+        _LOG.warning(
+            "tokenizer vocabulary has %d entries, fewer than the requested %d: the offline "
+            "corpus supports only that many merges; size the model's embedding from the "
+            "tokenizer, not from the request",
+            tokenizer.get_vocab_size(), cfg.vocab_size,
+        )
+    _write_atomic(target / TOKENIZER_FILE, tokenizer.to_str(pretty=True) + "\n")
+    _write_atomic(target / CONFIG_FILE, _dump(_tokenizer_config(cfg)))
+    _write_atomic(target / SPECIAL_TOKENS_MAP_FILE, _dump(_special_tokens_map()))
+    return target
+
+
+def ensure_tokenizer(out_dir: str | Path, *, vocab_size: int | None = None) -> Path:
+    """Build the tokenizer into ``out_dir`` unless a loadable one is already there."""
+    target = Path(out_dir)
+    if not (target / TOKENIZER_FILE).is_file():
+        return build_tokenizer(target, vocab_size=vocab_size)
+    load_tokenizer(target)
+    return target
+
+
+# --- loading and identity ----------------------------------------------------------------
+
+
+def _require_file(directory: Path, name: str) -> Path:
+    path = directory / name
+    if not path.is_file():
+        raise TokenizerError(
+            f"{path} is missing; point at a tokenizer directory or build one with "
+            "replay.tokenizer.build_tokenizer(out_dir)"
+        )
+    return path
+
+
+def read_chat_template(directory: str | Path) -> str:
+    """The chat template text: ``chat_template.jinja`` if present, else the config's."""
+    base = Path(directory)
+    if (base / TEMPLATE_FILE).is_file():
+        return (base / TEMPLATE_FILE).read_text(encoding="utf-8")
+    config_path = _require_file(base, CONFIG_FILE)
+    try:
+        data = json.loads(config_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise TokenizerError(f"{config_path} is not valid JSON ({exc.msg}); rebuild it") from None
+    template = data.get("chat_template") if isinstance(data, dict) else None
+    if not isinstance(template, str) or not template:
+        raise TokenizerError(
+            f"{config_path} has no single string 'chat_template'; add one or rebuild the "
+            "tokenizer with replay.tokenizer.build_tokenizer"
+        )
+    return template
+
+
+def tokenizer_digest(directory: str | Path) -> str:
+    """SHA-256 (hex) of the directory's ``tokenizer.json`` bytes."""
+    path = _require_file(Path(directory), TOKENIZER_FILE)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def chat_template_digest(directory: str | Path) -> str:
+    """SHA-256 (hex) of the chat template text (UTF-8)."""
+    return hashlib.sha256(read_chat_template(directory).encode("utf-8")).hexdigest()
+
+
+def load_tokenizer(directory: str | Path) -> LoadedTokenizer:
+    """Load ``tokenizer.json`` and the chat template; TokenizerError if anything is off."""
+    base = Path(directory)
+    path = _require_file(base, TOKENIZER_FILE)
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the Rust side raises plain Exception subclasses
+        raise TokenizerError(
+            f"{path} cannot be parsed as a tokenizers file ({exc}); rebuild the tokenizer"
+        ) from None
+    for token in SPECIAL_TOKENS:
+        special_token_id(tokenizer, token)
+    template = read_chat_template(base)
+    return LoadedTokenizer(
+        tokenizer=tokenizer,
+        chat_template=template,
+        directory=base,
+        tokenizer_digest=tokenizer_digest(base),
+        chat_template_digest=hashlib.sha256(template.encode("utf-8")).hexdigest(),
+    )
+
+
+def load_hf_tokenizer(directory: str | Path) -> Any:
+    """The directory as a ``transformers`` fast tokenizer, loaded strictly offline."""
+    base = Path(directory)
+    _require_file(base, TOKENIZER_FILE)
+    _require_file(base, CONFIG_FILE)
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(
+            f"transformers cannot load the tokenizer in {base} ({exc}); rebuild it"
+        ) from None
