@@ -27,7 +27,8 @@ app = typer.Typer(
 
 
 def _mount_subapps() -> None:
-    from replay.cli import capture_command, teacher_app
+    from replay.capture_cli import capture_command
+    from replay.cli import teacher_app
     from streams.cli import broker_app, topics_app
 
     app.add_typer(broker_app, name="broker", help="Run the embedded single-node Kafka (KRaft).")
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _mount_subapps()
     try:
-        app(args=argv, standalone_mode=False)
+        # Without standalone mode click returns an Exit's code instead of exiting.
+        sys.exit(app(args=argv, standalone_mode=False) or 0)
     except FlywheelError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         sys.exit(2)

@@ -1,0 +1,229 @@
+"""``flywheel broker …`` and ``flywheel topics …``: typer sub-apps mounted by flywheel/cli.py.
+
+Every command takes ``--bootstrap-servers`` (else ``FLYWHEEL_BOOTSTRAP_SERVERS``, else the
+embedded broker at 127.0.0.1:19092). Errors raised on purpose (:class:`FlywheelError`) are
+printed to stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import typer
+
+from flywheel.errors import FlywheelError
+from flywheel.settings import BOOTSTRAP_ENV, bootstrap_servers, flywheel_home
+from streams.broker import BrokerConfig, EmbeddedBroker, is_embedded, probe_metadata
+from streams.topics import CATALOGUE, catalogue, create_topics, describe_topics
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+broker_app = typer.Typer(
+    help="Run the embedded single-node Kafka 4.x broker (KRaft).", no_args_is_help=True
+)
+topics_app = typer.Typer(
+    help="Create and inspect the flywheel topic catalogue.", no_args_is_help=True
+)
+
+BootstrapOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--bootstrap-servers",
+        "-b",
+        help=f"Kafka bootstrap servers [default: ${BOOTSTRAP_ENV} or the embedded broker].",
+        show_default=False,
+    ),
+]
+HomeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--home", help="State root [default: $FLYWHEEL_HOME or ./.flywheel].", show_default=False
+    ),
+]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the cluster.")]
+
+
+def _fail_cleanly(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn a FlywheelError into its message on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except FlywheelError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            # SystemExit, not typer.Exit: click returns typer.Exit's code instead of exiting
+            # when the root app runs with standalone_mode=False.
+            raise SystemExit(2) from exc
+
+    return wrapper
+
+
+def _broker(home: Path | None, **overrides: Any) -> EmbeddedBroker:
+    return EmbeddedBroker(BrokerConfig(home=home or flywheel_home(), **overrides))
+
+
+# --------------------------------------------------------------------------- broker
+
+
+@broker_app.command("up")
+@_fail_cleanly
+def broker_up(
+    bootstrap_servers_: BootstrapOpt = None,
+    home: HomeOpt = None,
+    heap_mb: Annotated[int, typer.Option("--heap-mb", help="JVM max heap, 256..1024 MiB.")] = 768,
+    start_timeout: Annotated[
+        float, typer.Option("--start-timeout", help="Seconds to wait for the broker to answer.")
+    ] = 90.0,
+) -> None:
+    """Start the embedded broker (idempotent) and wait until it answers metadata requests."""
+    broker = _broker(home, heap_mb=heap_mb, start_timeout_s=start_timeout)
+    bootstrap = bootstrap_servers(bootstrap_servers_)
+    if not is_embedded(bootstrap, broker.config):
+        typer.echo(
+            f"an external Kafka cluster is configured ({bootstrap}); not starting the embedded "
+            f"broker. Unset {BOOTSTRAP_ENV} / --bootstrap-servers to use the embedded one."
+        )
+        return
+    started = broker.up()
+    status = broker.status()
+    verb = "started" if started else "already running"
+    typer.echo(f"embedded Kafka broker {verb} on {status.bootstrap} (pid {status.pid})")
+
+
+@broker_app.command("down")
+@_fail_cleanly
+def broker_down(
+    bootstrap_servers_: BootstrapOpt = None,
+    home: HomeOpt = None,
+    stop_timeout: Annotated[
+        float, typer.Option("--stop-timeout", help="Seconds between SIGTERM and SIGKILL.")
+    ] = 30.0,
+) -> None:
+    """Stop the embedded broker started from this home (only the process in its pid file)."""
+    broker = _broker(home, stop_timeout_s=stop_timeout)
+    bootstrap = bootstrap_servers(bootstrap_servers_)
+    if not is_embedded(bootstrap, broker.config):
+        typer.echo(f"note: {bootstrap} is an external cluster; only the embedded broker is stopped")
+    stopped = broker.down()
+    typer.echo(
+        "embedded Kafka broker stopped" if stopped else "embedded Kafka broker was not running"
+    )
+
+
+@broker_app.command("status")
+@_fail_cleanly
+def broker_status(bootstrap_servers_: BootstrapOpt = None, home: HomeOpt = None) -> None:
+    """Show whether the embedded broker runs and answers metadata requests."""
+    broker = _broker(home)
+    for line in broker.status().lines():
+        typer.echo(line)
+    bootstrap = bootstrap_servers(bootstrap_servers_)
+    if not is_embedded(bootstrap, broker.config):
+        ok = probe_metadata(bootstrap, 5.0)
+        typer.echo(f"configured:  {bootstrap} (external), metadata {'ok' if ok else 'unreachable'}")
+
+
+@broker_app.command("logs")
+@_fail_cleanly
+def broker_logs(
+    bootstrap_servers_: BootstrapOpt = None,
+    home: HomeOpt = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="How many lines to print.")] = 50,
+) -> None:
+    """Print the last lines of the embedded broker's server log."""
+    del bootstrap_servers_  # accepted for uniformity; the log is always the embedded broker's
+    tail = _broker(home).log_tail(lines)
+    if not tail:
+        typer.echo("no broker log yet; start the broker with `flywheel broker up`", err=True)
+    for line in tail:
+        typer.echo(line)
+
+
+# --------------------------------------------------------------------------- topics
+
+
+@topics_app.command("create")
+@_fail_cleanly
+def topics_create(
+    bootstrap_servers_: BootstrapOpt = None,
+    prefix: Annotated[str, typer.Option("--prefix", help="Prefix every topic name (tests).")] = "",
+    timeout: TimeoutOpt = 30.0,
+) -> None:
+    """Create every catalogue topic that does not exist yet (idempotent)."""
+    bootstrap = bootstrap_servers(bootstrap_servers_)
+    result = create_topics(bootstrap, catalogue(prefix), timeout_s=timeout)
+    for name, state in result.items():
+        typer.echo(f"{state:8} {name}")
+
+
+@topics_app.command("list")
+@_fail_cleanly
+def topics_list(
+    bootstrap_servers_: BootstrapOpt = None,
+    all_topics: Annotated[
+        bool, typer.Option("--all", help="Also list topics outside the catalogue.")
+    ] = False,
+    timeout: TimeoutOpt = 15.0,
+) -> None:
+    """Show the catalogue topics (and with --all every topic) as the cluster sees them."""
+    bootstrap = bootstrap_servers(bootstrap_servers_)
+    infos = describe_topics(
+        bootstrap, None if all_topics else [s.name for s in CATALOGUE], timeout_s=timeout
+    )
+    specs = {s.name: s for s in CATALOGUE}
+    rows = [("topic", "partitions", "cleanup.policy", "retention.ms", "state")]
+    for name in sorted(set(specs) | set(infos)):
+        info, spec = infos.get(name), specs.get(name)
+        if info is None:
+            rows.append((name, "-", "-", "-", "missing"))
+            continue
+        drift = spec is not None and (
+            info.partitions != spec.partitions
+            or any(info.configs.get(k) != v for k, v in spec.topic_configs().items())
+        )
+        state = "not in catalogue" if spec is None else ("differs" if drift else "ok")
+        cfg = info.configs
+        policy, retention = cfg.get("cleanup.policy", "?"), cfg.get("retention.ms", "?")
+        rows.append((name, str(info.partitions), policy, retention, state))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[4])
+
+
+@topics_app.command("describe")
+@_fail_cleanly
+def topics_describe(
+    names: Annotated[
+        list[str] | None, typer.Argument(help="Topics [default: the catalogue].")
+    ] = None,
+    bootstrap_servers_: BootstrapOpt = None,
+    timeout: TimeoutOpt = 15.0,
+) -> None:
+    """Print the spec (key, doc) and the live partitions/configs of topics."""
+    bootstrap = bootstrap_servers(bootstrap_servers_)
+    wanted = names or [s.name for s in CATALOGUE]
+    infos = describe_topics(bootstrap, wanted, timeout_s=timeout)
+    specs = {s.name: s for s in CATALOGUE}
+    for name in wanted:
+        typer.echo(name)
+        if name in specs:
+            typer.echo(f"  key:        {specs[name].key}")
+            typer.echo(f"  doc:        {specs[name].doc}")
+        info = infos.get(name)
+        if info is None:
+            typer.echo("  state:      missing (run `flywheel topics create`)")
+            continue
+        typer.echo(f"  partitions: {info.partitions}")
+        for key in sorted(info.configs):
+            if key in (
+                "cleanup.policy",
+                "retention.ms",
+                "max.message.bytes",
+                "min.insync.replicas",
+            ):
+                typer.echo(f"  {key}: {info.configs[key]}")

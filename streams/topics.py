@@ -1,0 +1,387 @@
+"""The topic catalogue: every Kafka topic the flywheel uses, and idempotent creation.
+
+Topics are named ``flywheel.<stage>.<name>.v<N>`` and keyed by ``owner/thread`` (the
+identities topic is keyed by identity id). Capture, quarantine, window and control
+topics keep their data forever (``retention.ms=-1``) because snapshots must be
+rebuildable by replaying them; the identities topic is compacted.
+
+Integration tests use :func:`catalogue` with a unique ``prefix`` so that each run gets
+its own uuid-named copies of the real topics.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Literal
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from flywheel.errors import ConfigError
+from streams.exceptions import TopicError
+
+log = logging.getLogger(__name__)
+
+TOPIC_NAME_PATTERN = (
+    r"flywheel\.(?P<stage>[a-z][a-z0-9_]*)\.(?P<name>[a-z][a-z0-9_]*)\.v(?P<version>[1-9][0-9]*)"
+)
+TOPIC_NAME_RE = re.compile(rf"^{TOPIC_NAME_PATTERN}$")
+_KAFKA_LEGAL_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_KAFKA_MAX_NAME = 249
+CLEANUP_POLICIES = ("delete", "compact", "compact,delete")
+RETAIN_FOREVER = -1
+
+IDENTITIES_TOPIC = "flywheel.capture.identities.v1"
+TRANSCRIPTS_TOPIC = "flywheel.capture.transcripts.v1"
+OBSERVATIONS_TOPIC = "flywheel.capture.observations.v1"
+QUARANTINE_TOPIC = "flywheel.quarantine.records.v1"
+CONTROL_TOPIC = "flywheel.control.epochs.v1"
+SPLITS: tuple[str, ...] = (
+    "train",
+    "validation",
+    "temporal_holdout",
+    "stress_holdout",
+    "runtime_holdout",
+)
+
+TopicState = Literal["created", "exists"]
+
+
+def window_topic(split: str) -> str:
+    """The window topic of one split, e.g. ``flywheel.windows.train.v1``."""
+    if split not in SPLITS:
+        raise TopicError(
+            f"unknown split {split!r}; use one of {', '.join(SPLITS)} "
+            "(streams.topics.SPLITS lists the splits that have window topics)"
+        )
+    return f"flywheel.windows.{split}.v1"
+
+
+def validate_topic_name(name: str, *, prefix: str = "") -> str:
+    """Return ``name`` if it is ``<prefix>flywheel.<stage>.<name>.v<N>``, else raise TopicError."""
+    if not name.startswith(prefix):
+        raise TopicError(
+            f"topic {name!r} lacks the expected prefix {prefix!r}; "
+            f"name it {prefix}flywheel.<stage>.<name>.v<N>"
+        )
+    if not TOPIC_NAME_RE.match(name[len(prefix) :]):
+        raise TopicError(
+            f"topic {name!r} breaks the naming convention; name it "
+            f"{prefix}flywheel.<stage>.<name>.v<N> (lower-case stage and name, N >= 1)"
+        )
+    _check_kafka_legal(name)
+    return name
+
+
+def _check_kafka_legal(name: str) -> None:
+    if (
+        not name
+        or len(name) > _KAFKA_MAX_NAME
+        or not _KAFKA_LEGAL_RE.match(name)
+        or name in {".", ".."}
+    ):
+        raise TopicError(
+            f"{name!r} is not a legal Kafka topic name; use 1-{_KAFKA_MAX_NAME} characters "
+            "from [A-Za-z0-9._-]"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopicSpec:
+    """One topic of the catalogue and the configuration it is created with."""
+
+    name: str
+    """Full topic name (``flywheel.<stage>.<name>.v<N>``, possibly with a test prefix)."""
+    partitions: int
+    """Number of partitions; records with the same key always land in the same one."""
+    retention_ms: int = RETAIN_FOREVER
+    """``retention.ms``: -1 keeps data forever (needed for rebuildable snapshots)."""
+    cleanup_policy: str = "delete"
+    """``cleanup.policy``: ``delete``, ``compact`` or ``compact,delete``."""
+    key: str = "owner/thread"
+    """What the message key is, for humans (``owner/thread`` for almost every topic)."""
+    doc: str
+    """One sentence saying what the topic carries."""
+    configs: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """Extra topic-level configs (e.g. ``{"max.message.bytes": "8388608"}``)."""
+
+    def __post_init__(self) -> None:
+        try:
+            _check_kafka_legal(self.name)
+        except TopicError as exc:
+            raise ConfigError(f"TopicSpec.name: {exc}") from exc
+        if (
+            isinstance(self.partitions, bool)
+            or not isinstance(self.partitions, int)
+            or self.partitions < 1
+        ):
+            raise ConfigError(
+                f"TopicSpec.partitions must be an integer >= 1, "
+                f"got {self.partitions!r} for {self.name}"
+            )
+        if self.retention_ms != RETAIN_FOREVER and self.retention_ms <= 0:
+            raise ConfigError(
+                f"TopicSpec.retention_ms must be -1 (forever) or > 0, "
+                f"got {self.retention_ms} for {self.name}"
+            )
+        if self.cleanup_policy not in CLEANUP_POLICIES:
+            raise ConfigError(
+                f"TopicSpec.cleanup_policy must be one of {CLEANUP_POLICIES}, "
+                f"got {self.cleanup_policy!r}"
+            )
+        if not self.doc.strip():
+            raise ConfigError(f"TopicSpec.doc must describe what {self.name} carries")
+        reserved = {"cleanup.policy", "retention.ms"} & set(self.configs)
+        if reserved:
+            raise ConfigError(
+                f"TopicSpec.configs must not set {sorted(reserved)}; "
+                "use the cleanup_policy/retention_ms fields"
+            )
+        object.__setattr__(
+            self, "configs", MappingProxyType({str(k): str(v) for k, v in self.configs.items()})
+        )
+
+    def topic_configs(self) -> dict[str, str]:
+        """Every topic-level config this spec creates the topic with."""
+        return {
+            "cleanup.policy": self.cleanup_policy,
+            "retention.ms": str(self.retention_ms),
+            **self.configs,
+        }
+
+    def with_prefix(self, prefix: str) -> TopicSpec:
+        """The same spec under ``prefix + name`` (used by tests for uuid-named topics)."""
+        return replace(self, name=f"{prefix}{self.name}", configs=dict(self.configs))
+
+
+def _window_spec(split: str) -> TopicSpec:
+    return TopicSpec(
+        name=window_topic(split),
+        partitions=4,
+        doc=f"Causal windows of {split} threads, cut after split and dedup; input of replay.",
+    )
+
+
+CATALOGUE: tuple[TopicSpec, ...] = (
+    TopicSpec(
+        name=IDENTITIES_TOPIC,
+        partitions=1,
+        cleanup_policy="compact",
+        key="identity id",
+        doc="Pinned runtime identities (model, tokenizer, template, dtype, tie-break rule).",
+    ),
+    TopicSpec(
+        name=TRANSCRIPTS_TOPIC,
+        partitions=4,
+        doc="Captured conversation turns (token ids and text) from live decode.",
+    ),
+    TopicSpec(
+        name=OBSERVATIONS_TOPIC,
+        partitions=4,
+        doc="Native top-k routing observations captured during live decode.",
+    ),
+    TopicSpec(
+        name=QUARANTINE_TOPIC,
+        partitions=4,
+        doc="Records refused by validation, with a reason code; never reach a shard.",
+    ),
+    *(_window_spec(split) for split in SPLITS),
+    TopicSpec(
+        name=CONTROL_TOPIC,
+        partitions=1,
+        key="epoch id",
+        doc="Epoch seal control records (seal requests and sealed manifests).",
+    ),
+)
+
+
+def catalogue(prefix: str = "") -> tuple[TopicSpec, ...]:
+    """The catalogue, with every name prefixed by ``prefix`` (e.g. ``"t-<uuid>."`` in tests)."""
+    if prefix:
+        _check_kafka_legal(prefix)
+    return tuple(spec.with_prefix(prefix) for spec in CATALOGUE)
+
+
+def spec_for(name: str, specs: Iterable[TopicSpec] = CATALOGUE) -> TopicSpec:
+    """The spec named ``name``, or TopicError listing what exists."""
+    for spec in specs:
+        if spec.name == name:
+            return spec
+    raise TopicError(
+        f"{name!r} is not in the topic catalogue; known topics: {[s.name for s in CATALOGUE]}"
+    )
+
+
+def admin_client(bootstrap: str, **extra: Any) -> AdminClient:
+    """An AdminClient whose librdkafka logs go to stdlib logging instead of stderr."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "logger": logging.getLogger("streams.librdkafka"),
+        **extra,
+    }
+    return AdminClient(conf)
+
+
+def create_topics(
+    bootstrap: str,
+    specs: Sequence[TopicSpec] = CATALOGUE,
+    *,
+    timeout_s: float = 30.0,
+    strict: bool = True,
+) -> dict[str, TopicState]:
+    """Create ``specs`` on the cluster; existing topics are left alone and reported ``exists``.
+
+    With ``strict`` (the default), an existing topic whose partition count, cleanup policy
+    or retention differs from its spec raises :class:`TopicError`, because e.g. an
+    auto-created capture topic with 7-day retention would silently break rebuilds.
+    """
+    if not specs:
+        return {}
+    admin = admin_client(bootstrap)
+    _require_reachable(admin, bootstrap, min(timeout_s, 10.0))
+    new = [
+        NewTopic(
+            s.name, num_partitions=s.partitions, replication_factor=-1, config=s.topic_configs()
+        )
+        for s in specs
+    ]
+    futures = admin.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s)
+    result: dict[str, TopicState] = {}
+    for name, fut in futures.items():
+        result[name] = _creation_state(name, fut, bootstrap, timeout_s)
+    existing = [s for s in specs if result.get(s.name) == "exists"]
+    if strict and existing:
+        problems = check_topics(bootstrap, existing, timeout_s=timeout_s)
+        if problems:
+            raise TopicError(
+                "existing topics differ from the catalogue: "
+                + "; ".join(problems)
+                + ". Delete and recreate them (data is lost) or alter their configs to match."
+            )
+    log.info("topics on %s: %s", bootstrap, result)
+    return result
+
+
+def _require_reachable(admin: AdminClient, bootstrap: str, timeout_s: float) -> None:
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise TopicError(
+            f"cannot reach Kafka at {bootstrap}: {exc}; start the broker (`flywheel broker up`) "
+            "or point --bootstrap-servers / FLYWHEEL_BOOTSTRAP_SERVERS at a running cluster"
+        ) from exc
+
+
+def _creation_state(name: str, fut: Any, bootstrap: str, timeout_s: float) -> TopicState:
+    try:
+        fut.result(timeout=timeout_s + 5)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return "exists"
+        raise TopicError(
+            f"could not create topic {name} on {bootstrap}: {exc}; check that the broker is "
+            "running (`flywheel broker status`) and accepts topic creation"
+        ) from exc
+    return "created"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopicInfo:
+    """What the cluster says about one topic."""
+
+    name: str
+    partitions: int
+    configs: Mapping[str, str] = field(hash=False)
+
+
+def describe_topics(
+    bootstrap: str, names: Iterable[str] | None = None, *, timeout_s: float = 15.0
+) -> dict[str, TopicInfo]:
+    """Partitions and configs of ``names`` (all non-internal topics when None).
+
+    Names that do not exist on the cluster are left out of the result.
+    """
+    admin = admin_client(bootstrap)
+    _require_reachable(admin, bootstrap, timeout_s)
+    metadata = admin.list_topics(timeout=timeout_s)
+    wanted = (
+        [n for n in metadata.topics if not n.startswith("__")] if names is None else list(names)
+    )
+    present = [n for n in wanted if n in metadata.topics and metadata.topics[n].error is None]
+    configs = _topic_configs(admin, bootstrap, present, timeout_s)
+    return {
+        n: TopicInfo(name=n, partitions=len(metadata.topics[n].partitions), configs=configs[n])
+        for n in sorted(present)
+    }
+
+
+def _topic_configs(
+    admin: AdminClient, bootstrap: str, names: list[str], timeout_s: float
+) -> dict[str, dict[str, str]]:
+    if not names:
+        return {}
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, n) for n in names]
+    out: dict[str, dict[str, str]] = {}
+    for resource, fut in admin.describe_configs(resources, request_timeout=timeout_s).items():
+        try:
+            entries = fut.result(timeout=timeout_s + 5)
+        except KafkaException as exc:
+            raise TopicError(
+                f"cannot describe configs of {resource.name} on {bootstrap}: {exc}; "
+                "retry once the broker is healthy (`flywheel broker status`)"
+            ) from exc
+        out[resource.name] = {k: str(e.value) for k, e in entries.items() if e.value is not None}
+    return out
+
+
+def check_topics(
+    bootstrap: str, specs: Sequence[TopicSpec], *, timeout_s: float = 15.0
+) -> list[str]:
+    """Human-readable differences between ``specs`` and the cluster (missing topics included)."""
+    infos = describe_topics(bootstrap, [s.name for s in specs], timeout_s=timeout_s)
+    problems: list[str] = []
+    for spec in specs:
+        info = infos.get(spec.name)
+        if info is None:
+            problems.append(f"{spec.name} is missing")
+            continue
+        if info.partitions != spec.partitions:
+            problems.append(
+                f"{spec.name} has {info.partitions} partitions, catalogue wants {spec.partitions}"
+            )
+        for key, want in spec.topic_configs().items():
+            have = info.configs.get(key)
+            if have != want:
+                problems.append(f"{spec.name} has {key}={have}, catalogue wants {want}")
+    return problems
+
+
+def delete_topics(
+    bootstrap: str, names: Iterable[str], *, timeout_s: float = 30.0
+) -> dict[str, str]:
+    """Delete ``names``; returns name -> ``deleted`` | ``missing``. Used by test teardown."""
+    names = list(names)
+    if not names:
+        return {}
+    admin = admin_client(bootstrap)
+    result: dict[str, str] = {}
+    for name, fut in admin.delete_topics(
+        names, operation_timeout=timeout_s, request_timeout=timeout_s
+    ).items():
+        try:
+            fut.result(timeout=timeout_s + 5)
+            result[name] = "deleted"
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                result[name] = "missing"
+                continue
+            raise TopicError(
+                f"could not delete topic {name} on {bootstrap}: {exc}; check the broker log"
+            ) from exc
+    return result

@@ -1,0 +1,90 @@
+"""Fixtures for integration tests against a real Kafka broker.
+
+``kafka_bootstrap`` uses ``$FLYWHEEL_BOOTSTRAP_SERVERS`` when set; otherwise it starts the
+embedded broker of ``$FLYWHEEL_HOME`` (default ``./.flywheel``) if it is not running yet and
+leaves it running afterwards (``.ci/run`` / ``flywheel broker down`` stops it).
+
+``topic_factory`` (module-scoped) makes uuid-named topics (plain ones, or a prefixed copy
+of the whole catalogue) and deletes them when the module's tests are done.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import pytest
+
+from flywheel.settings import BOOTSTRAP_ENV
+from streams.broker import BrokerConfig, EmbeddedBroker, probe_metadata
+from streams.exceptions import BrokerError
+from streams.topics import TopicSpec, catalogue, create_topics, delete_topics
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    """Bootstrap servers of a running broker (external, or the embedded one started here)."""
+    external = os.environ.get(BOOTSTRAP_ENV)
+    if external:
+        if not probe_metadata(external, 15.0):
+            pytest.fail(f"{BOOTSTRAP_ENV}={external} does not answer metadata requests")
+        return external
+    broker = EmbeddedBroker(BrokerConfig())
+    try:
+        broker.up()
+    except BrokerError:
+        # Another session may own a broker on the same address (e.g. another FLYWHEEL_HOME).
+        if not probe_metadata(broker.config.bootstrap, 5.0):
+            raise
+    return broker.config.bootstrap
+
+
+class TopicFactory:
+    """Creates uniquely named topics on the test broker and remembers them for deletion."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.prefix = f"t-{uuid.uuid4().hex[:12]}."
+        self.created: list[str] = []
+
+    def __call__(
+        self, name: str = "topic", *, partitions: int = 1, configs: Mapping[str, str] | None = None
+    ) -> str:
+        """Create ``<prefix><name>-<uuid>`` with ``partitions``; returns the full name."""
+        full = f"{self.prefix}{name}-{uuid.uuid4().hex[:8]}"
+        spec = TopicSpec(
+            name=full, partitions=partitions, doc="integration test topic", configs=configs or {}
+        )
+        self.create([spec])
+        return full
+
+    def catalogue(self) -> tuple[TopicSpec, ...]:
+        """Create (idempotently) a prefixed copy of the whole catalogue; returns its specs."""
+        specs = catalogue(self.prefix)
+        self.create(specs)
+        return specs
+
+    def create(self, specs: Sequence[TopicSpec]) -> dict[str, str]:
+        """Create ``specs`` (tracked for deletion); returns name -> created|exists."""
+        self.track(s.name for s in specs)
+        return dict(create_topics(self.bootstrap, specs))
+
+    def track(self, names: Iterable[str]) -> None:
+        """Delete ``names`` at teardown too (for topics created by the code under test)."""
+        for name in names:
+            if name not in self.created:
+                self.created.append(name)
+
+    def cleanup(self) -> None:
+        delete_topics(self.bootstrap, self.created)
+        self.created.clear()
+
+
+@pytest.fixture(scope="module")
+def topic_factory(kafka_bootstrap: str) -> Iterator[TopicFactory]:
+    """One factory (one prefix) per test module, so module-scoped fixtures can use it too;
+    every topic it made or tracked is deleted when the module finishes."""
+    factory = TopicFactory(kafka_bootstrap)
+    yield factory
+    factory.cleanup()
