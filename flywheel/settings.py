@@ -24,5 +24,5 @@ def bootstrap_servers(cli_value: str | None = None) -> str:
 
 
 def flywheel_home() -> Path:
-    """Local state root (broker jars and data, teachers, datasets): ``$FLYWHEEL_HOME`` or ``./.flywheel``."""
+    """Local state root (broker, teachers, datasets): ``$FLYWHEEL_HOME`` or ``./.flywheel``."""
     return Path(os.environ.get(HOME_ENV) or Path.cwd() / ".flywheel").resolve()
