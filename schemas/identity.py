@@ -17,7 +17,8 @@ TIE_BREAK_SCORE_DESC_ID_ASC = "score_desc_then_expert_id_asc"
 
 
 def canonical_json(fields: Mapping[str, Any]) -> bytes:
-    return json.dumps(dict(fields), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    text = json.dumps(dict(fields), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode()
 
 
 def compute_identity_id(fields: Mapping[str, Any]) -> str:

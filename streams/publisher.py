@@ -1,0 +1,484 @@
+"""The capture publisher a decode runtime embeds: validate, encode, enqueue, produce.
+
+``publish_*`` runs on the caller's thread: it validates the record
+(:mod:`streams.validation`, which covers every Avro type and range of the v1 schemas),
+stamps ``producer_id`` / ``counter`` / ``wall_time_ms`` when unset, encodes it (Avro
+single-object, :mod:`schemas.codec`) and puts the bytes on a bounded in-process queue;
+it never waits longer than ``max_block_ms`` for room. A background thread hands the
+bytes to an idempotent confluent-kafka producer (``acks=all``) and polls for delivery
+reports; it holds the GIL only briefly, so it does not stall a decode loop. When the
+queue stays full for ``max_block_ms`` the ``full_policy`` applies and the record is
+counted in ``dropped_queue_full``. ``counter`` is consumed by every valid record,
+enqueued or dropped, so counter gaps on a topic reveal records dropped here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from flywheel.errors import ConfigError
+from flywheel.settings import bootstrap_servers
+from schemas.codec import encode_entry, kafka_headers
+from schemas.exceptions import RecordEncodeError
+from schemas.registry import SchemaRegistry, default_registry
+from streams import validation
+from streams.exceptions import PublisherClosedError, PublishValidationError, QueueFullError
+from streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
+
+if TYPE_CHECKING:
+    from confluent_kafka._types import HeadersType
+
+log = logging.getLogger(__name__)
+_rdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
+
+FULL_POLICIES = ("block_then_drop_newest", "block_then_raise")
+COMPRESSIONS = ("lz4", "zstd")
+IDENTITY_SCHEMA = "hebrus.flywheel.v1.RuntimeIdentity.v1"
+TURN_SCHEMA = "hebrus.flywheel.v1.TranscriptTurn.v1"
+OBSERVATION_SCHEMA = "hebrus.flywheel.v1.RouteObservation.v1"
+_PROTECTED = frozenset({"bootstrap.servers", "enable.idempotence", "acks", "on_delivery",
+                        "error_cb", "logger", "client.id"})
+_IDLE_POLL_S = 0.02
+_T = TypeVar("_T")
+_BUFFER_RETRY_S = 0.05
+
+
+def default_producer_id() -> str:
+    """``<host>-<pid>-<random>``: unique per process lifetime, since counters restart at 0."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublisherConfig:
+    """Configuration of :class:`RuntimePublisher`.
+
+    Attributes:
+        bootstrap_servers: Kafka bootstrap list (default: ``flywheel.settings``).
+        identities_topic: topic of ``RuntimeIdentity`` records (keyed by identity id).
+        transcripts_topic: topic of ``TranscriptTurn`` records (keyed ``owner/thread``).
+        observations_topic: topic of ``RouteObservation`` records (keyed ``owner/thread``).
+        producer_id: stamped into records that leave it unset; unique per process.
+        queue_capacity: encoded records the in-process queue holds (~3.3 KB each for a
+            48x10 observation) before ``publish_*`` waits.
+        max_block_ms: longest a ``publish_*`` call waits for the lock and queue space, on
+            top of its validate + encode CPU time.
+        full_policy: after ``max_block_ms`` of a full queue, ``block_then_drop_newest``
+            drops the record (``publish_*`` returns False); ``block_then_raise`` raises
+            :class:`QueueFullError`. Both count ``dropped_queue_full``.
+        linger_ms: librdkafka ``linger.ms`` (batching delay).
+        compression: ``lz4`` or ``zstd``.
+        delivery_timeout_ms: librdkafka ``delivery.timeout.ms``; undelivered after that
+            counts as failed.
+        vocab_size: when set, token ids are checked against ``[0, vocab_size)``.
+        close_timeout_s: how long ``close()`` waits for outstanding deliveries.
+        producer_overrides: extra librdkafka settings (cannot change idempotence, acks,
+            bootstrap or callbacks).
+    """
+
+    bootstrap_servers: str = field(default_factory=lambda: bootstrap_servers(None))
+    identities_topic: str = IDENTITIES_TOPIC
+    transcripts_topic: str = TRANSCRIPTS_TOPIC
+    observations_topic: str = OBSERVATIONS_TOPIC
+    producer_id: str = field(default_factory=default_producer_id)
+    queue_capacity: int = 10_000
+    max_block_ms: float = 5.0
+    full_policy: str = "block_then_drop_newest"
+    linger_ms: int = 5
+    compression: str = "lz4"
+    delivery_timeout_ms: int = 120_000
+    vocab_size: int | None = None
+    close_timeout_s: float = 30.0
+    producer_overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("bootstrap_servers", "identities_topic", "transcripts_topic",
+                     "observations_topic", "producer_id"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(f"PublisherConfig.{name} must be a non-empty string")
+        for name, low in (("queue_capacity", 1), ("max_block_ms", 0), ("linger_ms", 0),
+                          ("delivery_timeout_ms", 1), ("close_timeout_s", 0)):
+            if getattr(self, name) < low:
+                raise ConfigError(f"PublisherConfig.{name} must be ≥ {low}, got "
+                                  f"{getattr(self, name)}")
+        if self.full_policy not in FULL_POLICIES:
+            raise ConfigError(f"PublisherConfig.full_policy must be one of {FULL_POLICIES}, "
+                              f"got {self.full_policy!r}")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"PublisherConfig.compression must be one of {COMPRESSIONS}, "
+                              f"got {self.compression!r}")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ConfigError(f"PublisherConfig.vocab_size must be ≥ 1, got {self.vocab_size}")
+        clash = sorted(_PROTECTED & set(self.producer_overrides))
+        if clash:
+            raise ConfigError(f"PublisherConfig.producer_overrides may not set {clash}; the "
+                              "publisher fixes them (idempotent, acks=all, own callbacks)")
+        object.__setattr__(self, "producer_overrides",
+                           MappingProxyType(dict(self.producer_overrides)))
+
+    def producer_settings(self) -> dict[str, Any]:
+        """The librdkafka configuration (without callbacks)."""
+        return {
+            "bootstrap.servers": self.bootstrap_servers,
+            "client.id": f"flywheel-publisher-{self.producer_id}",
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": self.linger_ms,
+            "compression.type": self.compression,
+            "delivery.timeout.ms": self.delivery_timeout_ms,
+            **self.producer_overrides,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublisherStats:
+    """A snapshot of the publisher's counters.
+
+    Attributes:
+        enqueued: records accepted onto the in-process queue.
+        delivered: records the broker acknowledged.
+        failed: enqueued records that librdkafka refused or did not deliver
+            (``first_error`` has the first reason).
+        dropped_queue_full: records dropped (or refused) because the queue stayed full.
+        dropped_on_close: queued records discarded because ``close()`` timed out.
+        rejected_invalid: records refused by validation, by reason code.
+        delivered_by_topic / failed_by_topic: the same counts per topic.
+        bytes_on_wire: key + value + header bytes of delivered records per topic
+            (before compression).
+        queue_depth: records waiting in the in-process queue now.
+        in_flight: records inside librdkafka awaiting delivery now.
+        first_error: the first delivery / produce / fatal error, if any.
+    """
+
+    enqueued: int
+    delivered: int
+    failed: int
+    dropped_queue_full: int
+    dropped_on_close: int
+    rejected_invalid: Mapping[str, int]
+    delivered_by_topic: Mapping[str, int]
+    failed_by_topic: Mapping[str, int]
+    bytes_on_wire: Mapping[str, int]
+    queue_depth: int
+    in_flight: int
+    first_error: str | None
+
+
+class _Item(NamedTuple):
+    topic: str
+    key: bytes
+    value: bytes
+    headers: HeadersType
+
+
+class RuntimePublisher:
+    """Publishes identities, transcript turns and route observations. Thread-safe.
+
+    ``identity`` (a ``RuntimeIdentity`` dict) registers the geometry that turns and
+    observations are checked against, without publishing it: call ``publish_identity``
+    too, which also registers further identities. Use as a context manager, or call
+    :meth:`close`.
+    """
+
+    def __init__(self, config: PublisherConfig | None = None, *,
+                 identity: Mapping[str, Any] | None = None,
+                 registry: SchemaRegistry | None = None) -> None:
+        self.config = config if config is not None else PublisherConfig()
+        reg = registry if registry is not None else default_registry()
+        self._entries = {name: reg.get(name) for name in
+                         (IDENTITY_SCHEMA, TURN_SCHEMA, OBSERVATION_SCHEMA)}
+        self._headers: dict[str, HeadersType] = {
+            name: list(kafka_headers(e)) for name, e in self._entries.items()}
+        self._geometries: dict[str, validation.RouteGeometry] = {}
+        if identity is not None:
+            self._register(identity)
+        self._obs_tracker = validation.OrdinalTracker(field="token_ordinal")
+        self._turn_tracker = validation.OrdinalTracker(field="turn_index")
+        self._queue: queue.Queue[_Item] = queue.Queue(maxsize=self.config.queue_capacity)
+        self._lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._rejected: Counter[str] = Counter()
+        self._by_topic: Counter[tuple[str, str]] = Counter()  # (counter name, topic)
+        self._first_error: str | None = None
+        self._fatal: KafkaError | None = None
+        self._next_counter = 0
+        self._closed = False
+        self._abort = threading.Event()
+        self._last_warning = 0.0
+        try:
+            self._producer = Producer({**self.config.producer_settings(),
+                                       "error_cb": self._on_error, "logger": _rdkafka_log})
+        except (KafkaException, ValueError, TypeError) as exc:
+            raise ConfigError(f"cannot create the Kafka producer from PublisherConfig: {exc}; "
+                              "check bootstrap_servers and producer_overrides") from exc
+        self._thread = threading.Thread(target=self._drain, name="flywheel-publisher",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- public API ---------------------------------------------------------------
+
+    def publish_identity(self, identity: Mapping[str, Any]) -> bool:
+        """Validate and enqueue a ``RuntimeIdentity`` (key: its identity id); once enqueued,
+        turns and observations may name it."""
+        record = dict(identity)
+        geometry = self._guarded(lambda: validation.validate_identity(
+            record, vocab_size=self.config.vocab_size))
+        enqueued = self._enqueue(IDENTITY_SCHEMA, self.config.identities_topic,
+                                 record["identity_id"].encode(), record)
+        if enqueued:
+            self._geometries[geometry.identity_id] = geometry
+        return enqueued
+
+    def publish_turn(self, turn: Mapping[str, Any]) -> bool:
+        """Validate and enqueue a ``TranscriptTurn``; False if dropped on a full queue."""
+        record, stamp = self._stamped(turn)
+        self._guarded(lambda: validation.validate_turn(
+            record, validation.resolve_geometry(record, self._geometries)))
+        key = (record["owner"], record["thread"], record["generation"])
+        return self._enqueue(
+            TURN_SCHEMA, self.config.transcripts_topic, _thread_key(record), record,
+            lambda: self._turn_tracker.check_and_advance(key, record["turn_index"]), stamp)
+
+    def publish_observation(self, obs: Mapping[str, Any]) -> bool:
+        """Validate and enqueue a ``RouteObservation``; False if dropped on a full queue."""
+        record, stamp = self._stamped(obs)
+        self._guarded(lambda: validation.validate_observation(
+            record, validation.resolve_geometry(record, self._geometries)))
+        key = validation.observation_ordinal_key(record)
+        return self._enqueue(
+            OBSERVATION_SCHEMA, self.config.observations_topic, _thread_key(record), record,
+            lambda: self._obs_tracker.check_and_advance(key, record["token_ordinal"]), stamp)
+
+    def flush(self, timeout_s: float = 30.0) -> int:
+        """Wait until every queued record is delivered or ``timeout_s`` passes; returns
+        how many are still outstanding (0 when all were delivered or failed)."""
+        deadline = time.monotonic() + timeout_s
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks and (left := deadline - time.monotonic()) > 0:
+                self._queue.all_tasks_done.wait(left)
+            queued = self._queue.unfinished_tasks
+        return queued + self._producer.flush(max(0.0, deadline - time.monotonic()))
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush (up to ``timeout_s``, default ``close_timeout_s``), then stop. Idempotent;
+        anything still undelivered is purged and counted as failed or dropped_on_close."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        timeout = self.config.close_timeout_s if timeout_s is None else timeout_s
+        remaining = self.flush(timeout)
+        self._abort.set()
+        self._thread.join()
+        if remaining:
+            self._producer.purge()
+            self._producer.flush(0)
+        stats = self.stats()
+        if remaining or stats.failed or stats.dropped_queue_full:
+            log.warning("publisher %s closed with %d undelivered, %d failed, %d dropped on a "
+                        "full queue; first error: %s", self.config.producer_id, remaining,
+                        stats.failed, stats.dropped_queue_full, stats.first_error)
+
+    def stats(self) -> PublisherStats:
+        """A consistent snapshot of the counters."""
+        with self._stats_lock:
+            return PublisherStats(
+                enqueued=self._counts["enqueued"], delivered=self._counts["delivered"],
+                failed=self._counts["failed"],
+                dropped_queue_full=self._counts["dropped_queue_full"],
+                dropped_on_close=self._counts["dropped_on_close"],
+                rejected_invalid=dict(self._rejected),
+                delivered_by_topic=self._topic_counts("delivered"),
+                failed_by_topic=self._topic_counts("failed"),
+                bytes_on_wire=self._topic_counts("bytes"),
+                queue_depth=self._queue.qsize(), in_flight=len(self._producer),
+                first_error=self._first_error)
+
+    def __enter__(self) -> RuntimePublisher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- caller side --------------------------------------------------------------
+
+    def _register(self, identity: Mapping[str, Any]) -> None:
+        geometry = validation.validate_identity(identity, vocab_size=self.config.vocab_size)
+        self._geometries[geometry.identity_id] = geometry
+
+    def _stamped(self, record: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """A copy with producer fields filled in; True when ``counter`` is ours to assign
+        (set to 0 for validation, replaced under the lock in enqueue order)."""
+        out = dict(record)
+        stamp_counter = out.get("counter") is None
+        if stamp_counter:
+            out["counter"] = 0
+        if out.get("producer_id") is None:
+            out["producer_id"] = self.config.producer_id
+        if out.get("wall_time_ms") is None:
+            out["wall_time_ms"] = time.time_ns() // 1_000_000
+        return out, stamp_counter
+
+    def _guarded(self, check: Callable[[], _T]) -> _T:
+        self._check_open()
+        try:
+            return check()
+        except PublishValidationError as exc:
+            self._count_rejected(exc.reason)
+            raise
+
+    def _enqueue(self, schema: str, topic: str, key: bytes, record: dict[str, Any],
+                 ordered_check: Callable[[], None] | None = None,
+                 stamp_counter: bool = False) -> bool:
+        deadline = time.monotonic() + self.config.max_block_ms / 1000.0
+        if not self._lock.acquire(timeout=self.config.max_block_ms / 1000.0):
+            return self._queue_full(topic)
+        try:
+            self._check_open()
+            if stamp_counter:
+                record["counter"] = self._next_counter
+            item = _Item(topic, key, self._encode(schema, record), self._headers[schema])
+            if ordered_check is not None:
+                self._guarded(ordered_check)
+            self._next_counter += stamp_counter
+            try:
+                self._queue.put(item, timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Full:
+                return self._queue_full(topic)
+        finally:
+            self._lock.release()
+        self._bump("enqueued")
+        return True
+
+    def _encode(self, schema: str, record: dict[str, Any]) -> bytes:
+        try:
+            return encode_entry(self._entries[schema], record, validate=False)
+        except RecordEncodeError as exc:
+            self._count_rejected(exc.reason)
+            raise PublishValidationError(exc.reason, str(exc), field=exc.field) from exc
+
+    def _queue_full(self, topic: str) -> bool:
+        self._bump("dropped_queue_full")
+        self._warn_throttled("publisher queue full for %.1f ms (capacity %d): %s record for "
+                             "%s dropped", self.config.max_block_ms, self.config.queue_capacity,
+                             self.config.full_policy, topic)
+        if self.config.full_policy == "block_then_raise":
+            raise QueueFullError(
+                f"publisher queue stayed full for {self.config.max_block_ms} ms (capacity "
+                f"{self.config.queue_capacity}); the record was not enqueued — the broker is "
+                "slow or unreachable, or raise queue_capacity")
+        return False
+
+    def _check_open(self) -> None:
+        if self._fatal is not None:
+            raise PublisherClosedError(f"the Kafka producer hit a fatal error ({self._fatal}); "
+                                       "close this publisher and create a new one")
+        if self._closed:
+            raise PublisherClosedError("publisher is closed; create a new one to publish more")
+
+    # -- background side ----------------------------------------------------------
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=_IDLE_POLL_S)
+            except queue.Empty:
+                self._producer.poll(0)
+                if self._abort.is_set():
+                    return
+                continue
+            try:
+                if self._abort.is_set():
+                    self._bump("dropped_on_close")
+                else:
+                    self._send(item)
+            except Exception as exc:  # one bad record must not stop the drain thread
+                self._record_failure(item.topic, f"unexpected: {exc!r}")
+                log.exception("publisher thread failed on a record for %s", item.topic)
+            finally:
+                self._queue.task_done()
+            self._producer.poll(0)
+
+    def _send(self, item: _Item) -> None:
+        while True:
+            try:
+                self._producer.produce(item.topic, item.value, item.key, headers=item.headers,
+                                       on_delivery=self._on_delivery)
+                return
+            except BufferError:
+                if self._abort.is_set():
+                    self._bump("dropped_on_close")
+                    return
+                self._producer.poll(_BUFFER_RETRY_S)
+            except KafkaException as exc:
+                self._record_failure(item.topic, f"produce: {exc}")
+                return
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        topic = msg.topic() or "?"
+        if err is not None:
+            self._record_failure(topic, f"delivery: {err}")
+            return
+        size = len(msg.value() or b"") + len(msg.key() or b"") + _headers_size(msg.headers())
+        with self._stats_lock:
+            self._counts["delivered"] += 1
+            self._by_topic["delivered", topic] += 1
+            self._by_topic["bytes", topic] += size
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fatal = err
+            self._record_failure("", f"fatal: {err}", count=False)
+            log.error("Kafka producer fatal error: %s; the publisher refuses further records",
+                      err)
+            return
+        self._warn_throttled("Kafka producer error (librdkafka keeps retrying): %s", err)
+
+    # -- counters -----------------------------------------------------------------
+
+    def _bump(self, name: str) -> None:
+        with self._stats_lock:
+            self._counts[name] += 1
+
+    def _count_rejected(self, reason: str) -> None:
+        with self._stats_lock:
+            self._rejected[reason] += 1
+
+    def _record_failure(self, topic: str, message: str, *, count: bool = True) -> None:
+        with self._stats_lock:
+            if count:
+                self._counts["failed"] += 1
+                self._by_topic["failed", topic] += 1
+            if self._first_error is None:
+                self._first_error = f"{topic}: {message}" if topic else message
+
+    def _topic_counts(self, name: str) -> dict[str, int]:
+        return {topic: n for (kind, topic), n in self._by_topic.items() if kind == name}
+
+    def _warn_throttled(self, fmt: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last_warning >= 10.0:
+            self._last_warning = now
+            log.warning(fmt, *args)
+
+
+def _headers_size(headers: HeadersType | None) -> int:
+    pairs = headers.items() if isinstance(headers, dict) else headers or ()
+    return sum(len(name) + len(value or b"") for name, value in pairs)
+
+
+def _thread_key(record: Mapping[str, Any]) -> bytes:
+    return f"{record['owner']}/{record['thread']}".encode()

@@ -1,0 +1,133 @@
+"""Runtime publisher against the real broker: keys, headers, order, delivery counters."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Message
+
+from schemas.codec import decode_message, kafka_headers
+from schemas.identity import with_identity_id
+from streams.publisher import PublisherConfig, RuntimePublisher
+
+pytestmark = pytest.mark.integration
+
+LAYERS, EXPERTS, K = 6, 32, 4
+THREADS = [("alice", "t-1"), ("alice", "t-2"), ("bob", "t-1")]
+TOKENS = 40
+
+IDENTITY = with_identity_id({
+    "model_family": "qwen3_next", "model_artifact_digest": "a" * 64,
+    "tokenizer_digest": "b" * 64, "chat_template_digest": "c" * 64, "dtype": "float32",
+    "quantization": "none", "routed_layer_count": LAYERS, "expert_count": EXPERTS, "top_k": K,
+    "tie_break_rule": "score_desc_then_expert_id_asc",
+    "weight_rule": "softmax_topk_renormalized", "hidden_size": 64,
+    "routed_intermediate_size": 32, "runtime_name": "hebrus", "runtime_version": "0.1",
+})
+
+
+def turn(owner: str, thread: str, index: int) -> dict[str, Any]:
+    return {
+        "owner": owner, "thread": thread, "turn_index": index, "generation": 0,
+        "sequence_id": f"{thread}-r{index}", "role": "user" if index == 0 else "assistant",
+        "token_offset": index * 4, "token_ids": [1, 2, 3, 4],
+        "segments": [{"kind": "content", "start": 0, "end": 4, "generated": index > 0}],
+        "sampling": {"mode": "forced", "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                     "seed": 0, "max_new_tokens": 4},
+        "identity_id": IDENTITY["identity_id"], "domain_tags": ["test"],
+        "closes_thread": index == 1,
+    }
+
+
+def observation(owner: str, thread: str, ordinal: int) -> dict[str, Any]:
+    return {
+        "owner": owner, "thread": thread, "generation": 0, "sequence_id": f"{thread}-r1",
+        "turn_index": 1, "token_ordinal": ordinal, "token_id": ordinal % 100,
+        "identity_id": IDENTITY["identity_id"], "speculative": None,
+        "layers": [{"stage": 0, "layer": layer,
+                    "expert_ids": [(ordinal + layer + j) % EXPERTS for j in range(K)],
+                    "weights": [0.4, 0.3, 0.2, 0.1]} for layer in range(LAYERS)],
+    }
+
+
+def consume(bootstrap: str, topics: list[str], expected: int, timeout_s: float = 60.0
+            ) -> list[Message]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe(topics)
+    messages: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(messages) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            messages.append(msg)
+    finally:
+        consumer.close()
+    return messages
+
+
+def test_publish_and_consume_back(kafka_bootstrap: str, topic_factory: Any) -> None:
+    topics = {name: topic_factory(name, partitions=3)
+              for name in ("identities", "transcripts", "observations")}
+    config = PublisherConfig(
+        bootstrap_servers=kafka_bootstrap, identities_topic=topics["identities"],
+        transcripts_topic=topics["transcripts"], observations_topic=topics["observations"],
+        producer_id=f"test-{uuid.uuid4().hex[:8]}", queue_capacity=1000, max_block_ms=1000)
+    with RuntimePublisher(config, identity=IDENTITY) as pub:
+        assert pub.publish_identity(IDENTITY)
+        for owner, thread in THREADS:
+            assert pub.publish_turn(turn(owner, thread, 0))
+        for ordinal in range(TOKENS):  # interleave the threads, as a batched runtime does
+            for owner, thread in THREADS:
+                assert pub.publish_observation(observation(owner, thread, ordinal))
+        for owner, thread in THREADS:
+            assert pub.publish_turn(turn(owner, thread, 1))
+        assert pub.flush(30.0) == 0
+        stats = pub.stats()
+    total = 1 + len(THREADS) * (TOKENS + 2)
+    assert stats.enqueued == stats.delivered == total
+    assert stats.failed == 0 and stats.dropped_queue_full == 0 and not stats.rejected_invalid
+    assert stats.delivered_by_topic == {topics["identities"]: 1,
+                                        topics["transcripts"]: 2 * len(THREADS),
+                                        topics["observations"]: TOKENS * len(THREADS)}
+    assert set(stats.bytes_on_wire) == set(topics.values())
+    assert stats.first_error is None
+
+    messages = consume(kafka_bootstrap, list(topics.values()), total)
+    assert len(messages) == total
+    check_messages(messages, topics, config.producer_id)
+
+
+def check_messages(messages: list[Message], topics: dict[str, str], producer_id: str) -> None:
+    by_key: dict[tuple[str, bytes], list[dict[str, Any]]] = defaultdict(list)
+    partitions: dict[tuple[str, bytes], set[int]] = defaultdict(set)
+    for msg in messages:
+        value, key, topic, partition = msg.value(), msg.key(), msg.topic(), msg.partition()
+        assert value is not None and key is not None
+        assert topic is not None and partition is not None
+        schema, record = decode_message(value, msg.headers())
+        assert msg.headers() == kafka_headers(schema)
+        if topic == topics["identities"]:
+            assert key == IDENTITY["identity_id"].encode() and record == IDENTITY
+            continue
+        assert key == f"{record['owner']}/{record['thread']}".encode()
+        assert record["producer_id"] == producer_id and record["wall_time_ms"] > 0
+        by_key[(topic, key)].append(record)
+        partitions[(topic, key)].add(partition)
+    assert all(len(p) == 1 for p in partitions.values())  # one key, one partition
+    for (topic, _key), records in by_key.items():
+        counters = [r["counter"] for r in records]
+        assert counters == sorted(counters) and len(set(counters)) == len(counters)
+        if topic == topics["observations"]:
+            assert [r["token_ordinal"] for r in records] == list(range(TOKENS))
+            assert records[3]["layers"][2]["expert_ids"] == [(3 + 2 + j) % EXPERTS
+                                                             for j in range(K)]
+        else:
+            assert [r["turn_index"] for r in records] == [0, 1]

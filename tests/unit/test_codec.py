@@ -1,0 +1,307 @@
+"""Avro single-object codec: round trips, header bytes, failure modes, schema versions."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastavro.utils import generate_many
+
+from flywheel.errors import FlywheelError
+from schemas.codec import (
+    CONTENT_TYPE,
+    decode,
+    decode_message,
+    encode,
+    kafka_headers,
+    read_kafka_headers,
+    writer_entry,
+)
+from schemas.exceptions import (
+    RecordEncodeError,
+    SchemaConflictError,
+    SchemaError,
+    SchemaHeaderError,
+    SchemaNotFoundError,
+    SchemaParseError,
+    SchemaResolutionError,
+    UndecodableRecordError,
+    UnknownFingerprintError,
+)
+from schemas.identity import with_identity_id
+from schemas.registry import (
+    HEADER_SIZE,
+    SCHEMA_DIR,
+    SchemaKey,
+    SchemaRegistry,
+    default_registry,
+)
+
+NS = "hebrus.flywheel.v1"
+
+
+def identity() -> dict[str, Any]:
+    return with_identity_id({
+        "model_family": "qwen3_next", "model_artifact_digest": "a" * 64,
+        "tokenizer_digest": "b" * 64, "chat_template_digest": "c" * 64, "dtype": "float32",
+        "quantization": "none", "routed_layer_count": 4, "expert_count": 512, "top_k": 10,
+        "tie_break_rule": "score_desc_then_expert_id_asc",
+        "weight_rule": "softmax_topk_renormalized", "hidden_size": 64,
+        "routed_intermediate_size": 32, "runtime_name": "hebrus", "runtime_version": "0.1",
+    })
+
+
+def turn() -> dict[str, Any]:
+    return {
+        "owner": "o1", "thread": "t1", "turn_index": 0, "generation": 0, "sequence_id": "r1",
+        "role": "user", "token_offset": 0, "token_ids": [1, 2, 3, 151_000],
+        "segments": [{"kind": "header", "start": 0, "end": 1, "generated": False},
+                     {"kind": "content", "start": 1, "end": 4, "generated": False}],
+        "sampling": {"mode": "forced", "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                     "seed": -5, "max_new_tokens": 16},
+        "identity_id": "x" * 64, "domain_tags": ["code"], "closes_thread": False,
+        "producer_id": "p", "counter": 7, "wall_time_ms": 1_767_000_000_123,
+    }
+
+
+def observation(speculative: bool = False) -> dict[str, Any]:
+    spec = {"proposal_id": "pr", "proposal_generation": 2, "candidate_position": 1,
+            "accepted_prefix_digest": "d" * 64, "verifier_generation": 3, "accepted": True}
+    return {
+        "owner": "o1", "thread": "t1", "generation": 0, "sequence_id": "r1", "turn_index": 1,
+        "token_ordinal": 9, "token_id": 42, "identity_id": "x" * 64,
+        "speculative": spec if speculative else None,
+        "layers": [{"stage": 0, "layer": i, "expert_ids": list(range(i, i + 10)),
+                    "weights": [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125,
+                                0.00390625, 0.001953125, 0.0009765625]} for i in range(4)],
+        "producer_id": "p", "counter": 8, "wall_time_ms": 1_767_000_000_456,
+    }
+
+
+RECORDS = {
+    "RuntimeIdentity": identity,
+    "TranscriptTurn": turn,
+    "RouteObservation": observation,
+    "RouteObservation-speculative": lambda: observation(True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_round_trip_every_schema(name: str) -> None:
+    record = RECORDS[name]()
+    schema = name.split("-")[0]
+    data = encode(schema, record)
+    key, back = decode(data)
+    assert key == SchemaKey(f"{NS}.{schema}", 1)
+    assert back == record
+    if "wall_time_ms" in record:
+        assert isinstance(back["wall_time_ms"], int)  # raw millis, not datetime
+
+
+def test_every_kept_schema_file_loads_with_distinct_fingerprints() -> None:
+    reg = default_registry()
+    assert {e.path.name for e in reg} == {p.name for p in SCHEMA_DIR.glob("*.avsc")}
+    assert len({e.fingerprint for e in reg}) == len(reg)
+
+
+def test_header_is_magic_and_little_endian_fingerprint() -> None:
+    entry = default_registry().get("RouteObservation")
+    data = encode("RouteObservation", observation())
+    assert data[:2] == b"\xc3\x01"
+    assert data[2:10] == entry.fingerprint
+    assert data[2:10] == struct.pack("<Q", entry.fingerprint_int)
+    assert writer_entry(data) is entry
+
+
+def test_schema_references_resolve_to_the_same_entry() -> None:
+    reg = default_registry()
+    entry = reg.get("TranscriptTurn")
+    for ref in (f"{NS}.TranscriptTurn", "TranscriptTurn.v1", f"{NS}.TranscriptTurn.v1",
+                SchemaKey(f"{NS}.TranscriptTurn", 1)):
+        assert reg.get(ref) is entry
+    assert reg.versions("TranscriptTurn") == [1]
+    for ref in ("Nope", "TranscriptTurn.v9", SchemaKey("x.Y", 1)):
+        with pytest.raises(SchemaNotFoundError, match="known:"):
+            reg.get(ref)
+
+
+def test_unknown_fingerprint_names_the_hex_and_the_fix() -> None:
+    data = b"\xc3\x01" + bytes.fromhex("0011223344556677") + b"\x00"
+    with pytest.raises(UnknownFingerprintError, match="0011223344556677") as info:
+        decode(data)
+    assert ".avsc" in str(info.value)
+    assert info.value.fingerprint == bytes.fromhex("0011223344556677")
+    assert info.value.reason == "unknown_fingerprint"
+    assert isinstance(info.value, UndecodableRecordError)
+    assert isinstance(info.value, FlywheelError)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 5, 9, 10, 20, -1])
+def test_truncated_messages_are_undecodable(cut: int) -> None:
+    data = encode("RouteObservation", observation())
+    with pytest.raises(UndecodableRecordError):
+        decode(data[:cut])
+
+
+def test_wrong_magic_trailing_bytes_and_garbage_are_undecodable() -> None:
+    data = encode("TranscriptTurn", turn())
+    with pytest.raises(UndecodableRecordError, match="magic"):
+        decode(b"\x00\x01" + data[2:])
+    with pytest.raises(UndecodableRecordError, match="trailing"):
+        decode(data + b"\x00")
+    with pytest.raises(UndecodableRecordError):
+        decode(data[:10] + b"\xff" * 40)
+    with pytest.raises(UndecodableRecordError, match="tombstone"):
+        decode(None)  # type: ignore[arg-type]
+    assert decode(memoryview(data))[1] == turn()
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"turn_index": "one"}, "turn_index"),
+    ({"turn_index": 2**40}, "turn_index"),
+    ({"token_id": True}, "token_id"),
+    ({"extra": 1}, "extra"),
+])
+def test_encode_rejects_records_that_do_not_fit(change: dict[str, Any], field: str) -> None:
+    record = {**observation(), **change}
+    with pytest.raises(RecordEncodeError) as info:
+        encode("RouteObservation", record)
+    assert info.value.field is not None and info.value.field.endswith(field)
+    assert info.value.reason == "schema_violation"
+
+
+def test_encode_names_missing_fields_and_unknown_schemas() -> None:
+    record = observation()
+    del record["layers"]
+    with pytest.raises(RecordEncodeError, match="layers") as info:
+        encode("RouteObservation", record)
+    assert info.value.field == "layers"
+    with pytest.raises(SchemaNotFoundError):
+        encode("NoSuchSchema", record)
+    with pytest.raises(RecordEncodeError):
+        encode("RouteObservation", ["not", "a", "mapping"])  # type: ignore[arg-type]
+
+
+def test_unvalidated_encode_still_wraps_writer_errors() -> None:
+    with pytest.raises(RecordEncodeError):
+        encode("RouteObservation", {**observation(), "turn_index": "x"}, validate=False)
+
+
+def test_kafka_headers_round_trip_and_mismatch() -> None:
+    headers = kafka_headers("RouteObservation")
+    assert headers == [("schema", f"{NS}.RouteObservation".encode()),
+                       ("schema-version", b"1"),
+                       ("content-type", b"application/vnd.apache.avro.single-object")]
+    parsed = read_kafka_headers(headers)
+    assert parsed.key == SchemaKey(f"{NS}.RouteObservation", 1)
+    assert parsed.content_type == CONTENT_TYPE
+    data = encode("RouteObservation", observation())
+    assert decode_message(data, headers)[1] == observation()
+    assert decode_message(data, dict(headers))[0] == parsed.key
+    with pytest.raises(SchemaHeaderError, match="fingerprint"):
+        decode_message(data, kafka_headers("TranscriptTurn"))
+    with pytest.raises(SchemaHeaderError, match="schema-version"):
+        read_kafka_headers(headers[:1] + headers[2:])
+    with pytest.raises(SchemaHeaderError):
+        read_kafka_headers([*headers[:2], ("content-type", b"application/json")])
+    with pytest.raises(SchemaHeaderError):
+        read_kafka_headers(None)
+
+
+def _observation_v2(path: Path) -> None:
+    """A second RouteObservation version: adds ``runtime_note`` with a default."""
+    schema = json.loads((SCHEMA_DIR / "RouteObservation.v1.avsc").read_text())
+    schema["fields"].append({"name": "runtime_note", "type": "string", "default": "none"})
+    (path / "RouteObservation.v2.avsc").write_text(json.dumps(schema))
+
+
+@pytest.fixture
+def two_versions(tmp_path: Path) -> SchemaRegistry:
+    for src in SCHEMA_DIR.glob("*.avsc"):
+        shutil.copy(src, tmp_path / src.name)
+    _observation_v2(tmp_path)
+    return SchemaRegistry(tmp_path)
+
+
+def test_second_version_resolves_by_its_own_fingerprint(two_versions: SchemaRegistry) -> None:
+    reg = two_versions
+    v1, v2 = reg.get("RouteObservation.v1"), reg.get("RouteObservation.v2")
+    assert reg.get("RouteObservation") is v2  # latest by default
+    assert v1.fingerprint != v2.fingerprint
+    assert reg.versions("RouteObservation") == [1, 2]
+    new = encode("RouteObservation", {**observation(), "runtime_note": "hi"}, registry=reg)
+    old = encode("RouteObservation.v1", observation(), registry=reg)
+    assert old == encode("RouteObservation", observation())  # v1 bytes are stable
+    assert decode(new, registry=reg) == (v2.key, {**observation(), "runtime_note": "hi"})
+    assert decode(old, registry=reg) == (v1.key, observation())
+    # schema evolution: old bytes read as v2 get the default; new bytes read as v1 drop it
+    assert decode(old, "RouteObservation.v2", registry=reg)[1]["runtime_note"] == "none"
+    assert "runtime_note" not in decode(new, "RouteObservation.v1", registry=reg)[1]
+    # a reader that only knows v1 refuses v2 bytes with the fix in the message
+    with pytest.raises(UnknownFingerprintError, match=v2.fingerprint.hex()):
+        decode(new)
+
+
+def test_incompatible_reader_schema_raises_resolution_error(two_versions: SchemaRegistry
+                                                            ) -> None:
+    data = encode("TranscriptTurn", turn(), registry=two_versions)
+    with pytest.raises(SchemaResolutionError):
+        decode(data, "RouteObservation.v2", registry=two_versions)
+
+
+@pytest.mark.parametrize(("name", "text", "error"), [
+    ("RouteObservation.avsc", "{}", SchemaParseError),
+    ("Thing.v1.avsc", "not json", SchemaParseError),
+    ("Thing.v1.avsc", '{"type": "record", "name": "Other", "fields": []}', SchemaParseError),
+    ("Thing.v1.avsc", '{"type": "record", "name": "Thing", "fields": [{"name": "a"}]}',
+     SchemaParseError),
+])
+def test_bad_schema_files_fail_closed(tmp_path: Path, name: str, text: str,
+                                      error: type[SchemaError]) -> None:
+    shutil.copy(SCHEMA_DIR / "TranscriptTurn.v1.avsc", tmp_path)
+    (tmp_path / name).write_text(text)
+    with pytest.raises(error):
+        SchemaRegistry(tmp_path)
+
+
+def test_same_fingerprint_twice_is_a_conflict(tmp_path: Path) -> None:
+    schema = json.loads((SCHEMA_DIR / "TranscriptTurn.v1.avsc").read_text())
+    (tmp_path / "TranscriptTurn.v1.avsc").write_text(json.dumps(schema))
+    schema["doc"] = "only the doc changed"
+    (tmp_path / "TranscriptTurn.v2.avsc").write_text(json.dumps(schema))
+    with pytest.raises(SchemaConflictError, match="identical bytes"):
+        SchemaRegistry(tmp_path)
+
+
+def test_empty_directory_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(SchemaError, match=r"no \.avsc"):
+        SchemaRegistry(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["RuntimeIdentity", "TranscriptTurn", "RouteObservation"])
+def test_random_schema_valid_records_round_trip_byte_exactly(name: str) -> None:
+    entry = default_registry().get(name)
+    for record in generate_many(entry.plain, 50):
+        data = encode(name, record)
+        key, back = decode(data)
+        assert key == entry.key
+        assert encode(name, back) == data
+
+
+def test_corrupted_bytes_only_ever_raise_undecodable() -> None:
+    data = encode("RouteObservation", observation(True))
+    rng = random.Random(7)
+    for _ in range(300):
+        corrupt = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            corrupt[rng.randrange(HEADER_SIZE, len(corrupt))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            corrupt = corrupt[: rng.randrange(len(corrupt))]
+        with contextlib.suppress(UndecodableRecordError):  # anything else fails the test
+            decode(bytes(corrupt))

@@ -1,0 +1,189 @@
+"""Runtime publisher without a broker: queue-full policies, validation, lifecycle, config.
+
+The producer points at 127.0.0.1:1, where nothing listens, and librdkafka's own buffer
+is limited to one message, so nothing drains and the in-process queue fills up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from flywheel.errors import ConfigError
+from schemas.identity import with_identity_id
+from streams.exceptions import PublisherClosedError, PublishValidationError, QueueFullError
+from streams.publisher import PublisherConfig, RuntimePublisher
+from streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
+
+UNREACHABLE = "127.0.0.1:1"
+MAX_BLOCK_MS = 200.0
+LAYERS, EXPERTS, K = 4, 64, 4
+
+IDENTITY = with_identity_id({
+    "model_family": "qwen3_next", "model_artifact_digest": "a" * 64,
+    "tokenizer_digest": "b" * 64, "chat_template_digest": "c" * 64, "dtype": "float32",
+    "quantization": "none", "routed_layer_count": LAYERS, "expert_count": EXPERTS, "top_k": K,
+    "tie_break_rule": "score_desc_then_expert_id_asc",
+    "weight_rule": "softmax_topk_renormalized", "hidden_size": 64,
+    "routed_intermediate_size": 32, "runtime_name": "hebrus", "runtime_version": "0.1",
+})
+
+
+def observation(ordinal: int, **change: Any) -> dict[str, Any]:
+    record = {
+        "owner": "o1", "thread": "t1", "generation": 0, "sequence_id": "r1", "turn_index": 0,
+        "token_ordinal": ordinal, "token_id": 42, "identity_id": IDENTITY["identity_id"],
+        "speculative": None,
+        "layers": [{"stage": 0, "layer": i, "expert_ids": [i, i + 1, i + 2, i + 3],
+                    "weights": [0.4, 0.3, 0.2, 0.1]} for i in range(LAYERS)],
+    }
+    record.update(change)
+    return record
+
+
+def stalled(**change: Any) -> RuntimePublisher:
+    config = PublisherConfig(
+        bootstrap_servers=UNREACHABLE, queue_capacity=2, max_block_ms=MAX_BLOCK_MS,
+        producer_overrides={"queue.buffering.max.messages": 1}, **change)
+    return RuntimePublisher(config, identity=IDENTITY)
+
+
+@pytest.fixture
+def publisher() -> Iterator[RuntimePublisher]:
+    pub = stalled()
+    yield pub
+    pub.close(timeout_s=0.2)
+
+
+def fill_until_full(pub: RuntimePublisher) -> tuple[int, float]:
+    """Publish until one call does not enqueue; returns (its ordinal, its duration)."""
+    for ordinal in range(20):
+        start = time.monotonic()
+        if not pub.publish_observation(observation(ordinal)):
+            return ordinal, time.monotonic() - start
+    raise AssertionError("the queue never filled")
+
+
+def test_full_queue_drops_newest_after_max_block(publisher: RuntimePublisher) -> None:
+    ordinal, took = fill_until_full(publisher)
+    # It waited for room, and gave up after about max_block_ms (generous bound: a loaded
+    # CI machine schedules threads late, but it must never block indefinitely).
+    assert MAX_BLOCK_MS / 1000 * 0.9 <= took < MAX_BLOCK_MS / 1000 + 2.0
+    stats = publisher.stats()
+    assert stats.dropped_queue_full == 1
+    assert stats.enqueued == ordinal
+    assert stats.queue_depth == 2
+    assert stats.delivered == 0
+
+
+def test_block_then_raise_raises_and_counts() -> None:
+    pub = stalled(full_policy="block_then_raise")
+    try:
+        with pytest.raises(QueueFullError, match="capacity 2"):
+            for ordinal in range(20):
+                pub.publish_observation(observation(ordinal))
+        assert pub.stats().dropped_queue_full == 1
+    finally:
+        pub.close(timeout_s=0.2)
+
+
+def test_validation_rejects_before_enqueue(publisher: RuntimePublisher) -> None:
+    bad = observation(0)
+    bad["layers"][1]["expert_ids"] = [1, 2, 3]
+    bad["layers"][1]["weights"] = [0.5, 0.3, 0.2]
+    with pytest.raises(PublishValidationError) as info:
+        publisher.publish_observation(bad)
+    assert info.value.reason == "wrong_k"
+    with pytest.raises(PublishValidationError, match="unknown_identity"):
+        publisher.publish_observation(observation(0, identity_id="f" * 64))
+    with pytest.raises(PublishValidationError, match="identity_digest_mismatch"):
+        publisher.publish_identity({**IDENTITY, "top_k": 3})
+    assert publisher.publish_observation(observation(5))
+    with pytest.raises(PublishValidationError, match="ordinal_not_increasing"):
+        publisher.publish_observation(observation(4))
+    stats = publisher.stats()
+    assert stats.enqueued == 1
+    assert stats.rejected_invalid == {"wrong_k": 1, "unknown_identity": 1,
+                                      "identity_digest_mismatch": 1,
+                                      "ordinal_not_increasing": 1}
+
+
+def test_caller_record_is_not_mutated_and_identity_registers(
+        publisher: RuntimePublisher) -> None:
+    record = observation(0)
+    before = dict(record)
+    assert publisher.publish_observation(record)
+    assert record == before  # producer_id, counter, wall_time_ms were stamped on a copy
+    other = with_identity_id({**IDENTITY, "top_k": 2})
+    publisher.publish_identity(other)
+    two = observation(0, identity_id=other["identity_id"], sequence_id="r2")
+    for route in two["layers"]:
+        route["expert_ids"], route["weights"] = route["expert_ids"][:2], [0.6, 0.4]
+    assert publisher.publish_observation(two)
+
+
+def test_close_is_idempotent_bounded_and_accounts_for_everything() -> None:
+    pub = stalled()
+    fill_until_full(pub)
+    start = time.monotonic()
+    pub.close(timeout_s=0.3)
+    assert time.monotonic() - start < 5.0
+    pub.close()
+    stats = pub.stats()
+    assert stats.delivered == 0
+    assert stats.enqueued == stats.failed + stats.dropped_on_close
+    assert stats.queue_depth == 0 and stats.in_flight == 0
+    assert stats.first_error is not None
+    with pytest.raises(PublisherClosedError):
+        pub.publish_observation(observation(100))
+
+
+def test_context_manager_closes() -> None:
+    with RuntimePublisher(PublisherConfig(bootstrap_servers=UNREACHABLE, close_timeout_s=0.1),
+                          identity=IDENTITY) as pub:
+        pass
+    with pytest.raises(PublisherClosedError):
+        pub.publish_identity(IDENTITY)
+
+
+def test_default_topics_come_from_the_catalogue() -> None:
+    config = PublisherConfig(bootstrap_servers=UNREACHABLE)
+    assert (config.identities_topic, config.transcripts_topic, config.observations_topic) == (
+        IDENTITIES_TOPIC, TRANSCRIPTS_TOPIC, OBSERVATIONS_TOPIC)
+    settings = config.producer_settings()
+    assert settings["enable.idempotence"] is True and settings["acks"] == "all"
+    assert PublisherConfig(bootstrap_servers="x").producer_id != config.producer_id
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"queue_capacity": 0}, "queue_capacity"),
+    ({"max_block_ms": -1}, "max_block_ms"),
+    ({"full_policy": "drop_oldest"}, "full_policy"),
+    ({"compression": "gzip"}, "compression"),
+    ({"observations_topic": ""}, "observations_topic"),
+    ({"vocab_size": 0}, "vocab_size"),
+    ({"producer_overrides": {"enable.idempotence": False}}, "producer_overrides"),
+    ({"producer_overrides": {"acks": 1}}, "producer_overrides"),
+])
+def test_config_errors_name_the_field(change: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError, match=f"PublisherConfig.{field}"):
+        PublisherConfig(bootstrap_servers=UNREACHABLE, **change)
+
+
+def test_bad_librdkafka_override_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="producer_overrides"):
+        RuntimePublisher(PublisherConfig(bootstrap_servers=UNREACHABLE,
+                                         producer_overrides={"no.such.setting": 1}))
+
+
+def test_schema_violation_found_by_the_encoder_is_a_validation_error(
+        publisher: RuntimePublisher) -> None:
+    with pytest.raises(PublishValidationError) as info:
+        publisher.publish_observation(observation(0, unexpected_field=1))
+    assert info.value.reason == "schema_violation"
+    assert info.value.field == "unexpected_field"
+    assert publisher.stats().rejected_invalid == {"schema_violation": 1}
+    assert publisher.publish_observation(observation(0))  # the ordinal was not consumed

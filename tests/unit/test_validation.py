@@ -1,0 +1,282 @@
+"""Pure record checks: every reason code is produced by a crafted record."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from flywheel.errors import ConfigError
+from schemas import exceptions as schema_errors
+from schemas.identity import with_identity_id
+from streams.exceptions import PublishValidationError
+from streams.validation import (
+    REASONS,
+    OrdinalTracker,
+    Reason,
+    RouteGeometry,
+    counter_tracker,
+    resolve_geometry,
+    validate_identity,
+    validate_observation,
+    validate_turn,
+)
+
+LAYERS, EXPERTS, K, VOCAB = 4, 64, 4, 1000
+
+
+def identity(**change: Any) -> dict[str, Any]:
+    fields = {
+        "model_family": "qwen3_next", "model_artifact_digest": "a" * 64,
+        "tokenizer_digest": "b" * 64, "chat_template_digest": "c" * 64, "dtype": "float32",
+        "quantization": "none", "routed_layer_count": LAYERS, "expert_count": EXPERTS,
+        "top_k": K, "tie_break_rule": "score_desc_then_expert_id_asc",
+        "weight_rule": "softmax_topk_renormalized", "hidden_size": 64,
+        "routed_intermediate_size": 32, "runtime_name": "hebrus", "runtime_version": "0.1",
+    }
+    return with_identity_id({**fields, **change})
+
+
+GEOMETRY = validate_identity(identity(), vocab_size=VOCAB)
+
+
+def observation(**change: Any) -> dict[str, Any]:
+    record = {
+        "owner": "o1", "thread": "t1", "generation": 0, "sequence_id": "r1", "turn_index": 1,
+        "token_ordinal": 9, "token_id": 42, "identity_id": GEOMETRY.identity_id,
+        "speculative": None,
+        "layers": [{"stage": 0, "layer": i, "expert_ids": [i, i + 1, i + 2, i + 3],
+                    "weights": [0.4, 0.3, 0.2, 0.1]} for i in range(LAYERS)],
+        "producer_id": "p", "counter": 8, "wall_time_ms": 1_767_000_000_456,
+    }
+    record.update(change)
+    return record
+
+
+def turn(**change: Any) -> dict[str, Any]:
+    record = {
+        "owner": "o1", "thread": "t1", "turn_index": 0, "generation": 0, "sequence_id": "r1",
+        "role": "user", "token_offset": 0, "token_ids": [1, 2, 3, 4],
+        "segments": [{"kind": "header", "start": 0, "end": 1, "generated": False},
+                     {"kind": "content", "start": 1, "end": 4, "generated": False}],
+        "sampling": {"mode": "forced", "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                     "seed": 1, "max_new_tokens": 16},
+        "identity_id": GEOMETRY.identity_id, "domain_tags": [], "closes_thread": False,
+        "producer_id": "p", "counter": 7, "wall_time_ms": 1_767_000_000_123,
+    }
+    record.update(change)
+    return record
+
+
+def route(index: int = 0, **change: Any) -> list[dict[str, Any]]:
+    """The layers of a valid observation with ``layers[index]`` changed."""
+    layers = copy.deepcopy(observation()["layers"])
+    layers[index].update(change)
+    return layers
+
+
+def check_obs(record: dict[str, Any]) -> None:
+    validate_observation(record, GEOMETRY)
+
+
+def check_turn(record: dict[str, Any]) -> None:
+    validate_turn(record, GEOMETRY)
+
+
+def _ordinals(reason: str) -> None:
+    tracker = OrdinalTracker()
+    validate_observation(observation(token_ordinal=5), GEOMETRY, tracker=tracker)
+    ordinal = 5 if reason == "duplicate_ordinal" else 4
+    validate_observation(observation(token_ordinal=ordinal), GEOMETRY, tracker=tracker)
+
+
+def _counter() -> None:
+    tracker = counter_tracker()
+    tracker.check_and_advance("p", 8)
+    tracker.check_and_advance("p", 3)
+
+
+def _codec(cls: type[Exception]) -> Callable[[], object]:
+    def raise_it() -> None:
+        raise PublishValidationError(getattr(cls, "reason"), "codec failure")  # noqa: B009
+    return raise_it
+
+
+CASES: dict[str, list[Callable[[], object]]] = {
+    "missing_field": [
+        lambda: check_obs({k: v for k, v in observation().items() if k != "layers"}),
+        lambda: check_obs(observation(owner="")),
+        lambda: check_turn(turn(sampling={"mode": "forced"})),
+        lambda: validate_identity({k: v for k, v in identity().items() if k != "dtype"}),
+    ],
+    "wrong_type": [
+        lambda: check_obs(observation(token_ordinal="9")),
+        lambda: check_obs(observation(turn_index=True)),
+        lambda: check_obs(observation(layers=route(2, expert_ids=[0, 1, 2, 3.0]))),
+        lambda: check_obs(observation(layers=route(1, weights=[0.4, 0.3, "0.2", 0.1]))),
+        lambda: check_obs(observation(speculative="spec")),
+        lambda: check_turn(turn(closes_thread=1)),
+        lambda: check_turn(turn(domain_tags=[1])),
+    ],
+    "value_out_of_range": [
+        lambda: check_obs(observation(generation=-1)),
+        lambda: check_obs(observation(turn_index=2**31)),
+        lambda: check_turn(turn(role="robot")),
+        lambda: check_turn(turn(sampling={**turn()["sampling"], "top_p": 1.5})),
+        lambda: check_turn(turn(sampling={**turn()["sampling"], "temperature": math.nan})),
+        lambda: validate_identity(identity(top_k=EXPERTS + 1)),
+    ],
+    "invalid_key": [lambda: check_obs(observation(owner="a/b"))],
+    "unknown_identity": [
+        lambda: check_obs(observation(identity_id="f" * 64)),
+        lambda: resolve_geometry(observation(identity_id="f" * 64), {}),
+    ],
+    "identity_digest_mismatch": [
+        lambda: validate_identity({**identity(), "top_k": 2}),
+    ],
+    "layer_count_mismatch": [lambda: check_obs(observation(layers=route()[:-1]))],
+    "layer_out_of_range": [
+        lambda: check_obs(observation(layers=route(3, layer=LAYERS))),
+        lambda: check_obs(observation(layers=route(0, layer=-1))),
+    ],
+    "duplicate_layer": [lambda: check_obs(observation(layers=route(3, layer=0)))],
+    "wrong_k": [lambda: check_obs(observation(layers=route(1, expert_ids=[1, 2, 3],
+                                                          weights=[0.5, 0.3, 0.2])))],
+    "weights_ids_length_mismatch": [
+        lambda: check_obs(observation(layers=route(1, weights=[0.5, 0.5]))),
+    ],
+    "expert_id_out_of_range": [
+        lambda: check_obs(observation(layers=route(0, expert_ids=[0, 1, 2, EXPERTS]))),
+        lambda: check_obs(observation(layers=route(0, expert_ids=[-1, 1, 2, 3]))),
+    ],
+    "duplicate_expert_id": [
+        lambda: check_obs(observation(layers=route(2, expert_ids=[5, 6, 5, 7]))),
+    ],
+    "non_finite_weight": [
+        lambda: check_obs(observation(layers=route(1, weights=[math.nan, 0.3, 0.2, 0.1]))),
+        lambda: check_obs(observation(layers=route(1, weights=[math.inf, 0.3, 0.2, 0.1]))),
+        lambda: check_obs(observation(layers=route(1, weights=[1e39, 0.3, 0.2, 0.1]))),
+    ],
+    "negative_weight": [
+        lambda: check_obs(observation(layers=route(1, weights=[0.4, 0.3, 0.2, -0.1]))),
+    ],
+    "rank_order_violation": [
+        lambda: check_obs(observation(layers=route(1, weights=[0.3, 0.4, 0.2, 0.1]))),
+    ],
+    "token_id_out_of_range": [
+        lambda: check_obs(observation(token_id=VOCAB)),
+        lambda: check_obs(observation(token_id=-3)),
+        lambda: check_turn(turn(token_ids=[1, 2, VOCAB + 5, 3])),
+    ],
+    "segment_out_of_bounds": [
+        lambda: check_turn(turn(segments=[{"kind": "content", "start": 0, "end": 5,
+                                           "generated": True}])),
+        lambda: check_turn(turn(segments=[{"kind": "content", "start": 3, "end": 2,
+                                           "generated": True}])),
+    ],
+    "segment_overlap": [
+        lambda: check_turn(turn(segments=[
+            {"kind": "header", "start": 0, "end": 2, "generated": False},
+            {"kind": "content", "start": 1, "end": 4, "generated": False}])),
+    ],
+    "ordinal_not_increasing": [lambda: _ordinals("ordinal_not_increasing")],
+    "duplicate_ordinal": [lambda: _ordinals("duplicate_ordinal")],
+    "counter_regression": [_counter],
+    "schema_violation": [_codec(schema_errors.RecordEncodeError)],
+    "unknown_fingerprint": [_codec(schema_errors.UnknownFingerprintError)],
+    "undecodable": [_codec(schema_errors.UndecodableRecordError)],
+    "header_mismatch": [_codec(schema_errors.SchemaHeaderError)],
+    "schema_resolution_failed": [_codec(schema_errors.SchemaResolutionError)],
+}
+
+
+def test_every_reason_code_has_a_case_and_codes_are_stable_strings() -> None:
+    assert set(CASES) == set(REASONS)
+    assert len(REASONS) == len(set(REASONS))
+    assert all(isinstance(r, str) and r == r.lower() for r in REASONS)
+    assert Reason("wrong_k") is Reason.WRONG_K
+
+
+@pytest.mark.parametrize(("reason", "index"),
+                         [(r, i) for r, cases in CASES.items() for i in range(len(cases))])
+def test_crafted_record_fails_with_its_reason(reason: str, index: int) -> None:
+    with pytest.raises(PublishValidationError) as info:
+        CASES[reason][index]()
+    assert info.value.reason == reason
+    assert str(info.value).startswith(f"[{reason}]")
+
+
+def test_valid_records_pass_and_errors_name_the_field() -> None:
+    check_obs(observation())
+    check_obs(observation(speculative={
+        "proposal_id": "pr", "proposal_generation": 0, "candidate_position": 2,
+        "accepted_prefix_digest": "d", "verifier_generation": 1, "accepted": False}))
+    check_turn(turn())
+    check_turn(turn(token_ids=[], segments=[]))
+    with pytest.raises(PublishValidationError) as info:
+        check_obs(observation(layers=route(2, expert_ids=[0, 1, 2, 99])))
+    assert info.value.field == "layers[2].expert_ids"
+
+
+def test_layers_in_any_order_and_numpy_like_ints_pass() -> None:
+    class Int(int):
+        pass  # a subclass, as numpy scalars are Integral but not ``int``
+
+    layers = list(reversed(route(1, expert_ids=[Int(1), 2, 3, 4])))
+    check_obs(observation(layers=layers))
+
+
+def test_rank_order_is_only_checked_for_monotone_weight_rules() -> None:
+    geometry = validate_identity(identity(weight_rule="sigmoid_with_bias_correction"))
+    validate_observation(observation(identity_id=geometry.identity_id,
+                                     layers=route(1, weights=[0.1, 0.4, 0.2, 0.3])), geometry)
+
+
+def test_tracker_keys_and_bounds() -> None:
+    tracker = OrdinalTracker(max_keys=2)
+    validate_observation(observation(token_ordinal=5), GEOMETRY, tracker=tracker)
+    # another sequence, and a speculative proposal of the same sequence, have own keys
+    validate_observation(observation(token_ordinal=1, sequence_id="r2"), GEOMETRY,
+                         tracker=tracker)
+    spec = {"proposal_id": "p1", "proposal_generation": 0, "candidate_position": 0,
+            "accepted_prefix_digest": "d", "verifier_generation": 0, "accepted": True}
+    validate_observation(observation(token_ordinal=3, speculative=spec), GEOMETRY,
+                         tracker=tracker)
+    assert len(tracker) == 2  # least recently used key (o1/t1/0/r1) forgotten
+    validate_observation(observation(token_ordinal=2), GEOMETRY, tracker=tracker)
+    # a rejected record never advances the tracker
+    with pytest.raises(PublishValidationError):
+        validate_observation(observation(token_ordinal=50, token_id=-1), GEOMETRY,
+                             tracker=tracker)
+    validate_observation(observation(token_ordinal=3), GEOMETRY, tracker=tracker)
+    tracker.forget(("o1", "t1", 0, "r1"))
+    assert tracker.last(("o1", "t1", 0, "r1")) is None
+
+
+def test_turn_tracker_checks_turn_index_per_thread_generation() -> None:
+    tracker = OrdinalTracker(field="turn_index")
+    validate_turn(turn(turn_index=0), GEOMETRY, tracker=tracker)
+    validate_turn(turn(turn_index=0, generation=1), GEOMETRY, tracker=tracker)
+    with pytest.raises(PublishValidationError, match="turn_index") as info:
+        validate_turn(turn(turn_index=0), GEOMETRY, tracker=tracker)
+    assert info.value.reason == "duplicate_ordinal"
+
+
+@pytest.mark.parametrize("change", [{"top_k": 0}, {"expert_count": 2, "top_k": 3},
+                                    {"vocab_size": 0}])
+def test_geometry_config_errors(change: dict[str, Any]) -> None:
+    fields = {"identity_id": "x", "routed_layer_count": 2, "expert_count": 8, "top_k": 2,
+              **change}
+    with pytest.raises(ConfigError):
+        RouteGeometry(**fields)
+
+
+def test_containers_must_be_lists() -> None:
+    layers = route(1)
+    layers[1]["expert_ids"] = dict.fromkeys([1, 2, 3, 4], 0)
+    with pytest.raises(PublishValidationError) as info:
+        check_obs(observation(layers=layers))
+    assert info.value.reason == "wrong_type"
