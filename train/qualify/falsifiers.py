@@ -1,0 +1,207 @@
+"""Verdicts on the design note's ten falsifiers ("What would falsify the whole approach?").
+
+Each is ``falsified`` (this evidence falsifies the approach: stop or redesign),
+``not_falsified`` or ``not_measurable`` (with the precise reason). Falsifiers are judged on
+the same evidence as the gates, never on training rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from train.qualify.config import HEURISTIC_METHODS, QualificationConfig
+from train.qualify.falsifiers_io import (
+    Outcome,
+    f4_amplification,
+    f5_late,
+    f9_roofline,
+    f10_loader,
+    outcome,
+)
+from train.qualify.gates_offline import strongest_control
+from train.qualify.inputs import QualificationInputs
+from train.qualify.verdict import (
+    FALSIFIED,
+    NOT_FALSIFIED,
+    NOT_MEASURABLE,
+    FalsifierVerdict,
+)
+
+STATEMENTS: dict[int, str] = {
+    1: "prefill replay and real decode do not produce exact route-label parity",
+    2: "a previous-token or adjacent-layer heuristic matches the learned predictor at the "
+       "same byte budget",
+    3: "DFlash features predict tokens but not target routes",
+    4: "useful recall requires reading so many experts that byte amplification rises",
+    5: "predictions arrive too late to hide a meaningful portion of SSD wait",
+    6: "candidate-path replay costs more than the expected deployment savings can justify",
+    7: "real agent traffic drifts too quickly for checkpointed predictors",
+    8: "privacy constraints make production transcript replay unacceptable",
+    9: "the exact cold-byte roofline dominates even with perfect prediction",
+    10: "two 3090s spend more time waiting for feature shards than training",
+}
+
+Judge = Callable[[QualificationInputs, QualificationConfig], Outcome]
+
+
+def f1_parity(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
+    p = inputs.parity
+    if p is None or p.compared == 0:
+        return outcome(NOT_MEASURABLE, "no replay/decode route comparison was made"
+                       if p is None else "the parity run compared no routes")
+    figures = {"compared": p.compared, "mismatches": p.mismatches,
+               "authoritative": p.authoritative}
+    if p.mismatches:
+        return outcome(FALSIFIED, f"{p.mismatches} of {p.compared} replayed routes differ "
+                       "from decode in top-k ids or rank order", figures)
+    if not p.authoritative:
+        return outcome(NOT_MEASURABLE, f"0 mismatches on {p.compared} routes, but the parity "
+                       "run did not declare itself authoritative (see its details)", figures)
+    return outcome(NOT_FALSIFIED, f"exact top-k id and rank parity on {p.compared} routes",
+                   figures)
+
+
+def f2_heuristic(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
+    off = inputs.offline
+    present = [] if off is None else [m for m in HEURISTIC_METHODS if m in off.methods]
+    if off is None or not present:
+        return outcome(NOT_MEASURABLE, "no offline metrics" if off is None else
+                  "neither previous_token nor adjacent_layer was evaluated")
+    budget = config.offline.budget or inputs.geometry.top_k
+    tol = config.falsifiers.match_tolerance
+    per_split: dict[str, dict] = {}
+    matched = []
+    for split in config.offline.decision_splits:
+        mine = off.recall(off.candidate, split, budget)
+        scored = [(r, m) for m in present if (r := off.recall(m, split, budget)) is not None]
+        if mine is None or not scored:
+            continue
+        best_recall, best = max(scored)
+        per_split[split] = {"candidate": mine, "heuristic": best, "heuristic_recall": best_recall}
+        if best_recall >= mine - tol:
+            matched.append(f"{split}: {best} {best_recall:.3f} vs {off.candidate} {mine:.3f}")
+    figures = {"budget": budget, "byte_budget": budget * inputs.expert_bytes,
+               "tolerance": tol, "splits": per_split}
+    if not per_split:
+        return outcome(NOT_MEASURABLE, f"no decision split has recall@{budget} for both the "
+                  "candidate and a heuristic", figures)
+    if matched:
+        return outcome(FALSIFIED, f"at recall@{budget} (equal byte budget) a heuristic is within "
+                  f"{tol:.3f} of the learned predictor: " + "; ".join(matched), figures)
+    return outcome(NOT_FALSIFIED, f"the learned predictor leads every history heuristic by more "
+              f"than {tol:.3f} recall@{budget} on {', '.join(per_split)}", figures)
+
+
+def f3_dflash(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
+    off = inputs.offline
+    dflash = [] if off is None else sorted(m for m, f in off.features.items()
+                                           if "dflash" in f.lower())
+    if off is None or not dflash:
+        return outcome(NOT_MEASURABLE, "no learned method reads a DFlash candidate-position "
+                       "feature (offline.features declares none): candidate-path replay with "
+                       "a DFlash 2 drafter was not part of this run, and DFlash token "
+                       "acceptance is not an input here")
+    budget, split = config.offline.budget or inputs.geometry.top_k, "validation"
+    figures: dict = {"budget": budget, "split": split, "methods": {}}
+    weak = []
+    for method in dflash:
+        mine = off.recall(method, split, budget)
+        best, theirs = strongest_control(off, split, budget)
+        figures["methods"][method] = {"recall": mine, "control": best, "control_recall": theirs}
+        if mine is None or theirs is None:
+            return outcome(NOT_MEASURABLE, f"{method} or the controls lack recall@{budget} "
+                           f"on {split}", figures)
+        if mine - theirs < config.offline.margin:
+            weak.append(f"{method} {mine:.3f} vs {best} {theirs:.3f}")
+    if weak:
+        return outcome(FALSIFIED, "DFlash-feature predictors do not beat the strongest "
+                       f"control by {config.offline.margin:.3f} recall@{budget}: "
+                       + "; ".join(weak), figures)
+    return outcome(NOT_FALSIFIED, "DFlash-feature predictors beat the strongest control "
+                   f"on {split}; whether the same features also predict tokens is not "
+                   "measured here", figures)
+
+
+def f6_economics(inputs: QualificationInputs,
+                 config: QualificationConfig) -> Outcome:
+    e = inputs.economics
+    if e is None:
+        return outcome(NOT_MEASURABLE, "no candidate-path replay cost or deployment volume "
+                       "was given: this pipeline does not run DFlash 2 candidate-path replay "
+                       "yet, and the savings need the expected deployment token volume")
+    saving, source = e.saving_s_per_token, "declared"
+    m = None if inputs.shadow_io is None else inputs.shadow_io.metrics
+    if saving is None and m is not None and m.get("baseline_exposed_wait_s") is not None \
+            and m.get("accepted_tokens"):
+        saving = (m["baseline_exposed_wait_s"] - m["exposed_wait_s"]) / m["accepted_tokens"]
+        source = "shadow simulation (illustrative timings)"
+    if saving is None:
+        return outcome(NOT_MEASURABLE, "no saving per token was declared or simulated")
+    total = saving * e.deployment_tokens
+    figures = {"candidate_replay_cost_s": e.candidate_replay_cost_s, "saving_s_per_token":
+               saving, "saving_source": source, "deployment_tokens": e.deployment_tokens,
+               "expected_saving_s": total}
+    status = FALSIFIED if e.candidate_replay_cost_s > total else NOT_FALSIFIED
+    return outcome(status, f"candidate-path replay costs {e.candidate_replay_cost_s:.4g} s "
+                   f"against {total:.4g} s expected saving ({saving:.3g} s/token from "
+                   f"{source} x {e.deployment_tokens:.4g} tokens)", figures)
+
+
+def f7_drift(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
+    off, split = inputs.offline, "temporal_holdout"
+    budget = config.offline.budget or inputs.geometry.top_k
+    mine = None if off is None else off.recall(off.candidate, split, budget)
+    if off is None or mine is None:
+        return outcome(NOT_MEASURABLE, "no temporal_holdout evaluation of the candidate: "
+                       "drift needs the newest period held out (and its rate, several "
+                       "checkpoints over time)")
+    best, theirs = strongest_control(off, split, budget)
+    if theirs is None:
+        return outcome(NOT_MEASURABLE, "no control was evaluated on temporal_holdout")
+    advantage, bound = mine - theirs, config.falsifiers.min_temporal_advantage
+    validation = off.recall(off.candidate, "validation", budget)
+    figures = {"budget": budget, "candidate": mine, "control": best, "control_recall": theirs,
+               "advantage": advantage, "validation_recall": validation}
+    status = FALSIFIED if advantage < bound else NOT_FALSIFIED
+    return outcome(status, f"on the newest period the candidate's recall@{budget} advantage "
+                   f"over {best} is {advantage:+.3f} (needs >= {bound:+.3f}); one temporal step "
+                   "only, so this bounds drift, it does not measure its rate", figures)
+
+
+def f8_privacy(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
+    a = None if inputs.integrity is None else inputs.integrity.authorization
+    if a is None:
+        return outcome(NOT_MEASURABLE, "privacy acceptability is a policy decision, not a "
+                       "measurement, and no authorization evidence was given")
+    figures = {"policy": a.policy, "approved": a.approved,
+               "production_transcripts": a.production_transcripts,
+               "deletion_supported": a.deletion_supported}
+    if not a.production_transcripts:
+        return outcome(NOT_MEASURABLE, f"this run replayed non-production data ({a.policy}); "
+                       "it says nothing about production transcript replay", figures)
+    if not a.approved:
+        return outcome(FALSIFIED, f"production transcript replay is not authorized under "
+                       f"{a.policy}", figures)
+    return outcome(NOT_FALSIFIED, f"production transcript replay authorized under {a.policy}"
+                   f" (deletion supported: {a.deletion_supported})", figures)
+
+
+JUDGES: dict[int, Judge] = {1: f1_parity, 2: f2_heuristic, 3: f3_dflash, 4: f4_amplification,
+                            5: f5_late, 6: f6_economics, 7: f7_drift, 8: f8_privacy,
+                            9: f9_roofline, 10: f10_loader}
+
+
+def evaluate_falsifiers(inputs: QualificationInputs,
+                        config: QualificationConfig | None = None) -> list[FalsifierVerdict]:
+    """All ten falsifier verdicts, in the design note's order."""
+    config = QualificationConfig() if config is None else config
+    out = []
+    for number, judge in JUDGES.items():
+        status, reason, figures = judge(inputs, config)
+        out.append(FalsifierVerdict(number=number, statement=STATEMENTS[number], status=status,
+                                    reason=reason, figures=figures))
+    return out
+
+
+__all__ = ["FALSIFIED", "JUDGES", "NOT_FALSIFIED", "NOT_MEASURABLE", "STATEMENTS",
+           "evaluate_falsifiers"]

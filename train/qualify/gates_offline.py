@@ -1,0 +1,141 @@
+"""Gate 3: offline predictor value, every method at equal candidate count and equal byte
+budget (``budget * expert_bytes`` per token and layer), on evaluation splits only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from train.metrics import EVALUATION_SPLITS
+from train.qualify.config import OfflineGateConfig
+from train.qualify.fmt import fmt_bytes
+from train.qualify.inputs import QualificationInputs
+from train.qualify.model_evidence import OfflineEvidence
+from train.qualify.verdict import Check, GateVerdict, gate_verdict, measured, unmeasured
+
+GATE3_NAME = "offline predictor value"
+
+
+def strongest_control(offline: OfflineEvidence, split: str,
+                      budget: int) -> tuple[str | None, float | None]:
+    """The training-free control with the highest recall@budget on ``split``."""
+    scored = [(offline.recall(m, split, budget), m) for m in offline.controls]
+    present = [(r, m) for r, m in scored if r is not None]
+    if not present:
+        return None, None
+    recall, method = max(present, key=lambda rm: (rm[0], -offline.controls.index(rm[1])))
+    return method, recall
+
+
+def _split_check(offline: OfflineEvidence, split: str, budget: int, margin: float,
+                 byte_budget: int, required: tuple[str, ...]) -> Check:
+    name, cand = f"beats_controls_{split}", offline.candidate
+    mine = offline.recall(cand, split, budget)
+    if mine is None:
+        return unmeasured(name, f"{cand} has no recall@{budget} on {split}")
+    absent = [m for m in required if offline.recall(m, split, budget) is None]
+    if absent:
+        return unmeasured(name, f"{split}: required control(s) {', '.join(absent)} were not "
+                          "evaluated; compare every control on the same rows")
+    rows = {m: offline.rows(m, split) for m in offline.methods
+            if offline.summary(m, split) is not None}
+    if len(set(rows.values())) > 1:
+        return unmeasured(name, f"{split}: methods were evaluated on different row counts "
+                          f"{rows}; the comparison is not at equal inputs")
+    best, best_recall = strongest_control(offline, split, budget)
+    if best is None or best_recall is None:
+        return unmeasured(name, f"{split}: no training-free control was evaluated")
+    delta = mine - best_recall
+    return measured(name, delta >= margin,
+                    f"{split}: {cand} recall@{budget} {mine:.3f} vs strongest control {best} "
+                    f"{best_recall:.3f} ({delta:+.3f}, margin {margin:.3f}) at {budget} "
+                    f"experts = {fmt_bytes(byte_budget)} per token-layer")
+
+
+def _ece_check(offline: OfflineEvidence, split: str, bound: float) -> Check:
+    node = offline.summary(offline.candidate, split)
+    calibration = None if node is None else node.get("calibration")
+    if calibration is None:
+        return unmeasured(f"calibration_{split}", f"{offline.candidate} reported no "
+                          f"calibration on {split} (give membership probabilities)")
+    ece = float(calibration["ece"])
+    return measured(f"calibration_{split}", ece <= bound,
+                    f"{split}: {offline.candidate} ECE {ece:.3f} (bound {bound:.3f})")
+
+
+def _method_row(offline: OfflineEvidence, method: str, split: str,
+                budget: int) -> dict[str, Any] | None:
+    node = offline.summary(method, split)
+    if node is None:
+        return None
+    union = node.get("union_growth") or {}
+    target = union.get("target") or []
+    predicted = (union.get("predicted") or {}).get(str(budget)) or []
+    calibration = node.get("calibration")
+    return {
+        "rows": node.get("rows"), "exact_match": node.get("exact_match"),
+        "recall": {b: node["recall"].get(str(b)) for b in offline.common_budgets},
+        "precision": {b: node["precision"].get(str(b)) for b in offline.common_budgets},
+        "rr_first": node.get("rr_first"), "rr_top1": node.get("rr_top1"),
+        "ece": None if calibration is None else calibration.get("ece"),
+        "union_window": len(target) or None,
+        "union_target": target[-1] if target else None,
+        "union_predicted": predicted[-1] if predicted else None,
+    }
+
+
+def _stability(offline: OfflineEvidence, split: str, budget: int, dim: str) -> dict[str, Any]:
+    """Per layer/domain: the candidate and the split's strongest control, and the delta."""
+    best, _ = strongest_control(offline, split, budget)
+    node = offline.result(offline.candidate)["splits"].get(split) or {}
+    labels = list(node.get(dim, {}))
+    out: dict[str, Any] = {"control": best, "groups": {}, "lost": 0}
+    for label in labels:
+        mine = offline.recall(offline.candidate, split, budget, dim, label)
+        theirs = None if best is None else offline.recall(best, split, budget, dim, label)
+        delta = None if mine is None or theirs is None else mine - theirs
+        out["groups"][label] = {"candidate": mine, "control": theirs, "delta": delta}
+        out["lost"] += int(delta is not None and delta < 0)
+    return out
+
+
+def _gate3_figures(offline: OfflineEvidence, budget: int, expert_bytes: int) -> dict[str, Any]:
+    splits = [s for s in EVALUATION_SPLITS if any(
+        offline.summary(m, s) is not None for m in offline.methods)]
+    return {
+        "candidate": offline.candidate, "controls": list(offline.controls),
+        "learned": list(offline.learned), "features": dict(offline.features),
+        "budget": budget, "byte_budget": budget * expert_bytes, "expert_bytes": expert_bytes,
+        "budgets": [{"candidates": b, "bytes": b * expert_bytes}
+                    for b in offline.common_budgets],
+        "splits": splits,
+        "strongest_control": {s: dict(zip(("method", "recall"),
+                                           strongest_control(offline, s, budget), strict=True))
+                              for s in splits},
+        "methods": {s: {m: _method_row(offline, m, s, budget) for m in offline.methods}
+                    for s in splits},
+        "by_layer": {s: _stability(offline, s, budget, "by_layer") for s in splits},
+        "by_domain": {s: _stability(offline, s, budget, "by_domain") for s in splits},
+    }
+
+
+def gate3_offline(inputs: QualificationInputs, config: OfflineGateConfig) -> GateVerdict:
+    """Gate 3: the candidate must beat the strongest training-free control by
+    ``config.margin`` recall@budget on every decision split, all at the same budget."""
+    offline = inputs.offline
+    if offline is None:
+        return gate_verdict(3, GATE3_NAME, [unmeasured(
+            "offline", "no offline metrics: the learned predictor was not compared with any "
+            "control")], {})
+    budget = config.budget or inputs.geometry.top_k
+    if budget not in offline.common_budgets:
+        return gate_verdict(3, GATE3_NAME, [unmeasured(
+            "budget", f"budget {budget} is not among the budgets every method was measured "
+            f"at {list(offline.common_budgets)}; add it to MetricsConfig.budgets")],
+            {"budget": budget, "budgets": list(offline.common_budgets)})
+    byte_budget = budget * inputs.expert_bytes
+    checks = [_split_check(offline, split, budget, config.margin, byte_budget,
+                           config.required_controls) for split in config.decision_splits]
+    if config.max_ece is not None:
+        checks += [_ece_check(offline, split, config.max_ece) for split in config.decision_splits]
+    return gate_verdict(3, GATE3_NAME, checks,
+                        _gate3_figures(offline, budget, inputs.expert_bytes))

@@ -1,0 +1,172 @@
+"""The typed input bundle of one qualification run.
+
+``flywheel qualify`` fills :class:`QualificationInputs` from a sealed snapshot, a
+checkpoint and the simulator; the gates only read it. Every piece of evidence except the
+run's identity is optional: a missing piece makes the gates and falsifiers that need it
+``not_measurable`` (never a pass). A piece that is present but malformed raises
+:class:`~train.qualify.errors.InputError` naming the field.
+
+Field names follow the producers: parity from ``replay/parity.py``'s ``ParityResult``,
+offline results from :meth:`train.metrics.MetricsAccumulator.result`, shadow I/O from
+:func:`train.sim.shadow_io` / :func:`train.sim.sweep` / :func:`train.sim.break_even`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from train.qualify import checks as v
+from train.qualify.data_evidence import (
+    Authorization,
+    DeterminismEvidence,
+    FailClosedEvidence,
+    IntegrityEvidence,
+    NearDuplicates,
+    Overlap,
+    ParityEvidence,
+    SplitIntegrity,
+)
+from train.qualify.errors import InputError
+from train.qualify.model_evidence import (
+    DecodeEvidence,
+    EconomicsEvidence,
+    OfflineEvidence,
+    RuntimeEvidence,
+    ShadowEvidence,
+    ThroughputEvidence,
+)
+from train.qualify.objective import ServiceObjective
+
+__all__ = [
+    "Authorization", "DecodeEvidence", "DeterminismEvidence", "EconomicsEvidence",
+    "FailClosedEvidence", "Geometry", "Identity", "IntegrityEvidence", "NearDuplicates",
+    "OfflineEvidence", "Overlap", "ParityEvidence", "QualificationInputs", "RuntimeEvidence",
+    "ShadowEvidence", "SplitIntegrity", "ThroughputEvidence",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Geometry:
+    """Routed geometry of the target model."""
+
+    layers: int
+    """L: routed layers."""
+    experts: int
+    """E: experts per routed layer."""
+    top_k: int
+    """K: native experts per token and layer."""
+    hidden_size: int | None = None
+    """Hidden width, when known (with the next two it fixes the expert size)."""
+    routed_intermediate_size: int | None = None
+    """Routed-expert intermediate width."""
+    dtype_bytes: float | None = None
+    """Bytes per stored weight element."""
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "experts", "top_k"):
+            v.count(f"geometry.{name}", getattr(self, name), positive=True)
+        if self.top_k > self.experts:
+            raise InputError("geometry.top_k must not exceed geometry.experts")
+        v.count("geometry.hidden_size", self.hidden_size, optional=True, positive=True)
+        v.count("geometry.routed_intermediate_size", self.routed_intermediate_size,
+                optional=True, positive=True)
+        v.number("geometry.dtype_bytes", self.dtype_bytes, optional=True)
+
+    @property
+    def shaped_expert_bytes(self) -> int | None:
+        """intermediate × hidden × 3 matrices × dtype bytes, when all three are known."""
+        parts = (self.routed_intermediate_size, self.hidden_size, self.dtype_bytes)
+        if any(p is None for p in parts):
+            return None
+        return round(self.routed_intermediate_size * self.hidden_size * 3  # type: ignore[operator]
+                     * self.dtype_bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Identity:
+    """The pinned identities the run was made under."""
+
+    runtime: str
+    """Runtime identity digest (model artifact, tokenizer, template, dtype, tie-break)."""
+    teacher: str | None = None
+    """Teacher (model artifact) digest."""
+    tokenizer: str | None = None
+    """Tokenizer and chat-template digest."""
+
+    def __post_init__(self) -> None:
+        v.text("identity.runtime", self.runtime)
+        v.text("identity.teacher", self.teacher, optional=True)
+        v.text("identity.tokenizer", self.tokenizer, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QualificationInputs:
+    """Everything one qualification run is judged on."""
+
+    snapshot_id: str
+    """Id (manifest digest) of the sealed snapshot."""
+    checkpoint_lineage: tuple[str, ...]
+    """The qualified checkpoint first, then its ancestors."""
+    identity: Identity
+    """Pinned identities of the run."""
+    geometry: Geometry
+    """Routed geometry of the target."""
+    expert_bytes: int
+    """Bytes of one routed expert: every byte budget is ``candidates * expert_bytes``."""
+    parity: ParityEvidence | None = None
+    """Gate 1 / falsifier #1."""
+    determinism: DeterminismEvidence | None = None
+    """Gate 1: None when no rebuild was made."""
+    fail_closed: FailClosedEvidence | None = None
+    """Gate 1."""
+    integrity: IntegrityEvidence | None = None
+    """Gate 2."""
+    offline: OfflineEvidence | None = None
+    """Gate 3, falsifiers #2, #3, #7."""
+    decode: DecodeEvidence | None = None
+    """Gate 4."""
+    shadow_io: ShadowEvidence | None = None
+    """Gates 5 and 6, falsifiers #4, #5, #9."""
+    objective: ServiceObjective | None = None
+    """Gate 6: the declared service objective (None: promotion cannot be judged)."""
+    runtime: RuntimeEvidence | None = None
+    """Gate 6 when the objective asks for measurements on the real runtime."""
+    throughput: ThroughputEvidence | None = None
+    """Falsifier #10."""
+    economics: EconomicsEvidence | None = None
+    """Falsifier #6."""
+
+    def __post_init__(self) -> None:
+        v.freeze(self, "checkpoint_lineage", tuple)
+        v.text("snapshot_id", self.snapshot_id)
+        if not isinstance(self.checkpoint_lineage, tuple) or not self.checkpoint_lineage:
+            raise InputError("checkpoint_lineage must list the qualified checkpoint first, "
+                             f"then its ancestors; got {self.checkpoint_lineage!r}")
+        v.strings("checkpoint_lineage", self.checkpoint_lineage)
+        v.instance("identity", self.identity, Identity, optional=False)
+        v.instance("geometry", self.geometry, Geometry, optional=False)
+        v.count("expert_bytes", self.expert_bytes, positive=True)
+        shaped = self.geometry.shaped_expert_bytes
+        if shaped is not None and shaped != self.expert_bytes:
+            raise InputError(f"expert_bytes is {self.expert_bytes} but the geometry gives "
+                             f"{shaped} (intermediate x hidden x 3 x dtype bytes); fix one")
+        self._check_pieces()
+
+    def _check_pieces(self) -> None:
+        kinds = {"parity": ParityEvidence, "determinism": DeterminismEvidence,
+                 "fail_closed": FailClosedEvidence, "integrity": IntegrityEvidence,
+                 "offline": OfflineEvidence, "decode": DecodeEvidence,
+                 "shadow_io": ShadowEvidence, "objective": ServiceObjective,
+                 "runtime": RuntimeEvidence, "throughput": ThroughputEvidence,
+                 "economics": EconomicsEvidence}
+        for name, kind in kinds.items():
+            v.instance(name, getattr(self, name), kind)
+        if self.offline is not None:
+            self.offline.check_geometry(self.geometry.experts, self.geometry.top_k)
+        if self.shadow_io is not None:
+            self.shadow_io.check_expert_bytes(self.expert_bytes)
+
+    @property
+    def checkpoint(self) -> str:
+        """The qualified checkpoint."""
+        return self.checkpoint_lineage[0]

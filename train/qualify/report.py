@@ -1,0 +1,123 @@
+"""The qualification report: ``report.json`` (every figure and verdict, stable key order)
+and a self-contained ``report.html`` (figures embedded as data URIs), plus each figure
+as a PNG file beside them.
+
+The HTML is rendered from the same JSON document that is written, so both always agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from train.qualify.config import QualificationConfig
+from train.qualify.errors import ReportError
+from train.qualify.inputs import QualificationInputs
+from train.qualify.parse import inputs_to_mapping
+from train.qualify.plots import PLOT_TITLES, render_plots
+from train.qualify.report_html import render_html
+from train.qualify.verdict import FALSIFIED, PASS, FalsifierVerdict, GateVerdict, jsonable
+
+REPORT_SCHEMA = "flywheel.qualify.report.v1"
+
+CLAIM_BOUNDARY: tuple[str, ...] = (
+    "Replay may manufacture training examples, but it may not manufacture evidence about "
+    "decode latency, cache state, proposal acceptance, SSD overlap, or exact runtime parity; "
+    "the native router remains authoritative.",
+    "Replay makes examples, not evidence: decode latency, cache state, acceptance and SSD "
+    "overlap in this report come only from real decode captures and the trace-driven "
+    "simulator, whose timings are declared inputs (Gate 5 lists them), not device "
+    "measurements.",
+    "Offline metrics are computed on evaluation splits only; training rows never reach an "
+    "evaluator.",
+    "Predictions may only move bytes early (discardable, low-priority reads); the native "
+    "router selects every executed expert.",
+    "This pipeline is falsifiable by design. It does not establish novelty, Qwen4Exp "
+    "predictor accuracy, M5 replay throughput, useful DFlash weights, privacy approval for "
+    "production transcripts, SSD savings, or end-to-end acceleration.",
+)
+"""The design note's claim boundary, printed at the end of every report."""
+
+
+def decision(verdicts: Sequence[GateVerdict],
+             falsifiers: Sequence[FalsifierVerdict]) -> dict[str, Any]:
+    """Promote only when every gate passed; train only when Gate 1 passed."""
+    by_gate = {v.gate: v for v in verdicts}
+    promote = len(by_gate) == 6 and all(v.status == PASS for v in verdicts)
+    train = 1 in by_gate and by_gate[1].status == PASS
+    reasons = [f"Gate {v.gate} ({v.name}) {v.status.replace('_', ' ')}: {v.headline}"
+               for v in sorted(verdicts, key=lambda v: v.gate) if v.status != PASS]
+    reasons += [f"Falsifier #{f.number} falsified ({f.statement}): {f.reason}"
+                for f in falsifiers if f.status == FALSIFIED]
+    summary = "PROMOTE" if promote else "DO NOT PROMOTE"
+    if not train:
+        summary += "; do not train on this snapshot (Gate 1 did not pass)"
+    if any(f.status == FALSIFIED for f in falsifiers):
+        summary += "; a falsifier holds: stop or redesign"
+    return {"promote": promote, "train_on_snapshot": train, "summary": summary,
+            "reasons": reasons}
+
+
+def build_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
+                 falsifiers: Sequence[FalsifierVerdict], *,
+                 config: QualificationConfig | None = None,
+                 plots: dict[str, bytes] | None = None) -> dict[str, Any]:
+    """The report document (JSON types only)."""
+    config = QualificationConfig() if config is None else config
+    plots = {} if plots is None else plots
+    return jsonable({
+        "schema": REPORT_SCHEMA,
+        "snapshot_id": inputs.snapshot_id,
+        "checkpoint": inputs.checkpoint,
+        "checkpoint_lineage": list(inputs.checkpoint_lineage),
+        "identity": dataclasses.asdict(inputs.identity),
+        "geometry": dataclasses.asdict(inputs.geometry),
+        "expert_bytes": inputs.expert_bytes,
+        "decision": decision(verdicts, falsifiers),
+        "gates": [v.to_dict() for v in sorted(verdicts, key=lambda v: v.gate)],
+        "falsifiers": [f.to_dict() for f in sorted(falsifiers, key=lambda f: f.number)],
+        "objective": None if inputs.objective is None else inputs.objective.statement(),
+        "config": dataclasses.asdict(config),
+        "claim_boundary": list(CLAIM_BOUNDARY),
+        "plots": {name: {"file": f"{name}.png", "title": PLOT_TITLES[name],
+                         "sha256": hashlib.sha256(png).hexdigest()}
+                  for name, png in plots.items()},
+        "inputs": inputs_to_mapping(inputs),
+    })
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
+                 falsifiers: Sequence[FalsifierVerdict], out_dir: str | Path, *,
+                 config: QualificationConfig | None = None) -> tuple[Path, Path]:
+    """Write ``report.json``, ``report.html`` and one PNG per figure into ``out_dir``
+    (created if needed); returns ``(report.json, report.html)``. Same inputs, same bytes."""
+    config = QualificationConfig() if config is None else config
+    out = Path(out_dir)
+    plots = render_plots(inputs, config)
+    report = build_report(inputs, verdicts, falsifiers, config=config, plots=plots)
+    try:
+        text = json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as exc:
+        raise ReportError(f"the report is not JSON-serialisable: {exc}") from exc
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, png in plots.items():
+            _write(out / f"{name}.png", png)
+        json_path, html_path = out / "report.json", out / "report.html"
+        _write(json_path, text.encode("utf-8"))
+        _write(html_path, render_html(report, plots).encode("utf-8"))
+    except OSError as exc:
+        raise ReportError(f"cannot write the report into {out}: {exc}; choose a writable "
+                          "directory") from exc
+    return json_path, html_path

@@ -1,0 +1,214 @@
+"""``report.html``: a self-contained page rendered from the report document. Every piece
+of text is escaped; every figure is an embedded ``data:image/png;base64`` URI."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from html import escape
+from typing import Any
+
+from train.qualify.fmt import fmt_bytes, fmt_num
+
+_CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;
+max-width:72rem;padding:0 1rem;color:#1d2330;line-height:1.45}
+h1{margin-bottom:.2rem}h2{border-bottom:1px solid #d6dae3;padding-bottom:.2rem;margin-top:2rem}
+table{border-collapse:collapse;margin:.6rem 0;font-size:.85rem}
+th,td{border:1px solid #d6dae3;padding:.25rem .5rem;text-align:left;vertical-align:top}
+th{background:#f2f4f8}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.status{font-weight:600;padding:.05rem .45rem;border-radius:.25rem;white-space:nowrap}
+.pass,.not_falsified{background:#dcf5e3;color:#135c2b}
+.fail,.falsified{background:#fbe0e0;color:#8a1414}
+.not_measurable{background:#fff1cc;color:#6b4e00}
+.decision{font-size:1.15rem;font-weight:700;padding:.5rem .8rem;border-radius:.3rem}
+.decision.promote{background:#dcf5e3}.decision.hold{background:#fbe0e0}
+figure{margin:1rem 0}figure img{max-width:100%;border:1px solid #e3e6ee}
+figcaption{font-size:.8rem;color:#555}code{font-size:.8rem;word-break:break-all}
+.meta td:first-child{font-weight:600}
+"""
+
+GATE_PLOTS: dict[int, tuple[str, ...]] = {
+    3: ("recall_curves", "layer_heatmap", "reliability"),
+    5: ("byte_amplification", "bandwidth"),
+}
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, Mapping | list):
+        text = json.dumps(value, sort_keys=True, separators=(", ", ": "))
+        return f"<td><code>{escape(text)}</code></td>"
+    klass = ' class="num"' if isinstance(value, int | float) and not isinstance(value, bool) \
+        else ""
+    return f"<td{klass}>{escape(fmt_num(value))}</td>"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], klass: str = "") -> str:
+    """An escaped HTML table."""
+    head = "".join(f"<th>{escape(str(h))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
+    attr = f' class="{escape(klass)}"' if klass else ""
+    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def kv_table(mapping: Mapping[str, Any] | None, klass: str = "meta") -> str:
+    """Two columns: figure, value."""
+    if not mapping:
+        return "<p><em>not available</em></p>"
+    return table(("figure", "value"), sorted(mapping.items()), klass)
+
+
+def badge(status: str) -> str:
+    return f'<span class="status {escape(status)}">{escape(status.replace("_", " "))}</span>'
+
+
+def _figure(name: str, plots: Mapping[str, bytes], report: Mapping[str, Any]) -> str:
+    if name not in plots:
+        return ""
+    data = base64.b64encode(plots[name]).decode("ascii")
+    title = escape(report["plots"][name]["title"])
+    return (f'<figure id="plot-{escape(name)}"><img src="data:image/png;base64,{data}" '
+            f'alt="{title}"><figcaption>{title} ({escape(name)}.png)</figcaption></figure>')
+
+
+def _summary(report: Mapping[str, Any]) -> str:
+    d = report["decision"]
+    klass = "promote" if d["promote"] else "hold"
+    rows = [(g["gate"], g["name"], g["status"], g["reasons"][0] if g["reasons"] else "")
+            for g in report["gates"]]
+    body = "".join(f"<tr><td>{g}</td><td>{escape(n)}</td><td>{badge(s)}</td>"
+                   f"<td>{escape(r)}</td></tr>" for g, n, s, r in rows)
+    counts: dict[str, int] = {}
+    for f in report["falsifiers"]:
+        counts[f["status"]] = counts.get(f["status"], 0) + 1
+    tally = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in sorted(counts.items()))
+    reasons = "".join(f"<li>{escape(r)}</li>" for r in d["reasons"])
+    return (f'<section id="summary"><h2>Verdict summary</h2>'
+            f'<p class="decision {klass}">{escape(d["summary"])}</p>'
+            f"<table><thead><tr><th>gate</th><th>name</th><th>status</th><th>reason</th>"
+            f"</tr></thead><tbody>{body}</tbody></table>"
+            f"<p>Falsifiers: {escape(tally)}.</p>"
+            f"{'<ul>' + reasons + '</ul>' if reasons else ''}</section>")
+
+
+def _gate_details(gate: Mapping[str, Any]) -> str:
+    f, n = gate["figures"], gate["gate"]
+    if n == 1:
+        parity = dict(f.get("parity") or {})
+        per_layer = parity.pop("per_layer_mismatch_rate", None)
+        fail_closed = dict(f.get("fail_closed") or {})
+        by_reason = fail_closed.pop("quarantined_by_reason", {})
+        return ("<h3>Parity</h3>" + kv_table(parity)
+                + ("<h3>Mismatch rate by layer</h3>" + table(("layer", "mismatch rate"),
+                                                             sorted(per_layer.items(),
+                                                                    key=lambda kv: int(kv[0])))
+                   if per_layer else "")
+                + "<h3>Determinism</h3>" + kv_table(f.get("determinism"))
+                + "<h3>Fail-closed</h3>" + kv_table(fail_closed)
+                + table(("reason code", "quarantined"), sorted(by_reason.items())))
+    if n == 2:
+        return _integrity(f)
+    if n == 3:
+        return _offline(f)
+    if n == 5:
+        flat = {k: v for k, v in f.items() if k not in ("sim_config", "break_even")}
+        rows = [(r.get("block_size"), r.get("tau"), r.get("u_b"), r.get("threshold"),
+                 r.get("holds"), r.get("windows")) for r in f.get("break_even", [])]
+        return ("<h3>Shadow I/O figures</h3>" + kv_table(flat)
+                + "<h3>Break-even U<sub>B</sub> &lt; K·τ(B)</h3>"
+                + table(("B", "τ(B)", "U_B", "K·τ(B)", "holds", "windows"), rows)
+                + "<h3>Simulator configuration (declared, illustrative)</h3>"
+                + kv_table(f.get("sim_config")))
+    return kv_table(f)
+
+
+def _integrity(f: Mapping[str, Any]) -> str:
+    splits = f.get("splits", {})
+    rows = [(s, v["owners"], v["threads"], v["windows"], ", ".join(v["identity_digests"]),
+             ", ".join(v["teacher_digests"]), ", ".join(v["tokenizer_digests"]))
+            for s, v in splits.items()]
+    cov = [(s, dim, ", ".join(f"{k}: {n}" for k, n in counts.items()))
+           for s, dims in f.get("coverage", {}).items() for dim, counts in dims.items()]
+    overlaps = [(o["kind"], " / ".join(o["splits"]), o["count"], ", ".join(o["ids"][:10]))
+                for o in f.get("overlaps", [])]
+    return ("<h3>Splits</h3>" + table(("split", "owners", "threads", "windows", "identity",
+                                        "teacher", "tokenizer"), rows)
+            + "<h3>Overlaps between splits</h3>"
+            + (table(("kind", "splits", "count", "ids"), overlaps) if overlaps
+               else "<p>none</p>")
+            + "<h3>Near duplicates across splits</h3>" + kv_table(f.get("near_duplicates"))
+            + "<h3>Coverage</h3>" + table(("split", "dimension", "counts"), cov)
+            + "<h3>Authorization</h3>" + kv_table(f.get("authorization")))
+
+
+def _offline(f: Mapping[str, Any]) -> str:
+    if not f.get("methods"):
+        return kv_table(f)
+    budgets = [b["candidates"] for b in f.get("budgets", [])]
+    out = ["<h3>Budgets (equal for every method)</h3>",
+           table(("candidates per token-layer", "bytes per token-layer"),
+                 [(b["candidates"], fmt_bytes(b["bytes"])) for b in f["budgets"]]),
+           f"<p>Decision budget: {escape(str(f['budget']))} candidates = "
+           f"{escape(fmt_bytes(f['byte_budget']))} per token-layer.</p>"]
+    headers = ("method", "rows", "exact top-k", *(f"recall@{b}" for b in budgets),
+               f"precision@{f['budget']}", "RR first", "RR top-1", "ECE", "union window",
+               "union target", f"union predicted@{f['budget']}")
+    for split, methods in f["methods"].items():
+        rows = [(m, r["rows"], r["exact_match"], *(r["recall"].get(str(b)) for b in budgets),
+                 r["precision"].get(str(f["budget"])), r["rr_first"], r["rr_top1"], r["ece"],
+                 r["union_window"], r["union_target"], r["union_predicted"])
+                for m, r in methods.items() if r is not None]
+        out += [f"<h3>{escape(split)}</h3>", table(headers, rows)]
+        for dim in ("by_layer", "by_domain"):
+            stab = f[dim][split]
+            groups = [(g, v["candidate"], v["control"], v["delta"])
+                      for g, v in stab["groups"].items()]
+            out.append(f"<p>{escape(dim.replace('_', ' '))}: candidate vs "
+                       f"{escape(str(stab['control']))}; lost in {stab['lost']} of "
+                       f"{len(groups)}</p>")
+            out.append(table((dim[3:], "candidate", "control", "delta"), groups))
+    return "".join(out)
+
+
+def _gate_section(gate: Mapping[str, Any], report: Mapping[str, Any],
+                  plots: Mapping[str, bytes]) -> str:
+    n = gate["gate"]
+    checks = [(c["name"], c["status"], c["required"], c["detail"]) for c in gate["checks"]]
+    body = "".join(f"<tr><td>{escape(a)}</td><td>{badge(s)}</td><td>{'yes' if r else 'no'}"
+                   f"</td><td>{escape(d)}</td></tr>" for a, s, r, d in checks)
+    figures = "".join(_figure(p, plots, report) for p in GATE_PLOTS.get(n, ()))
+    return (f'<section id="gate-{n}"><h2>Gate {n} — {escape(gate["name"])} '
+            f"{badge(gate['status'])}</h2>"
+            "<table><thead><tr><th>check</th><th>status</th><th>required</th><th>detail</th>"
+            f"</tr></thead><tbody>{body}</tbody></table>"
+            f"{_gate_details(gate)}{figures}</section>")
+
+
+def _falsifiers(report: Mapping[str, Any]) -> str:
+    body = "".join(f"<tr><td>{f['number']}</td><td>{escape(f['statement'])}</td>"
+                   f"<td>{badge(f['status'])}</td><td>{escape(f['reason'])}</td></tr>"
+                   for f in report["falsifiers"])
+    return ('<section id="falsifiers"><h2>Falsifiers</h2><table><thead><tr><th>#</th>'
+            "<th>the approach is falsified if</th><th>verdict</th><th>why</th></tr></thead>"
+            f"<tbody>{body}</tbody></table></section>")
+
+
+def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes]) -> str:
+    """The whole page."""
+    title = f"Qualification report: {report['checkpoint']} on {report['snapshot_id']}"
+    meta = {"snapshot": report["snapshot_id"], "checkpoint": report["checkpoint"],
+            "lineage": " ← ".join(report["checkpoint_lineage"]),
+            "runtime identity": report["identity"]["runtime"],
+            "geometry": report["geometry"], "expert bytes": fmt_bytes(report["expert_bytes"]),
+            "service objective": report["objective"] or "none declared"}
+    gates = "".join(_gate_section(g, report, plots) for g in report["gates"])
+    boundary = "".join(f"<li>{escape(line)}</li>" for line in report["claim_boundary"])
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
+            f"<header><h1>{escape(title)}</h1>{kv_table(meta)}</header>"
+            f"{_summary(report)}{gates}{_falsifiers(report)}"
+            f'<section id="claim-boundary"><h2>Claim boundary</h2><ul>{boundary}</ul>'
+            "</section>"
+            f'<section id="configuration"><h2>Thresholds judged against</h2>'
+            f"{kv_table(report['config'])}</section></body></html>\n")
