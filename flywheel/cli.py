@@ -27,14 +27,23 @@ app = typer.Typer(
 
 
 def _mount_subapps() -> None:
+    from consumers.cli import rebuild_command, replay_app, seal_command, verify_command
     from replay.capture_cli import capture_command
     from replay.cli import teacher_app
+    from replay.parity_cli import parity_command
     from streams.cli import broker_app, topics_app
+    from streams.processors.cli import streams_app
 
     app.add_typer(broker_app, name="broker", help="Run the embedded single-node Kafka (KRaft).")
     app.add_typer(topics_app, name="topics", help="Create and describe the topic catalogue.")
     app.add_typer(teacher_app, name="teacher", help="Create or describe a frozen teacher.")
     app.command("capture")(capture_command)
+    app.add_typer(streams_app, name="streams", help="Validate, split, dedup and window.")
+    app.add_typer(replay_app, name="replay", help="Prefill replay workers that write shards.")
+    app.command("parity")(parity_command)
+    app.command("seal")(seal_command)
+    app.command("verify")(verify_command)
+    app.command("rebuild")(rebuild_command)
 
 
 @app.callback()

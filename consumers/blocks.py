@@ -1,0 +1,126 @@
+"""Close one block: replay its windows in fixed batches, pack the rows, write the shard.
+
+Shared by the worker and the rebuild, so both turn the same block into the same bytes.
+Batches are consecutive runs of ``batch_windows`` accepted windows of ONE block in
+offset order: the engine always sees the same batches for the same block, whatever the
+poll timing, so labels do not depend on which other partitions happened to be polled
+(the engine need not be batch-invariant for shards to be deterministic).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from consumers import faults
+from consumers.epochs import Block
+from consumers.exceptions import ShardError, WorkerError
+from consumers.intake import Accepted
+from consumers.labels import ShardGeometry, SourceRef, pack_rows, shard_metadata
+from consumers.shards import ShardConfig, ShardInfo, ShardName, shard_relpath, write_shard
+from consumers.stats import Stats
+
+log = logging.getLogger(__name__)
+
+
+class Replayer(Protocol):
+    """What the worker needs from ``replay.prefill.PrefillReplayer``."""
+
+    def replay(self, windows: Sequence[Any]) -> list[Any]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockSettings:
+    """Everything besides the engine that decides a shard's bytes.
+
+    Fields:
+        root: dataset root the shards go under.
+        shard: cutting and Parquet writer settings.
+        batch_windows: windows per engine call (consecutive, within one block).
+        layers, top_k, hidden_dim: the teacher's routed layers, top-k and hidden width.
+        identity_id: runtime identity every label is produced under.
+        config_digest: digest of the determinism config, stamped into each shard.
+    """
+
+    root: Path
+    shard: ShardConfig
+    batch_windows: int
+    layers: int
+    top_k: int
+    hidden_dim: int
+    identity_id: str
+    config_digest: str
+
+
+def _replay_batches(engine: Replayer, items: Sequence[Accepted], batch: int,
+                    stats: Stats) -> list[tuple[Any, SourceRef]]:
+    out: list[tuple[Any, SourceRef]] = []
+    for start in range(0, len(items), batch):
+        chunk = items[start:start + batch]
+        with stats.timer("replay"):
+            labels = engine.replay([a.window for a in chunk])
+        got = [getattr(lab, "window_id", None) for lab in labels]
+        want = [a.window["window_id"] for a in chunk]
+        if got != want:
+            raise WorkerError(
+                f"the replay engine returned labels for {got[:3]}... but was given {want[:3]}...; "
+                "it must return one WindowLabels per window, in order"
+            )
+        stats.inc("replay", "windows", len(chunk))
+        stats.inc("replay", "batches")
+        out.extend(zip(labels, (a.source for a in chunk), strict=True))
+        faults.hit("after_batch")
+    return out
+
+
+def _geometry(settings: BlockSettings, first: Any) -> ShardGeometry:
+    shape: tuple[int, ...] = tuple(getattr(first.expert_ids_ALK, "shape", ()))
+    features: tuple[int, ...] = tuple(getattr(first.features_ALD, "shape", ()))
+    if len(shape) != 3 or tuple(shape[1:]) != (settings.layers, settings.top_k):
+        raise ShardError(
+            f"engine labels have expert_ids shape {shape}, but the teacher routes "
+            f"{settings.layers} layers x top-{settings.top_k}; engine and teacher disagree"
+        )
+    if len(features) != 3:
+        raise ShardError(f"engine features have shape {features}, expected [anchors, L, D]")
+    dtype = "float32" if first.features_ALD.dtype == np.float32 else "float16"
+    return ShardGeometry(layers=settings.layers, top_k=settings.top_k,
+                         feature_dim=int(features[2]), hidden_dim=settings.hidden_dim,
+                         weight_encoding=settings.shard.weight_encoding, feature_dtype=dtype)
+
+
+def close_block(engine: Replayer, settings: BlockSettings, block: Block, split: str,
+                items: Sequence[Accepted], stats: Stats) -> ShardInfo | None:
+    """Replay and write one block; None (no file) when no window of it was accepted."""
+    if not items:
+        stats.inc("write", "empty_blocks")
+        return None
+    labelled = _replay_batches(engine, items, settings.batch_windows, stats)
+    geometry = _geometry(settings, labelled[0][0])
+    with stats.timer("pack"):
+        table = pack_rows(labelled, geometry)
+    name = ShardName(topic=block.topic, partition=block.partition,
+                     first_offset=block.first, last_offset=block.last)
+    table = table.replace_schema_metadata(shard_metadata({
+        "epoch": block.epoch, "split": split, "topic": block.topic,
+        "partition": block.partition, "first_offset": block.first, "last_offset": block.last,
+        "identity_id": settings.identity_id, "config_digest": settings.config_digest,
+        "windows": len(items), "rows": table.num_rows, "layers": geometry.layers,
+        "top_k": geometry.top_k, "feature_dim": geometry.feature_dim,
+        "hidden_dim": geometry.hidden_dim, "weight_encoding": geometry.weight_encoding,
+        "feature_dtype": geometry.feature_dtype,
+    }))
+    with stats.timer("write"):
+        info = write_shard(settings.root, shard_relpath(block.epoch, split, name), table,
+                           settings.shard, windows=len(items))
+    stats.inc("write", "shards")
+    stats.inc("write", "rows", info.rows)
+    stats.inc("write", "bytes", info.bytes)
+    log.info("shard %s: %d windows, %d rows, %d bytes", info.relpath, info.windows, info.rows,
+             info.bytes)
+    return info

@@ -1,0 +1,162 @@
+"""CLI of the consumers: ``flywheel replay worker``, ``seal``, ``verify`` and ``rebuild``.
+
+``replay_app`` is a typer sub-app (mounted as ``flywheel replay``); ``seal_command``,
+``verify_command`` and ``rebuild_command`` are plain command functions (mounted as
+``flywheel seal|verify|rebuild``). Nothing heavy (torch, pyarrow) is imported at module
+level. Deliberate errors propagate to ``flywheel.cli.main``: message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from flywheel.errors import ConfigError
+from flywheel.settings import bootstrap_servers
+
+replay_app = typer.Typer(help="Replay windows through the frozen teacher into shards.",
+                         no_args_is_help=True)
+
+_BOOTSTRAP_HELP = "Kafka bootstrap servers (default: $FLYWHEEL_BOOTSTRAP_SERVERS or embedded)."
+
+
+def _options(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--replay-option must be KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+@replay_app.command("worker")
+def worker_command(
+    teacher: Path = typer.Option(..., "--teacher", help="Teacher checkpoint directory."),
+    dataset: Path = typer.Option(..., "--dataset", help="Dataset root for shards."),
+    bootstrap: str | None = typer.Option(None, "--bootstrap-servers", help=_BOOTSTRAP_HELP),
+    prefix: str = typer.Option("", "--prefix", help="Topic-name prefix (tests)."),
+    group_id: str = typer.Option("flywheel-replay", "--group-id", help="Consumer group."),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer directory."),
+    dtype: str = typer.Option("float32", "--dtype", help="Teacher compute dtype."),
+    offsets_per_shard: int = typer.Option(256, "--offsets-per-shard",
+                                          help="Source offsets per shard (per partition)."),
+    row_group_rows: int = typer.Option(8192, "--row-group-rows", help="Rows per row group."),
+    weight_encoding: str = typer.Option("uint8", "--weight-encoding", help="uint8 | float16."),
+    batch_windows: int = typer.Option(8, "--batch-windows", help="Windows per engine call."),
+    torch_threads: int | None = typer.Option(None, "--torch-threads",
+                                             help="torch intra-op threads (recorded)."),
+    replay_option: list[str] = typer.Option([], "--replay-option",
+                                            help="ReplayConfig field as KEY=VALUE (repeat)."),
+    idle_exit_s: float | None = typer.Option(None, "--idle-exit-s",
+                                             help="Exit after this long without input."),
+    stop_after_epoch: int | None = typer.Option(None, "--stop-after-epoch",
+                                                help="Exit once this epoch is fully written."),
+    instance_id: str | None = typer.Option(None, "--instance-id",
+                                           help="Static group member id (fast restarts)."),
+    session_timeout_s: float = typer.Option(30.0, "--session-timeout-s",
+                                            help="Kafka group session timeout."),
+) -> None:
+    """Consume the window topics, replay windows in prefill, write Parquet shards."""
+    from consumers.shards import ShardConfig
+    from consumers.worker import ReplayWorker, ReplayWorkerConfig
+
+    config = ReplayWorkerConfig(
+        teacher=teacher, dataset=dataset, bootstrap=bootstrap_servers(bootstrap), prefix=prefix,
+        group_id=group_id, tokenizer_dir=tokenizer, dtype=dtype,
+        shard=ShardConfig(offsets_per_shard=offsets_per_shard, row_group_rows=row_group_rows,
+                          weight_encoding=weight_encoding),
+        batch_windows=batch_windows, torch_threads=torch_threads,
+        replay_options=_options(replay_option), idle_exit_s=idle_exit_s,
+        stop_after_epoch=stop_after_epoch, instance_id=instance_id,
+        session_timeout_s=session_timeout_s)
+    worker = ReplayWorker(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop())
+    stats = worker.run()
+    typer.echo(json.dumps(stats.as_dict(), indent=2, sort_keys=True))
+
+
+def seal_command(
+    epoch: int = typer.Option(..., "--epoch", help="Epoch to seal (0, 1, ... in order)."),
+    dataset: Path = typer.Option(..., "--dataset", help="Dataset root the workers write."),
+    bootstrap: str | None = typer.Option(None, "--bootstrap-servers", help=_BOOTSTRAP_HELP),
+    parity: Path | None = typer.Option(None, "--parity",
+                                       help="Parity result JSON (else computed on the "
+                                            "epoch's runtime_holdout shards)."),
+    override_parity: str | None = typer.Option(None, "--override-parity",
+                                               help="Reason to seal a non-authoritative "
+                                                    "identity (recorded)."),
+    timeout_s: float = typer.Option(600.0, "--timeout-s", help="Wait for workers this long."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest summary as JSON."),
+) -> None:
+    """Record the epoch boundary, wait for the workers, write the manifest, make it read-only."""
+    from consumers.seal import SealConfig, seal_epoch
+
+    result = seal_epoch(SealConfig(dataset=dataset, epoch=epoch,
+                                   bootstrap=bootstrap_servers(bootstrap), parity_file=parity,
+                                   override_parity=override_parity, timeout_s=timeout_s))
+    m = result.manifest
+    summary = {"snapshot_id": result.snapshot_id, "manifest": str(result.manifest_path),
+               "already_sealed": result.already_sealed, "epoch": m["epoch"],
+               "totals": m["totals"], "splits": m["splits"],
+               "parity_authoritative": bool((m["parity"] or {}).get("authoritative")),
+               "parity_override": m["parity_override"]}
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, sort_keys=True))
+        return
+    typer.echo(f"sealed epoch {m['epoch']}{' (already sealed)' if result.already_sealed else ''}")
+    typer.echo(f"  snapshot id  {result.snapshot_id}")
+    typer.echo(f"  manifest     {result.manifest_path}")
+    typer.echo(f"  shards {m['totals']['shards']}  windows {m['totals']['windows']}  "
+               f"rows {m['totals']['rows']}  bytes {m['totals']['bytes']}")
+    typer.echo(f"  parity authoritative: {summary['parity_authoritative']}"
+               + (f"  (OVERRIDDEN: {m['parity_override']['reason']})"
+                  if m["parity_override"] else ""))
+
+
+def verify_command(
+    snapshot: Path = typer.Argument(..., help="Sealed epoch directory or its manifest.json."),
+    snapshot_id: str | None = typer.Option(None, "--snapshot-id", help="Expected snapshot id."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Check every shard's bytes and SHA-256 and that no file is missing or extra."""
+    from consumers.verify import verify_snapshot
+
+    report = verify_snapshot(snapshot, expected_id=snapshot_id)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    typer.echo(f"ok: snapshot {report['snapshot_id']} (epoch {report['epoch']}), "
+               f"{report['shards']} shards, {report['rows']} rows, {report['bytes']} bytes")
+
+
+def rebuild_command(
+    snapshot: Path = typer.Option(..., "--snapshot", help="Sealed epoch directory."),
+    out: Path = typer.Option(..., "--out", help="Output root (epoch=N must not exist)."),
+    teacher: Path = typer.Option(..., "--teacher", help="Teacher checkpoint directory."),
+    bootstrap: str | None = typer.Option(None, "--bootstrap-servers", help=_BOOTSTRAP_HELP),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer directory."),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", help="Source read timeout."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Replay the window topics up to the snapshot's offsets; require identical shards."""
+    from consumers.rebuild import RebuildConfig, rebuild_snapshot
+
+    report = rebuild_snapshot(RebuildConfig(
+        snapshot=snapshot, out=out, teacher=teacher, bootstrap=bootstrap_servers(bootstrap),
+        tokenizer_dir=tokenizer, timeout_s=timeout_s))
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    typer.echo(f"rebuilt {report['shards']} shards ({report['rows']} rows) into {report['out']}")
+    typer.echo(f"  byte-identical to snapshot {report['snapshot_id']}: {report['identical']}")
+    typer.echo(f"  rebuilt snapshot id {report['rebuilt_snapshot_id']}"
+               f"{'' if report['snapshot_id_match'] else ' (differs: writer versions changed)'}")

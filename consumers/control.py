@@ -1,0 +1,198 @@
+"""The epoch control topic: seal intents, epoch boundaries and sealed snapshots.
+
+Records are canonical JSON (``content-type: application/json``, key ``epoch-<N>``) on
+the single partition of ``flywheel.control.epochs.v1``, so every reader sees them in
+one order. Kinds:
+
+* ``seal_intent`` {epoch, intent_id, expires_at_ms}: a seal is about to read the end
+  offsets. Workers stop closing open-epoch blocks until the boundary arrives (or the
+  intent expires).
+* ``epoch_boundary`` {epoch, intent_id, start, end}: the per-partition offset range of
+  the epoch. The FIRST boundary of an epoch wins; later ones are ignored (and reported).
+* ``epoch_sealed`` {epoch, snapshot_id, manifest}: the manifest was written.
+
+Why the intent. ``seal`` reads the end offsets W at some instant and publishes them
+later. A worker that closed a full open-epoch block in between would have written a
+shard spanning W. With the intent protocol a worker closes an open-epoch block only
+after re-reading this topic (to its high watermark) and finding no live intent; the
+seal publishes its intent, and only then reads W. Every offset the worker had consumed
+existed before the intent was written, hence before W was read, so W lies at or after
+the end of every block already closed: no shard ever spans a boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+
+from consumers.epochs import EpochBoundary, freeze_offsets, offsets_json
+from consumers.exceptions import ControlError
+
+log = logging.getLogger(__name__)
+
+CONTROL_FORMAT = "hebrus-flywheel-control/v1"
+CONTENT_TYPE = "application/json"
+KINDS = ("seal_intent", "epoch_boundary", "epoch_sealed")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _encode(record: Mapping[str, Any]) -> bytes:
+    return json.dumps({"format": CONTROL_FORMAT, **record}, sort_keys=True,
+                      separators=(",", ":")).encode()
+
+
+def intent_record(epoch: int, ttl_s: float) -> dict[str, Any]:
+    return {"kind": "seal_intent", "epoch": epoch, "intent_id": uuid.uuid4().hex,
+            "expires_at_ms": now_ms() + int(ttl_s * 1000)}
+
+
+def boundary_record(boundary: EpochBoundary, intent_id: str) -> dict[str, Any]:
+    return {"kind": "epoch_boundary", "epoch": boundary.epoch, "intent_id": intent_id,
+            "start": offsets_json(boundary.start), "end": offsets_json(boundary.end)}
+
+
+def sealed_record(epoch: int, snapshot_id: str, manifest: str) -> dict[str, Any]:
+    return {"kind": "epoch_sealed", "epoch": epoch, "snapshot_id": snapshot_id,
+            "manifest": manifest, "sealed_at_ms": now_ms()}
+
+
+@dataclass
+class ControlState:
+    """Everything read from the control topic so far, folded in topic order."""
+
+    boundaries: dict[int, EpochBoundary] = field(default_factory=dict)
+    intents: dict[int, dict[str, Any]] = field(default_factory=dict)
+    sealed: dict[int, dict[str, Any]] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)
+
+    def apply(self, offset: int, value: bytes | None) -> None:
+        try:
+            record = json.loads(value or b"")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            self.ignored.append(f"offset {offset}: not JSON")
+            return
+        if not isinstance(record, dict) or record.get("format") != CONTROL_FORMAT:
+            self.ignored.append(f"offset {offset}: not a {CONTROL_FORMAT} record")
+            return
+        kind, epoch = record.get("kind"), record.get("epoch")
+        if kind not in KINDS or isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise ControlError(
+                f"control record at offset {offset} has kind {kind!r} / epoch {epoch!r}; the "
+                "control topic is corrupt — fix or recreate it before running workers"
+            )
+        if kind == "seal_intent":
+            self.intents[epoch] = record
+        elif kind == "epoch_sealed":
+            self.sealed.setdefault(epoch, record)
+        elif epoch in self.boundaries:
+            self.ignored.append(f"offset {offset}: second boundary for epoch {epoch} ignored")
+        else:
+            self.boundaries[epoch] = _boundary(offset, record)
+
+    def ordered(self) -> list[EpochBoundary]:
+        """Boundaries of epochs 0, 1, ... up to the first gap."""
+        out: list[EpochBoundary] = []
+        while len(out) in self.boundaries:
+            out.append(self.boundaries[len(out)])
+        return out
+
+    @property
+    def next_epoch(self) -> int:
+        return len(self.ordered())
+
+    def pending_intent(self, at_ms: int | None = None) -> dict[str, Any] | None:
+        """A live intent to seal the open epoch whose boundary is not recorded yet."""
+        intent = self.intents.get(self.next_epoch)
+        if intent is None or intent.get("expires_at_ms", 0) <= (at_ms or now_ms()):
+            return None
+        return intent
+
+
+def _boundary(offset: int, record: Mapping[str, Any]) -> EpochBoundary:
+    try:
+        return EpochBoundary(epoch=record["epoch"], start=freeze_offsets(record["start"]),
+                             end=freeze_offsets(record["end"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ControlError(
+            f"epoch boundary at control offset {offset} is malformed ({exc}); the control "
+            "topic is corrupt — fix it before running workers or seals"
+        ) from exc
+
+
+class ControlChannel:
+    """Reads the control topic to its end on demand, and publishes control records."""
+
+    def __init__(self, bootstrap: str, topic: str, *, timeout_s: float = 15.0) -> None:
+        self.bootstrap, self.topic, self.timeout_s = bootstrap, topic, timeout_s
+        self.state = ControlState()
+        self._tp = TopicPartition(topic, 0)
+        self._next = 0
+        self._producer: Producer | None = None
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": f"flywheel-control-{uuid.uuid4().hex}",
+            "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "logger": logging.getLogger("consumers.librdkafka"),
+        })
+        self._consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+
+    def sync(self) -> ControlState:
+        """Read every record up to the topic's current high watermark; the folded state."""
+        try:
+            _, high = self._consumer.get_watermark_offsets(self._tp, timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise ControlError(
+                f"cannot read the control topic {self.topic} on {self.bootstrap}: {exc}; is the "
+                "broker up and the topic created (`flywheel topics create`)?"
+            ) from exc
+        deadline = time.monotonic() + self.timeout_s
+        while self._next < high:
+            if time.monotonic() > deadline:
+                raise ControlError(f"timed out reading {self.topic} up to offset {high}")
+            msg = self._consumer.poll(0.2)
+            if msg is None:
+                continue
+            offset = msg.offset()
+            if msg.error() is not None or offset is None:
+                raise ControlError(f"error reading {self.topic}: {msg.error()}")
+            self.state.apply(offset, msg.value())
+            self._next = offset + 1
+        return self.state
+
+    def publish(self, record: Mapping[str, Any]) -> None:
+        """Append ``record`` and wait until the broker has it (acks=all)."""
+        if self._producer is None:
+            self._producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
+                                       "enable.idempotence": True,
+                                       "logger": logging.getLogger("consumers.librdkafka")})
+        errors: list[str] = []
+
+        def on_delivery(err: Any, _msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        self._producer.produce(
+            self.topic, key=f"epoch-{record['epoch']}".encode(), value=_encode(record),
+            headers=[("content-type", CONTENT_TYPE.encode()), ("kind", record["kind"].encode())],
+            on_delivery=on_delivery,
+        )
+        left = self._producer.flush(self.timeout_s)
+        if left or errors:
+            raise ControlError(
+                f"could not publish a {record['kind']} record to {self.topic}: "
+                f"{errors or 'delivery timed out'}; check the broker and retry"
+            )
+
+    def close(self) -> None:
+        self._consumer.close()
+        if self._producer is not None:
+            self._producer.flush(self.timeout_s)

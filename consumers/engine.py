@@ -1,0 +1,103 @@
+"""Load the frozen teacher and the prefill replay engine (torch is imported only here).
+
+The worker and the rebuild both come through :func:`load_engine`, so a rebuild runs the
+engine exactly as the worker did: same teacher dtype, same ``ReplayConfig`` options and
+the same torch intra-op thread count (CPU reductions may depend on it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flywheel.errors import ConfigError
+
+
+@dataclass(eq=False)
+class EngineBundle:
+    """A loaded teacher, its replay engine, runtime identity and resolved settings.
+
+    ``replay_config`` is the engine's ``replay_contract()``: ReplayConfig, feature
+    projection contract, padding/position rules, kernels, library versions, threads.
+    """
+
+    teacher: Any
+    engine: Any
+    identity: dict[str, Any]
+    replay_config: dict[str, Any]
+    torch_threads: int
+    vocab_size: int
+    layers: int
+    top_k: int
+    hidden_dim: int
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def load_engine(*, teacher_dir: Path | None, dtype: str, replay_options: Mapping[str, Any],
+                torch_threads: int | None, tokenizer_dir: Path | None = None,
+                teacher: Any = None) -> EngineBundle:
+    """Load (or reuse ``teacher``), set torch threads, build ``PrefillReplayer``."""
+    import torch
+
+    from replay.prefill import PrefillReplayer, ReplayConfig
+    from replay.runtime_identity import build_runtime_identity
+    from replay.teacher import load_teacher
+
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    if teacher is None:
+        if teacher_dir is None:
+            raise ConfigError("teacher: pass --teacher DIR (a local checkpoint directory)")
+        teacher = load_teacher(teacher_dir, dtype=dtype)
+    identity = build_runtime_identity(teacher, tokenizer_dir)
+    try:
+        replay_config = ReplayConfig(**{"dtype": dtype, **dict(replay_options)})
+    except TypeError as exc:
+        raise ConfigError(
+            f"replay_options: {exc}; use ReplayConfig field names (see replay/prefill.py)"
+        ) from exc
+    engine = PrefillReplayer(teacher, replay_config, identity=identity)
+    geometry = teacher.geometry
+    return EngineBundle(
+        teacher=teacher, engine=engine, identity=identity,
+        replay_config=_plain(engine.replay_contract()),
+        torch_threads=torch.get_num_threads(), vocab_size=int(teacher.vocab_size),
+        layers=int(geometry.routed_layer_count), top_k=int(geometry.top_k),
+        hidden_dim=int(geometry.hidden_size),
+    )
+
+
+def determinism_record(*, shard: Any, batch_windows: int, bundle: EngineBundle, dtype: str,
+                       replay_options: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings that decide shard bytes; recorded in dataset.json and manifests."""
+    return {
+        "shard": dataclasses.asdict(shard),
+        "batch_windows": batch_windows,
+        "torch_threads": bundle.torch_threads,
+        "dtype": dtype,
+        "replay_options": _plain(dict(replay_options)),
+        "replay_config": bundle.replay_config,
+        "geometry": {"layers": bundle.layers, "top_k": bundle.top_k,
+                     "hidden_dim": bundle.hidden_dim, "vocab_size": bundle.vocab_size},
+    }
+
+
+def window_check(engine: Any) -> Callable[[Any], tuple[str, str] | None]:
+    """``engine.check_window`` as ``window -> (reason, detail) | None`` for intake."""
+    from replay.exceptions import WindowError
+
+    def check(window: Any) -> tuple[str, str] | None:
+        try:
+            engine.check_window(window)
+        except WindowError as exc:
+            return exc.reason, str(exc)
+        return None
+
+    return check

@@ -1,0 +1,202 @@
+"""Snapshot manifests: what a sealed epoch holds, and the digest that names it.
+
+A snapshot is one epoch directory ``ROOT/epoch=N/``: its shards under ``split=S/`` and
+``manifest.json``. The manifest lists every shard (path relative to the epoch
+directory, SHA-256, bytes, rows, windows, source topic/partition/offset range), split
+counts, the runtime identity with the teacher and tokenizer digests, the determinism
+config and writer library versions, the epoch's per-partition offset ranges, the
+parity result and any parity override.
+
+The snapshot id is the hex SHA-256 of the manifest's canonical JSON (sorted keys, no
+whitespace, UTF-8) without the ``snapshot_id`` field itself. The manifest holds no
+timestamps or host names, so sealing the same shards twice gives the same id and a
+byte-identical rebuild reproduces the id too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from consumers.dataset import canonical_json, write_json_atomic
+from consumers.epochs import EpochBoundary, offsets_json
+from consumers.exceptions import ManifestError, SealError
+from consumers.labels import U8_MAX_ABS_ERROR
+from consumers.shards import STAGING_DIR, ShardName, iter_shards, sha256_file, shard_summary
+
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "hebrus-flywheel-snapshot/v1"
+_GEOMETRY_KEYS = ("layers", "top_k", "feature_dim", "hidden_dim", "weight_encoding",
+                  "feature_dtype", "identity_id", "config_digest")
+
+
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """The snapshot id: SHA-256 of the canonical JSON without ``snapshot_id``."""
+    body = {k: v for k, v in manifest.items() if k != "snapshot_id"}
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def _shard_entry(root: Path, epoch: int, split: str, path: Path) -> dict[str, Any]:
+    name = ShardName.parse(path.name)
+    summary = shard_summary(path)
+    meta = summary["shard"]
+    claimed = (meta.get("epoch"), meta.get("split"), meta.get("topic"), meta.get("partition"),
+               meta.get("first_offset"), meta.get("last_offset"))
+    if claimed != (epoch, split, name.topic, name.partition, name.first_offset, name.last_offset):
+        raise SealError(
+            f"{path} says it holds {claimed} in its metadata but its place and name say "
+            f"epoch {epoch}, split {split}, {name}; it was moved or renamed — remove it"
+        )
+    return {
+        "path": f"split={split}/{path.name}", "sha256": sha256_file(path),
+        "bytes": path.stat().st_size, "rows": summary["rows"], "windows": meta["windows"],
+        "split": split, "topic": name.topic, "partition": name.partition,
+        "first_offset": name.first_offset, "last_offset": name.last_offset,
+        "geometry": {k: meta.get(k) for k in _GEOMETRY_KEYS},
+    }
+
+
+def describe_shards(root: Path, epoch: int) -> list[dict[str, Any]]:
+    """Manifest entries of every shard of ``epoch``, sorted by path (reads footers)."""
+    return sorted((_shard_entry(root, e, s, p) for e, s, p in iter_shards(root, epoch)),
+                  key=lambda entry: entry["path"])
+
+
+def check_ranges(root: Path, boundary: EpochBoundary) -> None:
+    """SealError when a shard of any epoch lies across, or wrongly beside, ``boundary``."""
+    problems = []
+    for epoch, _, path in iter_shards(root):
+        name = ShardName.parse(path.name)
+        start = boundary.start_of(name.topic, name.partition)
+        end = boundary.end_of(name.topic, name.partition)
+        first, last = name.first_offset, name.last_offset
+        inside = epoch == boundary.epoch and start <= first and last < end
+        before = epoch < boundary.epoch and last < start
+        after = epoch > boundary.epoch and first >= end
+        if not (inside or before or after):
+            problems.append(f"epoch={epoch}/{path.name} (epoch {boundary.epoch} covers "
+                            f"[{start}, {end}) of {name.topic}[{name.partition}])")
+    if problems:
+        raise SealError(
+            "shards lie across the recorded epoch boundary: " + "; ".join(problems[:5])
+            + ". A worker closed a block while the seal intent had expired; stop the workers, "
+            "move those shards out, reset the group to the boundary and replay"
+        )
+
+
+def _geometry(shards: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    kinds = {json.dumps(s["geometry"], sort_keys=True) for s in shards}
+    if len(kinds) > 1:
+        raise SealError(
+            f"the epoch's shards disagree on geometry, identity or config: {sorted(kinds)}; "
+            "they were written by differently configured workers — rebuild the epoch"
+        )
+    return dict(shards[0]["geometry"]) if shards else None
+
+
+def _splits(shards: Sequence[Mapping[str, Any]], layers: int) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for s in shards:
+        entry = out.setdefault(s["split"], {"shards": 0, "windows": 0, "rows": 0, "labels": 0,
+                                            "bytes": 0})
+        entry["shards"] += 1
+        entry["windows"] += s["windows"]
+        entry["rows"] += s["rows"]
+        entry["labels"] += s["rows"] * layers
+        entry["bytes"] += s["bytes"]
+    return dict(sorted(out.items()))
+
+
+def _source(boundary: EpochBoundary, splits_by_topic: Mapping[str, str],
+            source: Mapping[str, Any]) -> dict[str, Any]:
+    start, end = offsets_json(boundary.start), offsets_json(boundary.end)
+    topics = {
+        t: {"split": splits_by_topic.get(t),
+            "partitions": {p: {"start": start.get(t, {}).get(p, 0), "end": end[t][p]}
+                           for p in end[t]}}
+        for t in end
+    }
+    return {**dict(source), "topics": topics}
+
+
+def build_manifest(*, epoch: int, dataset: Mapping[str, Any], boundary: EpochBoundary,
+                   splits_by_topic: Mapping[str, str], shards: Sequence[Mapping[str, Any]],
+                   parity: Mapping[str, Any] | None, parity_override: str | None,
+                   previous_snapshot: str | None) -> dict[str, Any]:
+    """The manifest of one epoch, ``snapshot_id`` included."""
+    geometry = _geometry(shards)
+    identity = dict(dataset["identity"])
+    layers = int(dataset["determinism"]["geometry"]["layers"])
+    entries = [{k: v for k, v in s.items() if k != "geometry"} for s in shards]
+    totals = {k: sum(s[k] for s in entries) for k in ("windows", "rows", "bytes")}
+    manifest: dict[str, Any] = {
+        "format": MANIFEST_FORMAT, "epoch": epoch, "previous_snapshot": previous_snapshot,
+        "identity": identity,
+        "teacher": {"model_family": identity.get("model_family"),
+                    "model_artifact_digest": identity.get("model_artifact_digest"),
+                    "dtype": identity.get("dtype")},
+        "tokenizer": {"tokenizer_digest": identity.get("tokenizer_digest"),
+                      "chat_template_digest": identity.get("chat_template_digest")},
+        "determinism": dataset["determinism"], "writer": dataset["writer"],
+        "source": _source(boundary, splits_by_topic, dataset["source"]),
+        "geometry": geometry,
+        "label_encoding": {"expert_ids": "uint16, rank 0 first (exact)",
+                           "weights_u8": f"q/255, max abs error {U8_MAX_ABS_ERROR:.6f}",
+                           "weights_f16": "IEEE half", "features": "float16"},
+        "shards": entries, "splits": _splits(entries, layers),
+        "totals": {**totals, "shards": len(entries), "labels": totals["rows"] * layers},
+        "parity": None if parity is None else dict(parity),
+        "parity_override": None if parity_override is None else {"reason": parity_override},
+    }
+    manifest["snapshot_id"] = manifest_digest(manifest)
+    return manifest
+
+
+def manifest_path(snapshot: Path) -> Path:
+    """``snapshot`` itself when it is a manifest file, else ``snapshot/manifest.json``."""
+    snapshot = Path(snapshot)
+    return snapshot if snapshot.name == MANIFEST_FILE else snapshot / MANIFEST_FILE
+
+
+def load_manifest(snapshot: Path) -> dict[str, Any]:
+    """Read a manifest (epoch dir or file) and check its format and its own digest."""
+    path = manifest_path(snapshot)
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ManifestError(f"{path} does not exist; point at a sealed epoch directory") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"cannot read {path}: {exc}; the manifest is damaged") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(f"{path} is not a {MANIFEST_FORMAT} manifest")
+    digest = manifest_digest(manifest)
+    if manifest.get("snapshot_id") != digest:
+        raise ManifestError(
+            f"{path} claims snapshot id {manifest.get('snapshot_id')} but its content hashes "
+            f"to {digest}: the manifest was edited or damaged; restore it from a copy"
+        )
+    return manifest
+
+
+def write_manifest(root: Path, epoch_dir: Path, manifest: Mapping[str, Any]) -> Path:
+    """Write ``manifest.json`` into ``epoch_dir`` atomically (via a temporary file)."""
+    path = epoch_dir / MANIFEST_FILE
+    epoch_dir.mkdir(parents=True, exist_ok=True)
+    staging = root / STAGING_DIR
+    staging.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, dict(manifest), tmp_dir=staging)
+    return path
+
+
+def make_read_only(epoch_dir: Path) -> None:
+    """chmod every file to 0444 and every directory to 0555, deepest first."""
+    for dirpath, _dirnames, filenames in os.walk(epoch_dir, topdown=False):
+        for name in filenames:
+            os.chmod(Path(dirpath) / name, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        os.chmod(dirpath, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP
+                 | stat.S_IROTH | stat.S_IXOTH)

@@ -1,0 +1,185 @@
+"""``flywheel rebuild --snapshot S --out DIR``: regenerate a sealed epoch from the topics.
+
+What it covers: the WINDOW topics, from offset 0 up to the epoch's recorded end offsets,
+through a fresh replay run: the same classification (:func:`consumers.intake.classify`),
+the same duplicate rule (window ids seen at offsets before the epoch are primed by
+decoding those records, without replaying them), the same block arithmetic with the
+manifest's start/end offsets, the same batches, engine options, torch thread count and
+Parquet writer settings. The result must be byte-identical: every shard's SHA-256 and
+the snapshot id itself are compared, and any difference raises :class:`RebuildError`.
+
+What it does not cover: re-running the stream processors from the capture topics. Their
+windows are deterministic (ids and content digests depend only on the thread and the
+windowing config) but the ORDER in which they reach the window topics is not: it follows
+thread completion, idle ticks (wall clock) and the single dedup agent's input order, and
+at-least-once delivery may repeat windows. Window-topic offsets, hence block boundaries
+and shard names, are therefore not a function of the capture topics. The window topics
+keep data forever (``retention.ms=-1``) precisely so snapshots are rebuilt from them.
+
+Nothing is published to Kafka: records refused again are only counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from consumers.blocks import BlockSettings, close_block
+from consumers.dataset import config_digest, writer_versions
+from consumers.engine import load_engine, window_check
+from consumers.epochs import EpochBoundary, EpochPlan, freeze_offsets
+from consumers.exceptions import RebuildError
+from consumers.intake import PartitionLog, classify
+from consumers.kafka_io import read_ranges
+from consumers.manifest import (
+    build_manifest,
+    describe_shards,
+    load_manifest,
+    make_read_only,
+    write_manifest,
+)
+from consumers.shards import ShardConfig, epoch_dir
+from consumers.stats import Stats
+from flywheel.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RebuildConfig:
+    """One rebuild.
+
+    Fields:
+        snapshot: sealed epoch directory (or its manifest.json).
+        out: output dataset root; ``out/epoch=N`` must not exist yet.
+        teacher: teacher checkpoint directory; its identity must be the snapshot's.
+        bootstrap: Kafka bootstrap servers holding the snapshot's window topics.
+        tokenizer_dir: tokenizer directory (default: the teacher's).
+        timeout_s: give up when no source record arrives for this long.
+    """
+
+    snapshot: Path
+    out: Path
+    teacher: Path
+    bootstrap: str
+    tokenizer_dir: Path | None = None
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ConfigError("RebuildConfig.timeout_s must be > 0")
+        if not self.bootstrap:
+            raise ConfigError("RebuildConfig.bootstrap must name at least one broker")
+
+
+def _boundary(manifest: dict[str, Any]) -> tuple[EpochBoundary, dict[str, str]]:
+    topics = manifest["source"]["topics"]
+    start = {t: {p: r["start"] for p, r in v["partitions"].items()} for t, v in topics.items()}
+    end = {t: {p: r["end"] for p, r in v["partitions"].items()} for t, v in topics.items()}
+    boundary = EpochBoundary(epoch=manifest["epoch"], start=freeze_offsets(start),
+                             end=freeze_offsets(end))
+    return boundary, {t: v["split"] for t, v in topics.items()}
+
+
+def _load(config: RebuildConfig, manifest: dict[str, Any], teacher: Any) -> Any:
+    det = manifest["determinism"]
+    bundle = load_engine(teacher_dir=config.teacher, dtype=det["dtype"],
+                         replay_options=det["replay_options"],
+                         torch_threads=det["torch_threads"],
+                         tokenizer_dir=config.tokenizer_dir, teacher=teacher)
+    want = manifest["identity"]["identity_id"]
+    if bundle.identity["identity_id"] != want:
+        raise RebuildError(
+            f"the teacher in {config.teacher} has identity {bundle.identity['identity_id']}, "
+            f"the snapshot was made with {want}; load the same checkpoint, tokenizer and dtype"
+        )
+    if bundle.replay_config != det["replay_config"]:
+        raise RebuildError(
+            f"the replay engine now resolves its config to {bundle.replay_config}, the "
+            f"snapshot used {det['replay_config']}; rebuild with the code version that sealed it"
+        )
+    return bundle
+
+
+def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: Path,
+            stats: Stats) -> None:
+    det = manifest["determinism"]
+    boundary, splits = _boundary(manifest)
+    settings = BlockSettings(
+        root=root, shard=ShardConfig(**det["shard"]), batch_windows=det["batch_windows"],
+        layers=bundle.layers, top_k=bundle.top_k, hidden_dim=bundle.hidden_dim,
+        identity_id=bundle.identity["identity_id"], config_digest=config_digest(det))
+    plan = EpochPlan(settings.shard.offsets_per_shard, [boundary])
+    logs = {(t, p): PartitionLog(topic=t, partition=p, split=splits[t],
+                                 base=boundary.start_of(t, p))
+            for t, parts in boundary.end.items() for p in parts}
+    ranges = {tp: (0, boundary.end_of(*tp)) for tp in logs}
+    check = window_check(bundle.engine)
+    for msg in read_ranges(config.bootstrap, ranges, timeout_s=config.timeout_s,
+                           error=RebuildError):
+        plog = logs[(msg.topic(), msg.partition())]
+        verdict = classify(msg.value(), msg.headers(), msg.key(), split=plog.split,
+                           identity_id=settings.identity_id, vocab_size=bundle.vocab_size,
+                           check=check)
+        if msg.offset() < plog.base:
+            if verdict.accepted and verdict.window is not None:
+                plog.written_ids.add(verdict.window["window_id"])
+            stats.inc("prime", "records")
+            continue
+        if not verdict.accepted:
+            stats.inc("quarantine", str(verdict.reason))
+            plog.skip(msg.offset())
+        elif not plog.admit(msg.offset(), verdict.window or {}):
+            stats.inc("intake", "duplicate")
+        while (block := plog.next_block(plan)) is not None:
+            close_block(bundle.engine, settings, block, plog.split, plog.take(block), stats)
+
+
+def _differences(original: dict[str, Any], rebuilt: dict[str, Any]) -> list[str]:
+    old = {s["path"]: s["sha256"] for s in original["shards"]}
+    new = {s["path"]: s["sha256"] for s in rebuilt["shards"]}
+    out = [f"{p}: missing from the rebuild" for p in sorted(set(old) - set(new))]
+    out += [f"{p}: not in the snapshot" for p in sorted(set(new) - set(old))]
+    out += [f"{p}: sha256 {old[p]} -> {new[p]}" for p in sorted(set(old) & set(new))
+            if old[p] != new[p]]
+    return out
+
+
+def rebuild_snapshot(config: RebuildConfig, *, teacher: Any = None) -> dict[str, Any]:
+    """Rebuild one sealed epoch into ``config.out`` and compare it; a report dict."""
+    manifest = load_manifest(config.snapshot)
+    out = Path(config.out).resolve()
+    target = epoch_dir(out, manifest["epoch"])
+    if target.exists():
+        raise RebuildError(f"{target} already exists; choose an empty --out directory")
+    bundle = _load(config, manifest, teacher)
+    stats = Stats()
+    _replay(config, manifest, bundle, out, stats)
+    boundary, splits = _boundary(manifest)
+    dataset = {"identity": manifest["identity"], "determinism": manifest["determinism"],
+               "writer": writer_versions()}
+    dataset["source"] = {k: v for k, v in manifest["source"].items() if k != "topics"}
+    rebuilt = build_manifest(
+        epoch=manifest["epoch"], dataset=dataset, boundary=boundary, splits_by_topic=splits,
+        shards=describe_shards(out, manifest["epoch"]), parity=manifest["parity"],
+        parity_override=(manifest["parity_override"] or {}).get("reason"),
+        previous_snapshot=manifest["previous_snapshot"])
+    write_manifest(out, target, rebuilt)
+    make_read_only(target)
+    diffs = _differences(manifest, rebuilt)
+    report = {"snapshot_id": manifest["snapshot_id"], "rebuilt_snapshot_id": rebuilt["snapshot_id"],
+              "shards": len(rebuilt["shards"]), "rows": rebuilt["totals"]["rows"],
+              "identical": not diffs, "differences": diffs, "out": str(target),
+              "snapshot_id_match": manifest["snapshot_id"] == rebuilt["snapshot_id"],
+              "stats": stats.as_dict()}
+    if diffs:
+        drift = {k: (v, writer_versions().get(k)) for k, v in manifest["writer"].items()
+                 if writer_versions().get(k) != v}
+        raise RebuildError(
+            f"rebuild of {manifest['snapshot_id']} differs: " + "; ".join(diffs[:10])
+            + (f". Library versions changed since sealing: {drift}" if drift else "")
+            + f". The rebuilt files are in {target} for inspection"
+        )
+    return report

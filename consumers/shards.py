@@ -1,0 +1,280 @@
+"""Deterministic, atomic Parquet shards.
+
+Names: a shard covers one contiguous range of source offsets of one (topic, partition),
+``[first, last]`` inclusive, and is called
+``<topic>.p<partition:03d>.o<first:020d>-<last:020d>.parquet`` under the Hive-style
+folders ``epoch=<N>/split=<split>/``. The range is the *block* the rows came from
+(:mod:`consumers.epochs`), so the name is a pure function of the input offsets.
+
+Bytes: rows arrive sorted (:func:`consumers.labels.pack_rows`), every writer option is
+pinned (format version, zstd level, dictionary and page sizes, fixed row-group size,
+page checksums, sorting-columns metadata) and the only key/value metadata are the Arrow
+schema and a canonical-JSON ``flywheel.shard`` record without timestamps. Parquet's
+``created_by`` is ``parquet-cpp-arrow version <pyarrow version>``: stable for one
+pyarrow version, which is why manifests record the writer versions and rebuilds check
+them. The same rows therefore give byte-identical files.
+
+Durability: the file is written to ``<root>/.staging/`` (same filesystem), fsynced,
+renamed over its final name with ``os.replace`` and the destination directory is
+fsynced, so a crash at any point leaves either no shard or the whole shard. When the
+final file already exists (a crash after the rename but before the offset commit,
+then a replay of the same block) the new bytes must equal the old ones; anything else
+is a determinism bug and raises :class:`ShardError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from consumers import faults
+from consumers.exceptions import ShardError
+from consumers.labels import SORT_COLUMNS, read_shard_metadata
+from flywheel.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+STAGING_DIR = ".staging"
+SHARD_SUFFIX = ".parquet"
+_NAME_RE = re.compile(
+    r"^(?P<topic>[A-Za-z0-9._-]+)\.p(?P<partition>\d{3,})\.o(?P<first>\d{20})-(?P<last>\d{20})"
+    r"\.parquet$"
+)
+_EPOCH_RE = re.compile(r"^epoch=(?P<epoch>\d+)$")
+_SPLIT_RE = re.compile(r"^split=(?P<split>[a-z_]+)$")
+_HOST = socket.gethostname().replace(".", "_")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardConfig:
+    """How blocks and shards are cut and written; part of every manifest.
+
+    Fields:
+        offsets_per_shard: a shard covers at most this many consecutive source offsets
+            of one partition, aligned to multiples of it (and cut at epoch boundaries).
+        row_group_rows: rows per Parquet row group (fixed, so bytes do not depend on
+            how rows arrived).
+        compression_level: zstd level.
+        weight_encoding: ``uint8`` (q/255, abs error <= 0.00196) or ``float16``.
+        data_page_bytes: Parquet data page size target.
+    """
+
+    offsets_per_shard: int = 256
+    row_group_rows: int = 8192
+    compression_level: int = 3
+    weight_encoding: str = "uint8"
+    data_page_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("offsets_per_shard", "row_group_rows", "data_page_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ShardConfig.{name} must be a positive integer, got {value!r}")
+        level = self.compression_level
+        if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= 22:
+            raise ConfigError(f"ShardConfig.compression_level must be 1..22, got {level!r}")
+        if self.weight_encoding not in ("uint8", "float16"):
+            raise ConfigError(
+                f"ShardConfig.weight_encoding must be 'uint8' or 'float16', "
+                f"got {self.weight_encoding!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardName:
+    """The coordinates a shard's file name encodes."""
+
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+
+    @property
+    def filename(self) -> str:
+        return (f"{self.topic}.p{self.partition:03d}.o{self.first_offset:020d}-"
+                f"{self.last_offset:020d}{SHARD_SUFFIX}")
+
+    @classmethod
+    def parse(cls, filename: str) -> ShardName:
+        match = _NAME_RE.match(filename)
+        if match is None:
+            raise ShardError(
+                f"{filename!r} is not a shard name (<topic>.pNNN.o<first>-<last>.parquet); "
+                "remove the stray file"
+            )
+        return cls(topic=match["topic"], partition=int(match["partition"]),
+                   first_offset=int(match["first"]), last_offset=int(match["last"]))
+
+
+def shard_relpath(epoch: int, split: str, name: ShardName) -> str:
+    """``epoch=<N>/split=<split>/<file name>`` (POSIX separators)."""
+    return f"epoch={epoch}/split={split}/{name.filename}"
+
+
+def epoch_dir(root: Path, epoch: int) -> Path:
+    return root / f"epoch={epoch}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardInfo:
+    """A durable shard: where it is and what it holds."""
+
+    relpath: str
+    sha256: str
+    bytes: int
+    rows: int
+    windows: int
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory by path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _writer(path: Path, schema: pa.Schema, config: ShardConfig) -> pq.ParquetWriter:
+    return pq.ParquetWriter(
+        str(path), schema, version="2.6", compression="zstd",
+        compression_level=config.compression_level, use_dictionary=True,
+        write_statistics=True, data_page_size=config.data_page_bytes, data_page_version="1.0",
+        dictionary_pagesize_limit=1 << 20, write_batch_size=1024, store_schema=True,
+        write_page_index=False, write_page_checksum=True,
+        sorting_columns=[pq.SortingColumn(schema.get_field_index(c)) for c in SORT_COLUMNS],
+    )
+
+
+def _write_staging(path: Path, table: pa.Table, config: ShardConfig) -> None:
+    writer = _writer(path, table.schema, config)
+    try:
+        step = config.row_group_rows
+        for start in range(0, table.num_rows, step):
+            writer.write_table(table.slice(start, step), row_group_size=step)
+            faults.hit("mid_write")
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardError(
+            f"cannot write shard staging file {path}: {exc}; check disk space"
+        ) from exc
+    finally:
+        writer.close()
+    fsync_path(path)
+
+
+def write_shard(root: Path, relpath: str, table: pa.Table, config: ShardConfig,
+                *, windows: int) -> ShardInfo:
+    """Write ``table`` atomically to ``root/relpath`` (see the module doc); its info."""
+    final = root / relpath
+    staging_dir = root / STAGING_DIR
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = staging_dir / f"{final.name}.{_HOST}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        _write_staging(staging, table, config)
+        digest = sha256_file(staging)
+        if final.exists():
+            _same_as_existing(final, digest)
+            staging.unlink()
+        else:
+            faults.hit("before_rename")
+            os.replace(staging, final)
+            fsync_path(final.parent)
+    finally:
+        staging.unlink(missing_ok=True)
+    faults.hit("after_rename")
+    return ShardInfo(relpath=relpath, sha256=digest, bytes=final.stat().st_size,
+                     rows=table.num_rows, windows=windows)
+
+
+def _same_as_existing(final: Path, digest: str) -> None:
+    existing = sha256_file(final)
+    if existing != digest:
+        raise ShardError(
+            f"{final} already exists with SHA-256 {existing}, but replaying the same source "
+            f"offsets now gives {digest}: replay or shard writing is not deterministic "
+            "(different teacher, config, library version or thread count?). Investigate "
+            "before deleting either file"
+        )
+    log.info("shard %s already durable with identical bytes", final.name)
+
+
+def clean_staging(root: Path, *, stale_after_s: float = 3600.0) -> int:
+    """Remove staging files of dead local processes, or older than ``stale_after_s``."""
+    removed = 0
+    staging_dir = root / STAGING_DIR
+    if not staging_dir.is_dir():
+        return 0
+    now = time.time()
+    for path in staging_dir.iterdir():
+        parts = path.name.rsplit(".", 4)
+        mine = len(parts) == 5 and parts[1] == _HOST and parts[2].isdigit()
+        dead = mine and not _pid_alive(int(parts[2]))
+        if dead or now - path.stat().st_mtime > stale_after_s:
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def iter_shards(root: Path, epoch: int | None = None) -> Iterator[tuple[int, str, Path]]:
+    """``(epoch, split, path)`` of every shard file under ``root`` (or one epoch), sorted."""
+    epochs = sorted(root.glob("epoch=*")) if epoch is None else [epoch_dir(root, epoch)]
+    for edir in epochs:
+        ematch = _EPOCH_RE.match(edir.name)
+        if ematch is None or not edir.is_dir():
+            continue
+        for sdir in sorted(edir.glob("split=*")):
+            smatch = _SPLIT_RE.match(sdir.name)
+            if smatch is None or not sdir.is_dir():
+                continue
+            for path in sorted(sdir.glob(f"*{SHARD_SUFFIX}")):
+                yield int(ematch["epoch"]), smatch["split"], path
+
+
+def shard_summary(path: Path) -> dict[str, Any]:
+    """Rows, row groups and ``flywheel.shard`` metadata of a shard (reads the footer only)."""
+    try:
+        meta = pq.read_metadata(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardError(f"cannot read the Parquet footer of {path}: {exc}") from exc
+    return {"rows": meta.num_rows, "row_groups": meta.num_row_groups,
+            "created_by": meta.created_by, "shard": read_shard_metadata(meta.metadata)}
+
+
+def read_window_ids(path: Path) -> list[str]:
+    """The distinct window ids of one shard, in row order."""
+    try:
+        column = pq.read_table(path, columns=["window_id"]).column("window_id")
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardError(f"cannot read window ids from {path}: {exc}") from exc
+    return list(dict.fromkeys(column.to_pylist()))

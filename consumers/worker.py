@@ -1,0 +1,358 @@
+"""``flywheel replay worker``: a consumer group on the window topics that writes shards.
+
+Per message (in partition order): :func:`consumers.intake.classify` accepts the window
+or quarantines it (``identity_mismatch`` and the other reason codes) on the quarantine
+topic; an accepted window whose id was already accepted earlier in its partition is
+dropped; the rest wait in their partition's open block. When every offset of a block
+was consumed (see :mod:`consumers.epochs`) the block is replayed in fixed batches and
+written as one shard (:mod:`consumers.blocks`), the quarantine producer is flushed, and
+only then is the block's end offset committed (manual commits, no auto offset store).
+
+A crash anywhere loses only uncommitted work: the restarted worker resumes at the
+committed offset, which is always a block start, rebuilds the set of already written
+window ids from the shards before it, and writes the same bytes again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from consumers import faults
+from consumers.blocks import BlockSettings, close_block
+from consumers.control import ControlChannel
+from consumers.dataset import config_digest, dataset_record, open_dataset, written_ids
+from consumers.epochs import Block, EpochPlan
+from consumers.exceptions import WorkerError
+from consumers.intake import PartitionLog, Verdict, classify, quarantine_record
+from consumers.labels import SourceRef
+from consumers.shards import ShardConfig, clean_staging
+from consumers.stats import Stats
+from flywheel.errors import ConfigError
+from schemas import codec
+from streams.topics import CONTROL_TOPIC, QUARANTINE_TOPIC, SPLITS, window_topic
+
+log = logging.getLogger(__name__)
+_REBALANCE_CODES = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION,
+                    KafkaError.UNKNOWN_MEMBER_ID}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayWorkerConfig:
+    """One replay worker process.
+
+    Fields:
+        teacher: local teacher checkpoint directory.
+        dataset: dataset root the shards go under.
+        bootstrap: Kafka bootstrap servers.
+        prefix: topic-name prefix (tests use uuid prefixes); also prefixes the group id.
+        group_id: consumer group; workers with the same group share the partitions.
+        tokenizer_dir: tokenizer directory (default: the teacher's own).
+        dtype: teacher compute dtype (part of the runtime identity).
+        shard: block cutting and Parquet writer settings.
+        batch_windows: windows per engine call (consecutive windows of one block).
+        torch_threads: torch intra-op threads (None: torch's default); recorded.
+        replay_options: keyword arguments of ``replay.prefill.ReplayConfig``.
+        poll_timeout_s: consumer poll timeout.
+        control_sync_s: how often the control topic is re-read while idle.
+        idle_exit_s: exit after this long without a window message (None: run on).
+        stop_after_epoch: exit once this epoch's boundary is known and every assigned
+            partition is committed up to it (None: run on).
+        instance_id: static group membership id (``group.instance.id``): a worker
+            restarted with the same id takes its partitions back at once instead of
+            waiting for the killed member's session to expire. None: dynamic member.
+        session_timeout_s, max_poll_interval_s: Kafka group liveness settings; a block's
+            replay must finish within ``max_poll_interval_s``.
+        max_quarantine_value_bytes: original bytes kept in a QuarantineRecord.
+        stats_interval_s: how often counters are logged.
+    """
+
+    teacher: Path
+    dataset: Path
+    bootstrap: str
+    prefix: str = ""
+    group_id: str = "flywheel-replay"
+    tokenizer_dir: Path | None = None
+    dtype: str = "float32"
+    shard: ShardConfig = field(default_factory=ShardConfig)
+    batch_windows: int = 8
+    torch_threads: int | None = None
+    replay_options: Mapping[str, Any] = field(default_factory=dict)
+    poll_timeout_s: float = 0.5
+    control_sync_s: float = 1.0
+    idle_exit_s: float | None = None
+    stop_after_epoch: int | None = None
+    instance_id: str | None = None
+    session_timeout_s: float = 30.0
+    max_poll_interval_s: float = 900.0
+    max_quarantine_value_bytes: int = 1 << 20
+    stats_interval_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap:
+            raise ConfigError("ReplayWorkerConfig.bootstrap must name at least one broker")
+        for name in ("batch_windows", "max_quarantine_value_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ReplayWorkerConfig.{name} must be a positive integer")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ConfigError("ReplayWorkerConfig.torch_threads must be >= 1 or None")
+        for name in ("poll_timeout_s", "control_sync_s", "session_timeout_s",
+                     "max_poll_interval_s", "stats_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"ReplayWorkerConfig.{name} must be > 0")
+        if self.idle_exit_s is not None and self.idle_exit_s <= 0:
+            raise ConfigError("ReplayWorkerConfig.idle_exit_s must be > 0 or None")
+        if self.stop_after_epoch is not None and self.stop_after_epoch < 0:
+            raise ConfigError("ReplayWorkerConfig.stop_after_epoch must be >= 0 or None")
+        if not isinstance(self.shard, ShardConfig):
+            raise ConfigError("ReplayWorkerConfig.shard must be a ShardConfig")
+
+    @property
+    def full_group_id(self) -> str:
+        return f"{self.prefix}{self.group_id}"
+
+    def window_topics(self) -> dict[str, str]:
+        """Topic name -> split, for every split."""
+        return {self.prefix + window_topic(s): s for s in SPLITS}
+
+
+class ReplayWorker:
+    """Runs the consume → classify → block → replay → shard → commit loop."""
+
+    def __init__(self, config: ReplayWorkerConfig, *, teacher: Any = None) -> None:
+        from consumers.engine import determinism_record, load_engine, window_check
+
+        self.config = config
+        self.stats = Stats()
+        self._stop = threading.Event()
+        self.bundle = load_engine(teacher_dir=config.teacher, dtype=config.dtype,
+                                  replay_options=config.replay_options,
+                                  torch_threads=config.torch_threads,
+                                  tokenizer_dir=config.tokenizer_dir, teacher=teacher)
+        determinism = determinism_record(shard=config.shard, batch_windows=config.batch_windows,
+                                         bundle=self.bundle, dtype=config.dtype,
+                                         replay_options=config.replay_options)
+        source = {"prefix": config.prefix, "group_id": config.full_group_id}
+        record = dataset_record(identity=self.bundle.identity, determinism=determinism,
+                                source=source)
+        self.root = open_dataset(config.dataset, record)
+        clean_staging(self.root)
+        self.settings = BlockSettings(
+            root=self.root, shard=config.shard, batch_windows=config.batch_windows,
+            layers=self.bundle.layers, top_k=self.bundle.top_k, hidden_dim=self.bundle.hidden_dim,
+            identity_id=self.bundle.identity["identity_id"],
+            config_digest=config_digest(record["determinism"]))
+        self._check = window_check(self.bundle.engine)
+        self.splits = config.window_topics()
+        self.logs: dict[tuple[str, int], PartitionLog] = {}
+        self.control = ControlChannel(config.bootstrap, config.prefix + CONTROL_TOPIC)
+        self.plan = EpochPlan(config.shard.offsets_per_shard, self.control.sync().ordered())
+        self._last_sync = time.monotonic()
+        self._delivery_errors: list[str] = []
+        self._paused = False
+        self._last_input = time.monotonic()
+        self._assigned_once = False
+        self.consumer = Consumer(self._consumer_conf())
+        self.producer = Producer({"bootstrap.servers": config.bootstrap, "acks": "all",
+                                  "enable.idempotence": True,
+                                  "logger": logging.getLogger("consumers.librdkafka")})
+
+    def _consumer_conf(self) -> dict[str, Any]:
+        c = self.config
+        static = {} if c.instance_id is None else {"group.instance.id": c.instance_id}
+        return {
+            **static, "bootstrap.servers": c.bootstrap, "group.id": c.full_group_id,
+            "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+            "session.timeout.ms": int(c.session_timeout_s * 1000),
+            "max.poll.interval.ms": int(c.max_poll_interval_s * 1000),
+            "partition.assignment.strategy": "range",
+            "logger": logging.getLogger("consumers.librdkafka"),
+        }
+
+    # -- group membership -----------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        committed = consumer.committed(partitions, timeout=30)
+        for tp in committed:
+            if tp.error is not None:
+                raise WorkerError(f"cannot read the committed offset of {tp}: {tp.error}")
+            resume = max(tp.offset, 0)
+            base = self.plan.block(tp.topic, tp.partition, resume).first
+            ids = written_ids(self.root, tp.topic, tp.partition, before=base)
+            self.logs[(tp.topic, tp.partition)] = PartitionLog(
+                topic=tp.topic, partition=tp.partition, split=self.splits[tp.topic], base=base,
+                written_ids=ids)
+            tp.offset = base
+            log.info("assigned %s[%d]: resume at %d (committed %d), %d window ids already "
+                     "written", tp.topic, tp.partition, base, resume, len(ids))
+        consumer.assign(committed)
+        self._last_input = time.monotonic()  # idle time counts from the assignment
+        self._assigned_once = True
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            dropped = self.logs.pop((tp.topic, tp.partition), None)
+            if dropped is not None and dropped.pending:
+                log.info("revoked %s[%d] with %d uncommitted windows (the next owner "
+                         "re-reads them)", tp.topic, tp.partition, len(dropped.pending))
+
+    # -- messages -------------------------------------------------------------------
+
+    def _handle(self, msg: Any) -> None:
+        plog = self.logs.get((msg.topic(), msg.partition()))
+        if plog is None or plog.seen(msg.offset()):
+            self.stats.inc("intake", "redelivered")
+            return
+        source = SourceRef(topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
+        with self.stats.timer("intake"):
+            verdict = classify(msg.value(), msg.headers(), msg.key(), split=plog.split,
+                               identity_id=self.settings.identity_id,
+                               vocab_size=self.bundle.vocab_size, check=self._check)
+        if not verdict.accepted:
+            self._quarantine(verdict, source, msg)
+            plog.skip(msg.offset())
+        elif plog.admit(msg.offset(), verdict.window or {}):
+            self.stats.inc("intake", "accepted")
+        else:
+            self.stats.inc("intake", "duplicate")
+
+    def _quarantine(self, verdict: Verdict, source: SourceRef, msg: Any) -> None:
+        record = quarantine_record(verdict, source, value=msg.value(), key=msg.key(),
+                                   headers=msg.headers(),
+                                   max_value_bytes=self.config.max_quarantine_value_bytes)
+        entry = codec.default_registry().get("QuarantineRecord")
+        key = (f"{record['owner']}/{record['thread']}" if record["owner"] else "replay").encode()
+        self.producer.produce(
+            self.config.prefix + QUARANTINE_TOPIC, key=key,
+            value=codec.encode_entry(entry, record),
+            headers=[*codec.kafka_headers(entry), ("reason", str(verdict.reason).encode())],
+            on_delivery=self._on_delivery)
+        self.producer.poll(0)
+        self.stats.inc("quarantine", str(verdict.reason))
+        log.warning("quarantined %s[%d]@%d: %s (%s)", source.topic, source.partition,
+                    source.offset, verdict.reason, verdict.detail)
+
+    def _on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self._delivery_errors.append(str(err))
+
+    # -- blocks ---------------------------------------------------------------------
+
+    def _sync_control(self) -> bool:
+        """Re-read the control topic; pause while a live seal intent blocks open blocks."""
+        state = self.control.sync()
+        self._last_sync = time.monotonic()
+        ordered = state.ordered()
+        if len(ordered) != len(self.plan.boundaries):
+            self.plan = EpochPlan(self.config.shard.offsets_per_shard, ordered)
+            log.info("epoch %d boundary recorded; open epoch is now %d", ordered[-1].epoch,
+                     self.plan.open_epoch)
+        blocked = state.pending_intent() is not None
+        assignment = self.consumer.assignment()
+        if blocked != self._paused and assignment:
+            (self.consumer.pause if blocked else self.consumer.resume)(assignment)
+            self._paused = blocked
+            log.info("seal intent for epoch %d %s", state.next_epoch,
+                     "seen: pausing until its boundary arrives" if blocked else "resolved")
+        return blocked
+
+    def _close_ready(self) -> None:
+        synced = False
+        for plog in list(self.logs.values()):
+            while (block := plog.next_block(self.plan)) is not None:
+                if not block.final and not synced:
+                    synced = True
+                    if self._sync_control():
+                        self.stats.inc("control", "waits_for_boundary")
+                        return
+                    continue  # the plan may have changed: recompute the block
+                self._close(plog, block)
+
+    def _close(self, plog: PartitionLog, block: Block) -> None:
+        items = plog.take(block)
+        close_block(self.bundle.engine, self.settings, block, plog.split, items, self.stats)
+        left = self.producer.flush(30)
+        if left or self._delivery_errors:
+            raise WorkerError(
+                f"quarantine records were not acknowledged ({self._delivery_errors[:3] or left}); "
+                "offsets stay uncommitted — check the broker and restart the worker")
+        try:
+            self.consumer.commit(offsets=[TopicPartition(block.topic, block.partition, block.end)],
+                                 asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() in _REBALANCE_CODES:
+                log.warning("commit of %s[%d]@%d lost to a rebalance; the next owner rewrites "
+                            "the same shard", block.topic, block.partition, block.end)
+                return
+            raise WorkerError(f"cannot commit {block.topic}[{block.partition}]@{block.end}: "
+                              f"{exc}; the shard is durable and will be rewritten "
+                              "identically after a restart") from exc
+        self.stats.inc("commit", "blocks")
+        faults.hit("after_commit")
+
+    # -- loop -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current step (thread- and signal-safe)."""
+        self._stop.set()
+
+    def _epoch_done(self) -> bool:
+        epoch = self.config.stop_after_epoch
+        if epoch is None or len(self.plan.boundaries) <= epoch or not self.logs:
+            return False
+        boundary = self.plan.boundaries[epoch]
+        return all(p.base >= boundary.end_of(t, n) for (t, n), p in self.logs.items())
+
+    def run(self) -> Stats:
+        """Consume until stopped (``stop()``, idle exit, or ``stop_after_epoch``)."""
+        self.consumer.subscribe(list(self.splits), on_assign=self._on_assign,
+                                on_revoke=self._on_revoke)
+        last_stats = self._last_input = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                if time.monotonic() - self._last_sync >= self.config.control_sync_s:
+                    self._sync_control()
+                msg = self.consumer.poll(self.config.poll_timeout_s)
+                if msg is not None and msg.error():
+                    self._message_error(msg)
+                elif msg is not None:
+                    self._last_input = time.monotonic()
+                    self._handle(msg)
+                if not self._paused:
+                    self._close_ready()
+                now = time.monotonic()
+                if now - last_stats > self.config.stats_interval_s:
+                    last_stats = now
+                    log.info("replay worker stats %s", self.stats.as_dict())
+                idle = self.config.idle_exit_s
+                if self._epoch_done() or (idle is not None and self._assigned_once
+                                          and now - self._last_input > idle):
+                    break
+        finally:
+            self.close()
+        return self.stats
+
+    def _message_error(self, msg: Any) -> None:
+        err = msg.error()
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        if err.fatal():
+            raise WorkerError(f"fatal Kafka error on {msg.topic()}: {err}; restart the worker")
+        self.stats.inc("kafka", "errors")
+        log.warning("Kafka error on %s[%s]: %s", msg.topic(), msg.partition(), err)
+
+    def close(self) -> None:
+        self.producer.flush(30)
+        self.consumer.close()
+        self.control.close()
+        log.info("replay worker stopped: %s", self.stats.as_dict())

@@ -1,0 +1,249 @@
+"""Seal, verify and rebuild on the real broker, with the real teacher and prefill engine.
+
+One scenario per module: a replay worker runs in a thread while two epochs are sealed.
+Epoch 0 holds train, validation and ``runtime_holdout`` windows whose routes come from
+real KV-cache decode, so the seal computes parity on the sealed shards and finds the
+identity authoritative. Epoch 1 (train only, plus a repeat of an epoch-0 window) has no
+parity sample: it is refused until an override reason is given. Sealed shards are read
+back with DuckDB, verified, damaged in copies, and rebuilt byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pytest
+
+from consumers.control import ControlChannel
+from consumers.exceptions import SealError
+from consumers.kafka_io import committed_offsets, end_offsets
+from consumers.labels import dequantize_weights_u8
+from consumers.rebuild import RebuildConfig, rebuild_snapshot
+from consumers.seal import SealConfig, SealResult, seal_epoch
+from consumers.shards import ShardConfig
+from consumers.testing import corpus_token_ids, holdout_window, publish_windows, thread_windows
+from consumers.verify import verify_snapshot
+from consumers.worker import ReplayWorker, ReplayWorkerConfig
+from streams.topics import CONTROL_TOPIC, SPLITS, catalogue, window_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@dataclass
+class Scenario:
+    bootstrap: str
+    prefix: str
+    root: Path
+    teacher_dir: Path
+    teacher: Any
+    epochs: list[SealResult]
+    refusal: str
+    holdout: list[dict[str, Any]]
+    worker: ReplayWorker
+
+
+def _publish_epoch0(bootstrap: str, prefix: str, teacher: Any, ident: str,
+                    tokens: list[int]) -> list[dict[str, Any]]:
+    windows = [w for i in range(4) for w in thread_windows(
+        tokens, identity_id=ident, owner=f"o{i}", thread="t", start=120 * i,
+        split="train" if i < 3 else "validation")]
+    holdout = [holdout_window(teacher, tokens[1000 + 70 * i:1040 + 70 * i], identity_id=ident,
+                              owner=f"h{i}", thread="t") for i in range(3)]
+    publish_windows(bootstrap, prefix, windows + holdout)
+    return holdout
+
+
+@pytest.fixture(scope="module")
+def scenario(topic_factory: Any, teacher_dir: Path,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
+    from replay.runtime_identity import build_runtime_identity
+    from replay.teacher import load_teacher
+
+    teacher = load_teacher(teacher_dir)
+    ident = str(build_runtime_identity(teacher)["identity_id"])
+    tokens = corpus_token_ids(teacher_dir)
+    bootstrap, prefix = topic_factory.bootstrap, f"{topic_factory.prefix}seal."
+    topic_factory.create(catalogue(prefix))
+    root = tmp_path_factory.mktemp("seal") / "dataset"
+    holdout = _publish_epoch0(bootstrap, prefix, teacher, ident, tokens)
+    worker = ReplayWorker(ReplayWorkerConfig(
+        teacher=teacher_dir, dataset=root, bootstrap=bootstrap, prefix=prefix,
+        shard=ShardConfig(offsets_per_shard=2), batch_windows=2, torch_threads=1,
+        control_sync_s=0.3), teacher=teacher)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        first = seal_epoch(SealConfig(dataset=root, epoch=0, bootstrap=bootstrap, timeout_s=120))
+        later = [w for i in range(4, 6) for w in thread_windows(
+            tokens, identity_id=ident, owner=f"o{i}", thread="t", start=120 * i)]
+        publish_windows(bootstrap, prefix, later + thread_windows(
+            tokens, identity_id=ident, owner="o0", thread="t", count=1))
+        with pytest.raises(SealError) as refused:
+            seal_epoch(SealConfig(dataset=root, epoch=1, bootstrap=bootstrap, timeout_s=120))
+        second = seal_epoch(SealConfig(dataset=root, epoch=1, bootstrap=bootstrap,
+                                       timeout_s=120, override_parity="no runtime_holdout "
+                                       "windows in epoch 1; parity held in epoch 0"))
+    finally:
+        worker.stop()
+        thread.join(timeout=120)
+    yield Scenario(bootstrap=bootstrap, prefix=prefix, root=root, teacher_dir=teacher_dir,
+                   teacher=teacher, epochs=[first, second], refusal=str(refused.value),
+                   holdout=holdout, worker=worker)
+    for dirpath, _, _ in os.walk(root):
+        os.chmod(dirpath, 0o755)
+
+
+def test_seal_records_the_boundary_and_writes_a_full_manifest(scenario: Scenario) -> None:
+    first, second = scenario.epochs
+    assert first.manifest["epoch"] == 0 and second.manifest["previous_snapshot"] == \
+        first.snapshot_id
+    channel = ControlChannel(scenario.bootstrap, scenario.prefix + CONTROL_TOPIC)
+    try:
+        state = channel.sync()
+    finally:
+        channel.close()
+    assert sorted(state.boundaries) == [0, 1] and sorted(state.sealed) == [0, 1]
+    assert state.sealed[1]["snapshot_id"] == second.snapshot_id
+    topics = [scenario.prefix + window_topic(s) for s in SPLITS]
+    ends = end_offsets(scenario.bootstrap, topics)
+    for result, boundary in zip((first, second), (state.boundaries[0], state.boundaries[1]),
+                                strict=True):
+        for topic, info in result.manifest["source"]["topics"].items():
+            for p, span in info["partitions"].items():
+                assert span == {"start": boundary.start_of(topic, int(p)),
+                                "end": boundary.end_of(topic, int(p))}
+    assert {t: dict(v) for t, v in state.boundaries[1].end.items()} == ends
+    m = first.manifest
+    assert set(m["splits"]) == {"train", "validation", "runtime_holdout"}
+    assert m["splits"]["train"]["windows"] == 9 and m["splits"]["runtime_holdout"]["windows"] == 3
+    assert m["identity"]["identity_id"] == m["parity"]["identity_id"]
+    assert m["teacher"]["model_artifact_digest"] and m["tokenizer"]["tokenizer_digest"]
+    assert m["determinism"]["torch_threads"] == 1
+    assert all(len(s["sha256"]) == 64 and s["bytes"] > 0 and s["rows"] > 0 for s in m["shards"])
+    offsets = committed_offsets(scenario.bootstrap, f"{scenario.prefix}flywheel-replay",
+                                [(t, p) for t, parts in ends.items() for p in parts])
+    assert all(offsets[(t, p)] >= end for t, parts in ends.items()
+               for p, end in parts.items() if end > 0)
+
+
+def test_parity_is_computed_on_the_sealed_holdout_and_overrides_are_recorded(
+    scenario: Scenario,
+) -> None:
+    first, second = scenario.epochs
+    parity = first.manifest["parity"]
+    assert parity["authoritative"] is True and first.manifest["parity_override"] is None
+    assert parity["windows_compared"] == 3 and parity["pairs"] == 3 * 6 * 4
+    assert parity["mismatched_pairs"] == 0
+    assert "not authoritative" in scenario.refusal and "--override-parity" in scenario.refusal
+    assert second.manifest["parity"]["authoritative"] is False
+    assert second.manifest["parity_override"]["reason"].startswith("no runtime_holdout")
+
+
+def test_duckdb_reads_sealed_shards_with_the_manifest_counts(scenario: Scenario) -> None:
+    for result in scenario.epochs:
+        epoch = result.manifest["epoch"]
+        got = dict(duckdb.sql(
+            f"SELECT split, count(*) FROM read_parquet('{scenario.root}/epoch=*/split=*/*.parquet',"
+            f" hive_partitioning=true) WHERE epoch = {epoch} GROUP BY split").fetchall())
+        assert got == {s: v["rows"] for s, v in result.manifest["splits"].items()}
+    rows = duckdb.sql(
+        f"SELECT window_id, token_ordinal, expert_ids, weights_u8 FROM read_parquet("
+        f"'{scenario.root}/epoch=0/split=runtime_holdout/*.parquet') "
+        f"ORDER BY window_id, token_ordinal").fetchall()
+    captured = {w["window_id"]: w for w in scenario.holdout}
+    assert {r[0] for r in rows} == set(captured)
+    for wid, ordinal, ids, weights in rows:
+        window = captured[wid]
+        a = window["anchor_positions"].index(ordinal - window["first_token_ordinal"])
+        routes = window["routes"]
+        shape = (len(window["anchor_positions"]), routes["layer_count"], routes["top_k"])
+        decode = np.frombuffer(routes["expert_ids"], dtype="<i2").reshape(shape)
+        assert np.array_equal(np.asarray(ids), decode[a])
+        assert np.allclose(dequantize_weights_u8(np.asarray(weights)).sum(-1), 1.0, atol=0.02)
+    epoch1 = duckdb.sql(
+        f"SELECT count(DISTINCT window_id) FROM read_parquet('{scenario.root}/epoch=1/*/*.parquet')"
+    ).fetchall()[0][0]
+    assert epoch1 == 6  # the repeat of an epoch-0 window was dropped
+
+
+def test_sealing_is_idempotent_and_in_order(scenario: Scenario) -> None:
+    again = seal_epoch(SealConfig(dataset=scenario.root, epoch=0, bootstrap=scenario.bootstrap))
+    assert again.already_sealed and again.snapshot_id == scenario.epochs[0].snapshot_id
+    with pytest.raises(SealError, match="sealed in order"):
+        seal_epoch(SealConfig(dataset=scenario.root, epoch=5, bootstrap=scenario.bootstrap))
+
+
+def _verify_cli(snapshot: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "consumers", "verify", str(snapshot)],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_verify_accepts_the_snapshot_and_fails_on_any_damage(scenario: Scenario,
+                                                            tmp_path: Path) -> None:
+    original = scenario.epochs[0].manifest_path.parent
+    assert verify_snapshot(original)["snapshot_id"] == scenario.epochs[0].snapshot_id
+    assert _verify_cli(original).returncode == 0
+    shard = scenario.epochs[0].manifest["shards"][0]["path"]
+    for damage in ("flip", "missing", "extra"):
+        copy = tmp_path / damage
+        shutil.copytree(original, copy)
+        for dirpath, _, filenames in os.walk(copy):
+            os.chmod(dirpath, 0o755)
+            for name in filenames:
+                os.chmod(Path(dirpath) / name, 0o644)
+        if damage == "flip":
+            data = bytearray((copy / shard).read_bytes())
+            data[100] ^= 0x80
+            (copy / shard).write_bytes(bytes(data))
+        elif damage == "missing":
+            (copy / shard).unlink()
+        else:
+            (copy / "split=train" / "stray.parquet").write_bytes(b"PAR1")
+        result = _verify_cli(copy)
+        assert result.returncode == 2, (damage, result.stdout, result.stderr)
+        assert "failed verification" in result.stderr
+
+
+def test_rebuild_regenerates_byte_identical_shards(scenario: Scenario, tmp_path: Path) -> None:
+    for result in scenario.epochs:
+        report = rebuild_snapshot(RebuildConfig(
+            snapshot=result.manifest_path.parent, out=tmp_path / "in-process",
+            teacher=scenario.teacher_dir, bootstrap=scenario.bootstrap), teacher=scenario.teacher)
+        assert report["identical"] and report["snapshot_id_match"], report["differences"]
+        assert report["shards"] == len(result.manifest["shards"])
+        rebuilt = Path(report["out"])
+        assert verify_snapshot(rebuilt)["snapshot_id"] == result.snapshot_id
+    cli = subprocess.run(
+        [sys.executable, "-m", "consumers", "rebuild", "--snapshot",
+         str(scenario.epochs[1].manifest_path.parent), "--out", str(tmp_path / "cli"),
+         "--teacher", str(scenario.teacher_dir), "--bootstrap-servers", scenario.bootstrap,
+         "--json"], capture_output=True, text=True, timeout=300, check=False)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    report = json.loads(cli.stdout)
+    assert report["identical"] and report["rebuilt_snapshot_id"] == scenario.epochs[1].snapshot_id
+
+
+def test_seal_without_running_workers_times_out_with_a_clear_message(
+    scenario: Scenario,
+) -> None:
+    publish_windows(scenario.bootstrap, scenario.prefix, thread_windows(
+        corpus_token_ids(scenario.teacher_dir), identity_id="a" * 64, owner="late", thread="t",
+        count=1))
+    start = time.monotonic()
+    with pytest.raises(SealError, match="timed out") as info:
+        seal_epoch(SealConfig(dataset=scenario.root, epoch=2, bootstrap=scenario.bootstrap,
+                              timeout_s=3, poll_interval_s=0.5))
+    assert time.monotonic() - start < 60
+    assert "flywheel replay worker" in str(info.value) and "re-run the same seal" in str(info.value)
