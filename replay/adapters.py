@@ -1,0 +1,347 @@
+"""Model-family route adapters: where the routers are and how their decisions are read.
+
+An adapter knows, for one transformers ``model_type``: which decoder layers are routed
+(sparse MoE), the expert count, top-k, the weight rule, the per-expert intermediate
+width, and where each routed layer's gate (router) and input layernorm live.
+
+Reading routes needs no model surgery. :class:`RouteCapture` registers forward hooks on
+the routed layers' gate modules (``layer.mlp.gate``) and records the router logits each
+gate computes during ONE ordinary forward pass; with ``capture_hidden=True`` it also
+registers forward PRE-hooks on each routed layer's ``input_layernorm`` and records its
+input, i.e. the residual stream entering the layer (the pre-attention hidden state, the
+route sidecar's feature). The gate of layer l reads ``post_attention_layernorm`` of the
+stream after attention, not this pre-attention state; applying it to the pre-attention
+state is the "earlier representation" baseline of the design note.
+
+Why hooks and not ``output_router_logits=True``: in transformers 5.x that flag returns a
+tuple with one ``[B*T, E]`` logits tensor per *router module call* (only sparse layers,
+batch and time flattened), recorded by the same kind of hook; it also makes
+``*ForCausalLM`` compute the load-balancing loss, and it cannot hand back the
+pre-attention states in the same pass. Hooks give both with one forward and also see the
+indices the model actually executed (the gate's third output).
+
+Executing the rule: :func:`install_exact_routing` (used by ``load_teacher`` by default)
+replaces each routed gate's forward with the same logits and weights but the identity's
+tie-break rule instead of ``torch.topk``, so the experts executed on an exact score tie
+are the ones recorded. Outputs are bitwise identical to the native gate otherwise.
+
+Tensor legend: B batch, T tokens, L routed layers, E experts, K top-k, H hidden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from replay.exceptions import UnsupportedModelError
+from replay.routing import (
+    WEIGHT_SOFTMAX_TOPK,
+    WEIGHT_SOFTMAX_TOPK_RENORMALIZED,
+    topk_with_tie_break,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouteGeometry:
+    """The routing shape of one checkpoint.
+
+    Fields:
+        family: transformers ``model_type`` (e.g. ``qwen3_next``).
+        layer_count: decoder layers in the model (routed or not).
+        routed_layers: model indices of the routed (sparse MoE) layers, ascending.
+        expert_count: routed experts per layer (E).
+        top_k: experts selected per token and layer (K).
+        weight_rule: one of :data:`replay.routing.WEIGHT_RULES`.
+        hidden_size: residual stream width (H).
+        routed_intermediate_size: per-expert intermediate width.
+    """
+
+    family: str
+    layer_count: int
+    routed_layers: tuple[int, ...]
+    expert_count: int
+    top_k: int
+    weight_rule: str
+    hidden_size: int
+    routed_intermediate_size: int
+
+    @property
+    def routed_layer_count(self) -> int:
+        return len(self.routed_layers)
+
+
+class FamilyAdapter:
+    """Base adapter: decoder layers at ``model.model.layers``, gates at ``layer.mlp.gate``."""
+
+    model_type: ClassVar[str] = ""
+    expert_count_field: ClassVar[str] = "num_experts"
+    intermediate_field: ClassVar[str] = "intermediate_size"
+    # the family's gate casts its top-k weights back to the logits' dtype (Mixtral keeps fp32)
+    weights_in_logit_dtype: ClassVar[bool] = True
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(range(config.num_hidden_layers))
+
+    def weight_rule(self, config: Any) -> str:
+        if getattr(config, "norm_topk_prob", False):
+            return WEIGHT_SOFTMAX_TOPK_RENORMALIZED
+        return WEIGHT_SOFTMAX_TOPK
+
+    def geometry(self, config: Any) -> RouteGeometry:
+        return RouteGeometry(
+            family=self.model_type,
+            layer_count=int(config.num_hidden_layers),
+            routed_layers=self.routed_layers(config),
+            expert_count=int(getattr(config, self.expert_count_field)),
+            top_k=int(config.num_experts_per_tok),
+            weight_rule=self.weight_rule(config),
+            hidden_size=int(config.hidden_size),
+            routed_intermediate_size=int(getattr(config, self.intermediate_field)),
+        )
+
+    def decoder_layers(self, model: nn.Module) -> nn.ModuleList:
+        inner = getattr(model, "model", model)
+        layers = getattr(inner, "layers", None)
+        if not isinstance(layers, nn.ModuleList):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} has no model.layers ModuleList; the {self.model_type} "
+                "adapter expects a transformers *ForCausalLM checkpoint"
+            )
+        return layers
+
+    def router(self, layer: nn.Module) -> nn.Module:
+        gate = getattr(getattr(layer, "mlp", None), "gate", None)
+        if not isinstance(gate, nn.Module):
+            raise UnsupportedModelError(
+                f"a routed {self.model_type} layer has no mlp.gate module; the checkpoint does "
+                "not match its config (mlp_only_layers / decoder_sparse_step)"
+            )
+        return gate
+
+    def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
+        norm = getattr(layer, "input_layernorm", None)
+        if not isinstance(norm, nn.Module):
+            raise UnsupportedModelError(f"a {self.model_type} layer has no input_layernorm")
+        return norm
+
+
+class Qwen3MoeAdapter(FamilyAdapter):
+    """Qwen3-MoE: sparse unless in ``mlp_only_layers`` or off the ``decoder_sparse_step``."""
+
+    model_type = "qwen3_moe"
+    intermediate_field = "moe_intermediate_size"
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        dense = set(config.mlp_only_layers or [])
+        step = int(config.decoder_sparse_step)
+        if int(config.num_experts) <= 0:
+            return ()
+        return tuple(
+            i for i in range(config.num_hidden_layers) if i not in dense and (i + 1) % step == 0
+        )
+
+
+class Qwen3NextAdapter(Qwen3MoeAdapter):
+    """Qwen3-Next: Qwen3-MoE's sparsity rule, hybrid linear/full attention, shared expert."""
+
+    model_type = "qwen3_next"
+
+
+class MixtralAdapter(FamilyAdapter):
+    """Mixtral: every layer routed; weights always renormalised over the top-k."""
+
+    model_type = "mixtral"
+    expert_count_field = "num_local_experts"
+    weights_in_logit_dtype = False
+
+    def weight_rule(self, config: Any) -> str:
+        return WEIGHT_SOFTMAX_TOPK_RENORMALIZED
+
+
+class OlmoeAdapter(FamilyAdapter):
+    """OLMoE: every layer routed; renormalised only if ``norm_topk_prob`` (default off)."""
+
+    model_type = "olmoe"
+
+
+ADAPTERS: dict[str, FamilyAdapter] = {
+    a.model_type: a
+    for a in (Qwen3NextAdapter(), Qwen3MoeAdapter(), MixtralAdapter(), OlmoeAdapter())
+}
+
+
+def adapter_for(model_type: str) -> FamilyAdapter:
+    """The adapter for a ``config.model_type``; UnsupportedModelError if there is none."""
+    adapter = ADAPTERS.get(model_type)
+    if adapter is None:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} has no route adapter; supported families are "
+            f"{sorted(ADAPTERS)} (add a FamilyAdapter in replay/adapters.py)"
+        )
+    return adapter
+
+
+def _exact_gate_forward(gate: nn.Module, geometry: RouteGeometry, cast_weights: bool) -> Any:
+    """The family's gate computation with :mod:`replay.routing`'s top-k in place of topk.
+
+    Same logits (``F.linear`` with the gate's weight) and same weights as the native gate
+    wherever scores are distinct; on exact ties the executed experts follow the declared
+    rule (lower id first) instead of ``torch.topk``'s unspecified order.
+    """
+
+    def forward(hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden_NH = hidden_states.reshape(-1, geometry.hidden_size)
+        router_logits_NE = F.linear(hidden_NH, cast(torch.Tensor, gate.weight))
+        ids_NK, weights_NK = topk_with_tie_break(
+            router_logits_NE, geometry.top_k, weight_rule=geometry.weight_rule
+        )
+        if cast_weights:
+            weights_NK = weights_NK.to(router_logits_NE.dtype)
+        return router_logits_NE, weights_NK, ids_NK
+
+    return forward
+
+
+def install_exact_routing(
+    model: nn.Module, adapter: FamilyAdapter, geometry: RouteGeometry
+) -> None:
+    """Make every routed gate EXECUTE the identity's tie-break rule (see the gate below).
+
+    ``torch.topk`` leaves the order of equal scores unspecified, so without this the
+    experts a model executes on an exact tie may differ from the recorded label. Only
+    gates of the transformers 5.x shape (``weight [E, H]``, no bias, returning
+    ``(logits, weights, ids)``) are replaced; anything else is refused.
+    """
+    layers = adapter.decoder_layers(model)
+    for index in geometry.routed_layers:
+        gate = adapter.router(layers[index])
+        weight = getattr(gate, "weight", None)
+        shape = (geometry.expert_count, geometry.hidden_size)
+        if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != shape \
+                or getattr(gate, "bias", None) is not None:
+            raise UnsupportedModelError(
+                f"layer {index}'s gate {type(gate).__name__} is not a bias-free [E, H] router; "
+                "load the teacher with exact_tie_break=False"
+            )
+        gate.forward = _exact_gate_forward(gate, geometry, adapter.weights_in_logit_dtype)
+
+
+class RouteCapture:
+    """Records router logits (and optionally pre-attention states) of every routed layer.
+
+    Use :func:`capture_routes`. After each forward, :meth:`router_logits_LNE` and
+    :meth:`hidden_LNH` stack what the hooks saw (N = B*T rows in the model's flattening
+    order, batch-major); :meth:`clear` empties them before the next forward.
+    """
+
+    def __init__(self, geometry: RouteGeometry) -> None:
+        self.geometry = geometry
+        self._logits: dict[int, torch.Tensor] = {}
+        self._executed: dict[int, torch.Tensor] = {}
+        self._hidden: dict[int, torch.Tensor] = {}
+
+    def clear(self) -> None:
+        self._logits.clear()
+        self._executed.clear()
+        self._hidden.clear()
+
+    def gate_hook(self, slot: int) -> Any:
+        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+            logits = output[0] if isinstance(output, tuple) else output
+            self._logits[slot] = logits.detach().reshape(-1, self.geometry.expert_count)
+            if isinstance(output, tuple) and len(output) >= 3:
+                self._executed[slot] = output[2].detach().reshape(-1, self.geometry.top_k)
+
+        return hook
+
+    def norm_pre_hook(self, slot: int) -> Any:
+        def hook(_module: nn.Module, args: Any) -> None:
+            hidden = args[0]
+            self._hidden[slot] = hidden.detach().reshape(-1, hidden.shape[-1])
+
+        return hook
+
+    def _stack(self, seen: dict[int, torch.Tensor], what: str) -> torch.Tensor:
+        slots = range(self.geometry.routed_layer_count)
+        missing = [self.geometry.routed_layers[s] for s in slots if s not in seen]
+        if missing:
+            raise UnsupportedModelError(
+                f"no {what} was captured for routed layers {missing} during the last forward; "
+                "the model did not call those modules (wrong adapter or a custom forward)"
+            )
+        return torch.stack([seen[s] for s in slots])
+
+    def router_logits_LNE(self) -> torch.Tensor:
+        return self._stack(self._logits, "router logits")
+
+    def executed_ids_LNK(self) -> torch.Tensor | None:
+        """The expert ids the model itself executed (its ``torch.topk``), if the gate says."""
+        if len(self._executed) != self.geometry.routed_layer_count:
+            return None
+        return self._stack(self._executed, "executed expert ids")
+
+    def hidden_LNH(self) -> torch.Tensor:
+        return self._stack(self._hidden, "pre-attention hidden state")
+
+
+@contextmanager
+def capture_routes(
+    model: nn.Module, adapter: FamilyAdapter, geometry: RouteGeometry, *,
+    capture_hidden: bool = False,
+) -> Iterator[RouteCapture]:
+    """Hook the routed layers of ``model`` for the duration of the ``with`` block."""
+    capture = RouteCapture(geometry)
+    layers = adapter.decoder_layers(model)
+    handles = []
+    try:
+        for slot, index in enumerate(geometry.routed_layers):
+            layer = layers[index]
+            handles.append(adapter.router(layer).register_forward_hook(capture.gate_hook(slot)))
+            if capture_hidden:
+                norm = adapter.pre_attention_norm(layer)
+                handles.append(norm.register_forward_pre_hook(capture.norm_pre_hook(slot)))
+        yield capture
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@dataclass(frozen=True)
+class RouterPass:
+    """What one plain forward reported. ``executed_ids_BTLK`` is the model's own top-k."""
+
+    router_logits_BTLE: torch.Tensor
+    executed_ids_BTLK: torch.Tensor | None
+    hidden_BTLH: torch.Tensor | None
+
+
+def forward_routes(
+    model: nn.Module, adapter: FamilyAdapter, geometry: RouteGeometry, input_ids_BT: torch.Tensor,
+    *, attention_mask_BT: torch.Tensor | None = None, capture_hidden: bool = False,
+) -> RouterPass:
+    """ONE plain causal forward (no cache) and the router logits of every routed layer."""
+    batch, tokens = input_ids_BT.shape
+    with torch.inference_mode(), capture_routes(
+        model, adapter, geometry, capture_hidden=capture_hidden
+    ) as capture:
+        model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False,
+              logits_to_keep=1)
+        logits_BTLE = _to_btl(capture.router_logits_LNE(), batch, tokens)
+        executed = capture.executed_ids_LNK()
+        hidden = capture.hidden_LNH() if capture_hidden else None
+    return RouterPass(
+        router_logits_BTLE=logits_BTLE,
+        executed_ids_BTLK=None if executed is None else _to_btl(executed, batch, tokens),
+        hidden_BTLH=None if hidden is None else _to_btl(hidden, batch, tokens),
+    )
+
+
+def _to_btl(x_LNX: torch.Tensor, batch: int, tokens: int) -> torch.Tensor:
+    layers, _, width = x_LNX.shape
+    return x_LNX.reshape(layers, batch, tokens, width).permute(1, 2, 0, 3).contiguous()

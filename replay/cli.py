@@ -1,0 +1,75 @@
+"""``flywheel teacher …``: create and describe frozen teachers (typer sub-app).
+
+torch and transformers are imported inside the commands, never at module level, so the
+rest of the CLI starts fast. Errors raised on purpose (:class:`FlywheelError`) propagate
+to ``flywheel.cli.main``, which prints them and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+teacher_app = typer.Typer(help="Create or describe a frozen teacher.", no_args_is_help=True)
+
+
+@teacher_app.command("init")
+def init_command(
+    out: Path = typer.Option(..., "--out", help="Directory to create the teacher in."),
+    preset: str = typer.Option("tiny-qwen3-next", "--preset", help="Teacher preset name."),
+    seed: int = typer.Option(0, "--seed", help="Weight-init seed (same seed, same digest)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out."),
+) -> None:
+    """Create a deterministic tiny teacher checkpoint (weights + tokenizer) in --out."""
+    from replay.teacher import artifact_digest, init_teacher
+
+    start = time.perf_counter()
+    path = init_teacher(out, preset=preset, seed=seed, overwrite=overwrite)
+    elapsed = time.perf_counter() - start
+    typer.echo(f"created teacher {preset} (seed {seed}) in {path} [{elapsed:.1f} s]")
+    typer.echo(f"  model_artifact_digest  {artifact_digest(path)}")
+
+
+def describe_teacher(directory: Path, *, dtype: str = "float32") -> dict[str, Any]:
+    """Family, geometry, digests and runtime identity of a teacher directory."""
+    from replay.runtime_identity import build_runtime_identity
+    from replay.teacher import load_teacher, read_manifest
+
+    teacher = load_teacher(directory, dtype=dtype)
+    geometry = teacher.geometry
+    config = teacher.model.config
+    return {
+        "path": str(teacher.path),
+        "family": geometry.family,
+        "manifest": read_manifest(teacher.path),
+        "layer_count": geometry.layer_count,
+        "routed_layers": list(geometry.routed_layers),
+        "layer_types": list(getattr(config, "layer_types", None) or []),
+        "parameters": sum(p.numel() for p in teacher.model.parameters()),
+        "vocab_size": teacher.vocab_size,
+        "eos_token_ids": list(teacher.eos_token_ids),
+        "identity": build_runtime_identity(teacher),
+    }
+
+
+@teacher_app.command("describe")
+def describe_command(
+    directory: Path = typer.Argument(..., help="Teacher checkpoint directory."),
+    dtype: str = typer.Option("float32", "--dtype", help="Compute dtype to load with."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Print family, routing geometry, digests and the runtime identity id."""
+    info = describe_teacher(directory, dtype=dtype)
+    if as_json:
+        typer.echo(json.dumps(info, indent=2, sort_keys=True))
+        return
+    identity = info.pop("identity")
+    info.pop("manifest")
+    for key, value in info.items():
+        typer.echo(f"{key:26} {value}")
+    for key, value in identity.items():
+        typer.echo(f"{key:26} {value}")

@@ -1,0 +1,25 @@
+"""Fixtures shared by unit and integration tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def teacher_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default tiny Qwen3-Next teacher (with its tokenizer), built once per session."""
+    import torch
+
+    from replay.teacher import init_teacher
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("teacher") / "tiny-qwen3-next"
+    init_teacher(out, preset="tiny-qwen3-next", seed=0)
+    return out
