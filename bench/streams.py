@@ -1,0 +1,217 @@
+"""Stream-processor throughput at the 48-layer, top-10 geometry; one JSON line per figure.
+
+Publishes synthetic capture threads (RouteObservation: 48 layers x top-10 of 512) to
+uuid-prefixed topics on the broker, then, in the same run:
+
+1. ``raw``: confluent-kafka consume of the transcripts and observations topics + fastavro
+   decode of every record (the floor any Python consumer pays);
+2. ``processed``: the same consume feeding validate → assemble → split → dedup → window
+   (the stage objects the faust worker runs), in one process;
+3. ``faust_worker``: a real ``streams worker`` subprocess, from first record produced to
+   last window published (includes faust, table changelogs and Kafka round trips).
+
+Rates count observation records (one per decoded token). Usage::
+
+    python bench/streams.py [--threads 40] [--assistant-tokens 120] [--no-worker]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from fastavro import schemaless_reader
+
+from flywheel.settings import bootstrap_servers
+from schemas.registry import HEADER_SIZE, default_registry
+from streams.processors.harness import (
+    WorkerProcess,
+    produce,
+    producer,
+    read_windows,
+    wait_until,
+    worker_processor_config,
+)
+from streams.processors.pipeline import LocalPipeline
+from streams.processors.synthetic import (
+    ProducerClock,
+    identity_message,
+    make_identity,
+    random_specs,
+    thread_messages,
+)
+from streams.processors.topology import StreamTopics
+from streams.topics import catalogue, create_topics, delete_topics, describe_topics
+
+FLAGS = {"runtime_holdout_fraction": 0.2}
+
+
+def emit(figure: str, value: float, unit: str, **extra: Any) -> None:
+    print(
+        json.dumps(
+            {"bench": "streams", "figure": figure, "value": round(value, 3), "unit": unit, **extra}
+        ),
+        flush=True,
+    )
+
+
+def consume_all(bootstrap: str, topics: list[str], handle: Any) -> tuple[int, float]:
+    """Read ``topics`` to their end, calling ``handle(msg)``; returns (messages, seconds)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 52_428_800,
+        }
+    )
+    ends: dict[tuple[str, int], int] = {}
+    for topic in topics:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        for p in meta.partitions:
+            ends[(topic, p)] = consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+    pending = {tp for tp, end in ends.items() if end > 0}
+    consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in pending])
+    count, start = 0, time.perf_counter()
+    while pending:
+        for msg in consumer.consume(500, timeout=1.0):
+            if msg.error():
+                continue
+            handle(msg)
+            count += 1
+            tp = (msg.topic() or "", msg.partition() or 0)
+            if (msg.offset() or 0) + 1 >= ends[tp]:
+                pending.discard(tp)
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    return count, elapsed
+
+
+def raw_decoder() -> Any:
+    registry = default_registry()
+
+    def handle(msg: Any) -> None:
+        value = msg.value()
+        entry = registry.by_fingerprint(value[2:HEADER_SIZE])
+        buf = io.BytesIO(value)
+        buf.seek(HEADER_SIZE)
+        schemaless_reader(buf, entry.plain, None)
+
+    return handle
+
+
+def pipeline_feeder(topics: StreamTopics) -> tuple[LocalPipeline, Any]:
+    pipeline = LocalPipeline(worker_processor_config(FLAGS), prefix=topics.prefix)
+    kinds = {v: k for k, v in topics.capture_kinds().items()}
+
+    def handle(msg: Any) -> None:
+        pipeline.feed(
+            kinds[msg.topic()], msg.partition(), msg.offset(), msg.key(), msg.value(), msg.headers()
+        )
+
+    return pipeline, handle
+
+
+def make_messages(threads: int, assistant_tokens: int) -> tuple[list[Any], int]:
+    identity = make_identity(layers=48, experts=512, top_k=10)
+    clock = ProducerClock()
+    messages = [identity_message(identity)]
+    for spec in random_specs(threads, n_owners=16, seed=7, assistant_tokens=assistant_tokens):
+        messages.extend(thread_messages(spec, identity, clock))
+    return messages, sum(1 for m in messages if m[0] == "observations")
+
+
+def bench_worker(
+    bootstrap: str, prefix: str, messages: list[Any], n_obs: int, expected: int
+) -> None:
+    topics = StreamTopics.from_prefix(prefix)
+    create_topics(bootstrap, catalogue(prefix))
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = WorkerProcess(
+            bootstrap=bootstrap,
+            prefix=prefix,
+            app_id="flywheel-streams",
+            log_path=Path(tmp) / "worker.log",
+            flags=FLAGS,
+        ).start()
+        try:
+            time.sleep(10)  # join the group and finish (empty) recovery before data arrives
+            start = time.perf_counter()
+            produce(producer(bootstrap), topics, messages)
+            wait_until(
+                lambda: len(read_windows(bootstrap, topics)) >= expected,
+                timeout_s=600,
+                interval_s=0.5,
+                what="the worker's windows",
+            )
+            elapsed = time.perf_counter() - start
+        finally:
+            worker.stop()
+    emit(
+        "faust_worker_observations_per_s",
+        n_obs / elapsed,
+        "obs/s",
+        seconds=round(elapsed, 2),
+        note="one worker process, produce->last window, includes changelog writes",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bootstrap-servers", default=None)
+    parser.add_argument("--threads", type=int, default=40)
+    parser.add_argument("--assistant-tokens", type=int, default=120)
+    parser.add_argument("--no-worker", action="store_true", help="skip the faust worker figure")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    bootstrap = bootstrap_servers(args.bootstrap_servers)
+    prefix = f"bench-{uuid.uuid4().hex[:8]}."
+    messages, n_obs = make_messages(args.threads, args.assistant_tokens)
+    topics = StreamTopics.from_prefix(prefix)
+    create_topics(bootstrap, catalogue(prefix))
+    try:
+        produce(producer(bootstrap), topics, messages)
+        names = [topics.transcripts, topics.observations]
+        _, raw_s = consume_all(bootstrap, names, raw_decoder())
+        pipeline, feeder = pipeline_feeder(topics)
+        consume_all(bootstrap, [topics.identities], feeder)  # the worker loads them at start
+        _, proc_s = consume_all(bootstrap, names, feeder)
+        raw_rate, proc_rate = n_obs / raw_s, n_obs / proc_s
+        geometry = {"layers": 48, "top_k": 10, "experts": 512, "observations": n_obs}
+        emit("raw_consume_decode_observations_per_s", raw_rate, "obs/s", **geometry)
+        emit(
+            "processed_observations_per_s",
+            proc_rate,
+            "obs/s",
+            windows=len(pipeline.windows),
+            quarantined=len(pipeline.quarantined),
+            **geometry,
+        )
+        if pipeline.quarantined or not pipeline.windows:
+            raise SystemExit(f"bench data was refused: {pipeline.counters.stage('quarantine')}")
+        emit("processed_to_raw_ratio", proc_rate / raw_rate, "ratio", goal=">= 0.333")
+        emit("goal_10k_observations_per_s_met", float(proc_rate >= 10_000), "bool")
+        if not args.no_worker:
+            bench_worker(bootstrap, f"{prefix}w.", messages, n_obs, len(pipeline.windows))
+    finally:
+        cleanup(bootstrap, prefix)
+
+
+def cleanup(bootstrap: str, prefix: str) -> None:
+    names = [n for n in describe_topics(bootstrap) if n.startswith(prefix)]
+    delete_topics(bootstrap, names)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+"""The faust-streaming worker: thin agents around the pure stages.
+
+Topology (``N`` = partitions of the capture topics, 4 in the catalogue)::
+
+    transcripts ─┐                                    ┌─▶ quarantine
+    observations ├─▶ capture agent (validate+assemble)┤
+    ticks (N) ───┘     table ``capture-state`` (N)    └─▶ threads (1 partition)
+                                                              │
+                       dedup agent (split + dedup) ◀──────────┘
+                         table ``dedup-state`` (1)  ──▶ decisions (N, to the thread's partition)
+                                                              │
+                       window agent ◀─────────────────────────┘
+                         reads/retires ``capture-state`` ──▶ flywheel.windows.<split>.v1
+
+Tables are faust tables (memory store) backed by compacted changelog topics
+``<app id>-<table>-changelog``, restored on start. Decisions go to the partition the
+thread was read from, so the window agent finds the thread in its own table partition.
+
+Delivery guarantee (at-least-once, deterministic output)
+--------------------------------------------------------
+Offsets are committed only after the producer is flushed, so every output of a
+committed record is durable. After a crash, records after the last commit are read
+again. Each state entry remembers the offsets it applied (and the verdicts it gave), so
+a redelivered record changes nothing and gets its original verdict; a thread that had
+finished repeats its last emit. Window ids and content digests depend only on the
+thread's content and the configuration, so a repeated window is byte-identical and
+downstream readers drop it by ``window_id``. A window is marked done only after its
+windows were acknowledged by the broker, so no window is lost. Quarantine records carry
+ids derived from their source coordinates and may also repeat. What is *not*
+guaranteed: dedup decisions follow the order threads complete; a train thread that
+completes after a near-identical evaluation thread keeps both and is counted as
+``late_eval_conflict``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import faust
+from faust.serializers import codecs
+
+from flywheel.errors import ConfigError
+from flywheel.settings import flywheel_home
+from schemas import codec
+from streams.processors.capture import QUARANTINE, CaptureStage, Emit
+from streams.processors.common import StageCounters
+from streams.processors.dedup import DedupStage
+from streams.processors.identities import IdentityBook
+from streams.processors.pipeline import ProcessorConfig
+from streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
+from streams.processors.window import WindowStage, window_key
+
+log = logging.getLogger(__name__)
+PICKLE_CODEC = "flywheel-pickle"
+CAPTURE_TABLE = "capture-state"
+DEDUP_TABLE = "dedup-state"
+
+
+class _PickleCodec(codecs.Codec):
+    """Table values are plain Python structures written by this package only."""
+
+    def _dumps(self, obj: Any) -> bytes:
+        return pickle.dumps(obj, protocol=5)
+
+    def _loads(self, s: bytes) -> Any:
+        return pickle.loads(s)
+
+
+codecs.register(PICKLE_CODEC, _PickleCodec())
+
+
+class PickledState:
+    """Value type of the processor tables: faust picks the serializer from
+    ``_options.serializer`` and hands decoded values to ``from_data`` unchanged."""
+
+    class _options:
+        serializer = PICKLE_CODEC
+
+    @classmethod
+    def from_data(cls, data: Any, preferred_type: Any = None) -> Any:
+        return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """One streams worker.
+
+    Fields:
+        bootstrap: Kafka bootstrap servers.
+        prefix: prepended to every topic name and to the app id (tests use uuid prefixes).
+        app_id: faust app id: the consumer group and the changelog topic prefix. Workers
+            with the same app id (and prefix) share the work.
+        processors: every stage's configuration.
+        tick_interval_s: how often idle threads are looked for.
+        commit_interval_s: how often offsets are committed.
+        session_timeout_s: Kafka group session timeout (a killed worker's partitions
+            move after this long).
+        stats_interval_s: how often per-stage counters are logged.
+        idle_exit_s: stop the worker after this many seconds without input (demo, tests);
+            None runs until stopped.
+        data_dir: faust's data directory (default ``$FLYWHEEL_HOME/streams/<app id>``).
+    """
+
+    bootstrap: str
+    prefix: str = ""
+    app_id: str = DEFAULT_APP_ID
+    processors: ProcessorConfig = field(default_factory=ProcessorConfig)
+    tick_interval_s: float = 5.0
+    commit_interval_s: float = 2.5
+    session_timeout_s: float = 10.0
+    stats_interval_s: float = 30.0
+    idle_exit_s: float | None = None
+    data_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap:
+            raise ConfigError("WorkerConfig.bootstrap must name at least one broker")
+        for name in (
+            "tick_interval_s",
+            "commit_interval_s",
+            "session_timeout_s",
+            "stats_interval_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"WorkerConfig.{name} must be > 0")
+        if self.idle_exit_s is not None and self.idle_exit_s <= 0:
+            raise ConfigError("WorkerConfig.idle_exit_s must be > 0 or None")
+        if not self.app_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise ConfigError("WorkerConfig.app_id may hold letters, digits, '-', '_' and '.'")
+
+    @property
+    def full_app_id(self) -> str:
+        return f"{self.prefix}{self.app_id}"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class StreamsWorker:
+    """Builds the faust app for one worker process; :meth:`run` blocks until stopped."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.topics = StreamTopics.from_prefix(config.prefix, config.app_id)
+        self.partitions = ensure_topics(
+            config.bootstrap,
+            self.topics,
+            app_id=config.full_app_id,
+            tables={CAPTURE_TABLE: None, DEDUP_TABLE: 1},
+        )
+        self.counters = StageCounters()
+        self.identities = IdentityBook(bootstrap=config.bootstrap, topic=self.topics.identities)
+        self.identities.load()
+        self._last_input = time.monotonic()
+        self.app = self._make_app()
+        self._declare()
+
+    def _make_app(self) -> faust.App:
+        c = self.config
+        data_dir = c.data_dir or flywheel_home() / "streams"
+        (data_dir / c.full_app_id).mkdir(parents=True, exist_ok=True)
+        return faust.App(
+            c.full_app_id,
+            broker=[f"kafka://{b}" for b in c.bootstrap.split(",")],
+            store="memory://",
+            datadir=str(data_dir / c.full_app_id),
+            processing_guarantee="at_least_once",
+            topic_partitions=self.partitions,
+            topic_replication_factor=1,
+            table_standby_replicas=0,
+            web_enabled=False,
+            consumer_auto_offset_reset="earliest",
+            broker_commit_interval=c.commit_interval_s,
+            broker_session_timeout=c.session_timeout_s,
+            broker_heartbeat_interval=min(3.0, c.session_timeout_s / 3),
+            stream_recovery_delay=0.5,
+            producer_acks=-1,
+            # batch changelog and output records: one observation writes two records
+            producer_linger=0.01,
+            producer_max_batch_size=524_288,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+
+    def _table(self, name: str, partitions: int) -> Any:
+        return self.app.Table(name, partitions=partitions, key_type=str, value_type=PickledState)
+
+    def _declare(self) -> None:
+        t, p = self.topics, self.config.processors
+        capture_table = self._table(CAPTURE_TABLE, self.partitions)
+        dedup_table = self._table(DEDUP_TABLE, 1)
+        self.capture = CaptureStage(
+            topics=t.capture_kinds(),
+            store=capture_table,
+            identities=self.identities.identities,
+            validate_config=p.validate,
+            assemble_config=p.assemble,
+            dedup_config=p.dedup,
+            resolve_identity=self.identities.resolve,
+            counters=self.counters,
+        )
+        self.dedup = DedupStage(
+            split_config=p.split, dedup_config=p.dedup, store=dedup_table, counters=self.counters
+        )
+        self.window = WindowStage(config=p.window, store=capture_table, counters=self.counters)
+        self._declare_agents()
+
+    def _declare_agents(self) -> None:
+        app, t = self.app, self.topics
+        raw: dict[str, Any] = {
+            "key_serializer": "raw",
+            "value_serializer": "raw",
+            "allow_empty": True,
+        }
+        self.capture_topic = app.topic(t.transcripts, t.observations, t.ticks, **raw)
+        self.identity_topic = app.topic(t.identities, **raw)
+        self.threads_topic = app.topic(t.threads, partitions=1, **raw)
+        self.decisions_topic = app.topic(t.decisions, partitions=self.partitions, **raw)
+        self.ticks_topic = app.topic(t.ticks, partitions=self.partitions, **raw)
+        self.quarantine_topic = app.topic(t.quarantine, **raw)
+        self.window_topics = {s: app.topic(name, **raw) for s, name in t.windows.items()}
+        app.agent(self.capture_topic, name="capture")(self._capture_agent)
+        app.agent(self.identity_topic, name="identities")(self._identity_agent)
+        app.agent(self.threads_topic, name="dedup")(self._dedup_agent)
+        app.agent(self.decisions_topic, name="window")(self._window_agent)
+        app.timer(self.config.tick_interval_s)(self._send_ticks)
+        app.timer(self.config.stats_interval_s)(self._log_stats)
+        if self.config.idle_exit_s is not None:
+            app.timer(1.0)(self._exit_when_idle)
+        app.on_rebalance_complete.connect(self._on_rebalance)
+        # Table writes go through faust's send-soon buffer, which stalls (and warns) at
+        # 100 queued messages; one observation queues two, so allow a deeper buffer.
+        app.producer.buffer.max_messages = 20_000
+
+    # -- agents -----------------------------------------------------------------------
+
+    async def _capture_agent(self, stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            if msg.topic == self.topics.ticks:
+                emits = self.capture.tick(msg.partition, _now_ms())
+            else:
+                self._last_input = time.monotonic()
+                emits = self.capture.process_safely(
+                    topic=msg.topic,
+                    partition=msg.partition,
+                    offset=msg.offset,
+                    key=msg.key,
+                    value=msg.value,
+                    headers=_headers(msg.headers),
+                    now_ms=_now_ms(),
+                )
+            for emit in emits:
+                await self._send_emit(emit)
+
+    async def _identity_agent(self, stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            for emit in self.capture.process_safely(
+                topic=msg.topic,
+                partition=msg.partition,
+                offset=msg.offset,
+                key=msg.key,
+                value=msg.value,
+                headers=_headers(msg.headers),
+            ):
+                await self._send_emit(emit)
+
+    async def _dedup_agent(self, stream: Any) -> None:
+        async for event in stream.events():
+            summary = json.loads(event.message.value)
+            decision = self.dedup.process(summary)
+            await self.decisions_topic.send(
+                key=event.message.key,
+                value=json.dumps(decision).encode(),
+                partition=decision["partition"],
+            )
+
+    async def _window_agent(self, stream: Any) -> None:
+        entry = codec.default_registry().get("Window")
+        headers = codec.kafka_headers(entry)
+        async for event in stream.events():
+            decision = json.loads(event.message.value)
+            pending = []
+            for window in self.window.windows_for(decision):
+                value = codec.encode_entry(entry, window, validate=False)
+                extra = [
+                    ("window_id", window["window_id"].encode()),
+                    ("content_digest", window["content_digest"].encode()),
+                ]
+                pending.append(
+                    await self.window_topics[window["split"]].send(
+                        key=window_key(window).encode(), value=value, headers=headers + extra
+                    )
+                )
+            for fut in pending:
+                await fut
+            self.window.finish(decision)
+
+    async def _send_emit(self, emit: Emit) -> None:
+        if emit.kind == QUARANTINE:
+            entry = codec.default_registry().get("QuarantineRecord")
+            headers = [*codec.kafka_headers(entry), ("reason", emit.value["reason"].encode())]
+            await self.quarantine_topic.send(
+                key=emit.key.encode(),
+                value=codec.encode_entry(entry, emit.value, validate=False),
+                headers=headers,
+            )
+        else:
+            await self.threads_topic.send(
+                key=emit.key.encode(), value=json.dumps(emit.value).encode(), partition=0
+            )
+
+    # -- timers and signals -------------------------------------------------------------
+
+    async def _send_ticks(self) -> None:
+        for tp in self.app.consumer.assignment():
+            if tp.topic == self.topics.transcripts:
+                await self.ticks_topic.send(key=b"tick", value=b"", partition=tp.partition)
+
+    async def _log_stats(self) -> None:
+        log.info("streams counters %s", json.dumps(self.counters.as_dict()))
+
+    async def _exit_when_idle(self) -> None:
+        idle = self.config.idle_exit_s
+        if idle is not None and time.monotonic() - self._last_input > idle:
+            log.info("no input for %.0f s; stopping (counters %s)", idle, self.counters.as_dict())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
+        self.dedup.reset()
+        self._last_input = time.monotonic()
+
+    def run(self) -> None:
+        """Run until SIGINT/SIGTERM (or ``idle_exit_s`` without input)."""
+        worker = faust.Worker(
+            self.app,
+            loglevel=logging.getLogger().level or logging.WARNING,
+            quiet=True,
+            redirect_stdouts=False,
+        )
+        worker.execute_from_commandline()
+
+
+def _headers(headers: Any) -> list[tuple[str, Any]]:
+    if not headers:
+        return []
+    if isinstance(headers, Mapping):
+        return list(headers.items())
+    return [(str(k), v) for k, v in headers]

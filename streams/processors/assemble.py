@@ -1,0 +1,339 @@
+"""Assemble stage: each thread generation's canonical token history, from interleaved records.
+
+State is kept in one mapping under keys from :mod:`streams.processors.common`:
+
+* ``h|<iid>``: the thread generation's *header* (small, rewritten on every record):
+  status, identity, the highest offset applied per capture topic (the redelivery
+  watermark), received turn indices, token ranges, generated ranges, observed
+  ordinals, last ordinal per sequence, the end marker, tags and the thread start time;
+* ``t|<iid>|<turn>``: one TranscriptTurn's tokens, segments and lineage;
+* ``o|<iid>|<ordinal>``: one decoded token's captured routes, packed.
+
+A generation is *complete* once its end marker arrived, its turns cover
+``0..end-turn`` and its token ranges cover ``[0, end)`` contiguously, and (with
+``require_routes``) every generated token has its observation. After
+``idle_timeout_ms`` without records a contiguous generation completes with what it
+has, and one with a gap is refused (``incomplete_thread``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flywheel.errors import ConfigError
+from streams.processors.common import (
+    Ranges,
+    header_key,
+    iter_ranges,
+    obs_key,
+    ranges_add,
+    ranges_contains,
+    ranges_count,
+    ranges_covers,
+    ranges_overlap,
+    turn_key,
+)
+from streams.processors.dedup import DedupConfig, content_digest, signature
+from streams.processors.validate import PackedRoutes, Rejection, reject
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssembleConfig:
+    """When a thread generation counts as complete.
+
+    Fields:
+        idle_timeout_ms: processing-time milliseconds without a record after which an
+            open generation is completed (or refused if it has gaps).
+        require_routes: wait (up to the idle timeout) for an observation of every
+            generated token before completing on the end marker.
+        max_remembered_failures: refused offsets remembered per generation so a
+            redelivered record gets its original verdict again.
+    """
+
+    idle_timeout_ms: int = 300_000
+    require_routes: bool = True
+    max_remembered_failures: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("idle_timeout_ms", "max_remembered_failures"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"AssembleConfig.{name} must be a positive integer, got {value!r}"
+                )
+
+
+def new_header(record: Mapping[str, Any], partition: int) -> dict[str, Any]:
+    return {
+        "owner": record["owner"],
+        "thread": record["thread"],
+        "generation": record["generation"],
+        "identity_id": record["identity_id"],
+        "partition": partition,
+        "status": "open",
+        "wm": {},
+        "failed": [],
+        "turns": [],
+        "tokens": [],
+        "gen": [],
+        "obs": [],
+        "seq": {},
+        "close": None,
+        "end": None,
+        "start_ms": None,
+        "tags": [],
+        "tool_turns": 0,
+        "tool_call_segments": 0,
+        "last_ms": 0,
+        "outbox": [],
+    }
+
+
+def redelivered_verdict(
+    header: Mapping[str, Any], kind: str, offset: int
+) -> tuple[bool, Rejection | None]:
+    """``(redelivered, original verdict)``: a record at or below the generation's watermark
+    for its topic was handled before; its Rejection is remembered, None means applied."""
+    if offset > header["wm"].get(kind, -1):
+        return False, None
+    for f_kind, f_offset, reason, detail in header["failed"]:
+        if f_kind == kind and f_offset == offset:
+            return True, Rejection(reason, detail)
+    return True, None
+
+
+def mark_handled(
+    header: dict[str, Any],
+    kind: str,
+    offset: int,
+    verdict: Rejection | None,
+    config: AssembleConfig,
+) -> None:
+    header["wm"] = {**header["wm"], kind: max(offset, header["wm"].get(kind, -1))}
+    if verdict is not None:
+        entry = [kind, offset, verdict.reason, verdict.detail]
+        header["failed"] = [*header["failed"], entry][-config.max_remembered_failures :]
+
+
+def _check_common(header: Mapping[str, Any], record: Mapping[str, Any]) -> Rejection | None:
+    if record["identity_id"] != header["identity_id"]:
+        return reject(
+            "identity_mismatch",
+            f"record identity {record['identity_id']} differs from identity "
+            f"{header['identity_id']} of its thread generation; a generation has one runtime "
+            "identity",
+        )
+    if header["status"] != "open":
+        return reject(
+            "thread_closed",
+            f"thread generation already {header['status']}; records after completion are refused",
+        )
+    return None
+
+
+def apply_turn(
+    store: MutableMapping[str, Any], header: dict[str, Any], iid: str, record: Mapping[str, Any]
+) -> Rejection | None:
+    """Check a TranscriptTurn against its generation's history and store it."""
+    problem = _check_common(header, record) or _check_turn_position(header, record)
+    if problem is not None:
+        return problem
+    index, offset, n = record["turn_index"], record["token_offset"], len(record["token_ids"])
+    segments = [(s["kind"], s["start"], s["end"], s["generated"]) for s in record["segments"]]
+    store[turn_key(iid, index)] = {
+        "turn_index": index,
+        "role": record["role"],
+        "token_offset": offset,
+        "token_ids": list(record["token_ids"]),
+        "segments": segments,
+        "sequence_id": record["sequence_id"],
+        "sampling_mode": record["sampling"]["mode"],
+    }
+    header["turns"] = ranges_add(header["turns"], index, index + 1)
+    header["tokens"] = ranges_add(header["tokens"], offset, offset + n)
+    for kind, start, end, generated in segments:
+        if generated:
+            header["gen"] = ranges_add(header["gen"], offset + start, offset + end)
+        header["tool_call_segments"] += kind == "tool_call"
+    header["tool_turns"] += record["role"] == "tool"
+    if record["closes_thread"]:
+        header["close"], header["end"] = index, offset + n
+    start_ms = record["wall_time_ms"]
+    header["start_ms"] = (
+        start_ms if header["start_ms"] is None else min(header["start_ms"], start_ms)
+    )
+    header["tags"] = sorted(set(header["tags"]) | set(record["domain_tags"]))
+    return None
+
+
+def _check_turn_position(header: Mapping[str, Any], record: Mapping[str, Any]) -> Rejection | None:
+    index, offset, n = record["turn_index"], record["token_offset"], len(record["token_ids"])
+    if ranges_contains(header["turns"], index):
+        return reject("duplicate_ordinal", f"turn {index} was already recorded for this generation")
+    if header["close"] is not None and index > header["close"]:
+        return reject(
+            "thread_closed",
+            f"turn {index} comes after the end marker at turn {header['close']}; a thread "
+            "continues in a new generation or a new thread",
+        )
+    last_turn = header["turns"][-1][1] - 1 if header["turns"] else -1
+    if record["closes_thread"] and last_turn > index:
+        return reject("thread_closed", f"end marker at turn {index} but turn {last_turn} exists")
+    if n and ranges_overlap(header["tokens"], offset, offset + n):
+        return reject(
+            "duplicate_ordinal",
+            f"turn {index} covers ordinals [{offset},{offset + n}) that another turn already "
+            "covers",
+        )
+    return None
+
+
+def apply_observation(
+    store: MutableMapping[str, Any],
+    header: dict[str, Any],
+    iid: str,
+    record: Mapping[str, Any],
+    routes: PackedRoutes,
+) -> Rejection | None:
+    """Check a RouteObservation's ordinal against its sequence and store its routes."""
+    problem = _check_common(header, record)
+    if problem is not None:
+        return problem
+    ordinal, seq = record["token_ordinal"], record["sequence_id"]
+    last = header["seq"].get(seq)
+    if ranges_contains(header["obs"], ordinal):
+        return reject("duplicate_ordinal", f"token ordinal {ordinal} already has a route")
+    if last is not None and ordinal < last:
+        return reject(
+            "ordinal_not_increasing",
+            f"token ordinal {ordinal} follows {last} in sequence {seq}; decode ordinals only grow",
+        )
+    if ranges_contains(header["tokens"], ordinal) and not ranges_contains(header["gen"], ordinal):
+        return reject("token_mismatch", f"ordinal {ordinal} is not an assistant-generated token")
+    store[obs_key(iid, ordinal)] = {
+        "token_id": record["token_id"],
+        "turn_index": record["turn_index"],
+        "ids": routes.expert_ids,
+        "weights": routes.weights,
+        "stages": routes.stages,
+    }
+    header["obs"] = ranges_add(header["obs"], ordinal, ordinal + 1)
+    header["seq"] = {**header["seq"], seq: ordinal}
+    return None
+
+
+def completion(header: Mapping[str, Any], config: AssembleConfig, *, idle: bool) -> str:
+    """``wait``, ``complete`` or ``incomplete`` (a gap that will not be filled)."""
+    turns, tokens = header["turns"], header["tokens"]
+    contiguous = len(turns) == 1 and turns[0][0] == 0 and len(tokens) == 1 and tokens[0][0] == 0
+    if header["close"] is not None and contiguous:
+        closed = turns[0][1] == header["close"] + 1 and tokens[0][1] == header["end"]
+        routed = not config.require_routes or ranges_covers(header["obs"], header["gen"])
+        if closed and (routed or idle):
+            return "complete"
+    if not idle:
+        return "wait"
+    return "complete" if contiguous else "incomplete"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssembledThread:
+    """A completed generation, read back from the store for windowing."""
+
+    owner: str
+    thread: str
+    generation: int
+    identity_id: str
+    tokens: np.ndarray
+    turns: tuple[dict[str, Any], ...]
+    generated: np.ndarray
+    routes: Mapping[int, Mapping[str, Any]]
+    tags: tuple[str, ...]
+
+
+def load_thread(store: Mapping[str, Any], iid: str, header: Mapping[str, Any]) -> AssembledThread:
+    turns = tuple(store[turn_key(iid, i)] for i in iter_ranges(header["turns"]))
+    tokens = np.fromiter(
+        (t for turn in turns for t in turn["token_ids"]),
+        dtype=np.int64,
+        count=sum(len(turn["token_ids"]) for turn in turns),
+    )
+    generated = np.fromiter(
+        iter_ranges(header["gen"]), dtype=np.int64, count=ranges_count(header["gen"])
+    )
+    routes = {o: store[obs_key(iid, o)] for o in iter_ranges(header["obs"])}
+    return AssembledThread(
+        owner=header["owner"],
+        thread=header["thread"],
+        generation=header["generation"],
+        identity_id=header["identity_id"],
+        tokens=tokens,
+        turns=turns,
+        generated=generated,
+        routes=routes,
+        tags=tuple(header["tags"]),
+    )
+
+
+def route_consistency(thread: AssembledThread, gen: Ranges) -> Rejection | None:
+    """Every captured route must belong to a generated token and name the same token id."""
+    n = len(thread.tokens)
+    for ordinal, route in thread.routes.items():
+        if ordinal >= n or not ranges_contains(gen, ordinal):
+            return reject(
+                "token_mismatch", f"a route exists for ordinal {ordinal}, which was not generated"
+            )
+        if int(thread.tokens[ordinal]) != route["token_id"]:
+            return reject(
+                "token_mismatch",
+                f"route at ordinal {ordinal} is for token {route['token_id']} but the transcript "
+                f"has {int(thread.tokens[ordinal])}; capture and transcript disagree",
+            )
+    return None
+
+
+def summarize(
+    iid: str, header: Mapping[str, Any], thread: AssembledThread, dedup: DedupConfig
+) -> dict[str, Any]:
+    """What the split and dedup stage needs to know about a completed generation."""
+    return {
+        "iid": iid,
+        "owner": header["owner"],
+        "thread": header["thread"],
+        "generation": header["generation"],
+        "identity_id": header["identity_id"],
+        "partition": header["partition"],
+        "start_ms": header["start_ms"],
+        "tags": list(header["tags"]),
+        "tool_turns": header["tool_turns"],
+        "tool_call_segments": header["tool_call_segments"],
+        "token_count": len(thread.tokens),
+        "turn_count": len(thread.turns),
+        "generated_count": ranges_count(header["gen"]),
+        "routes_complete": ranges_covers(header["obs"], header["gen"]),
+        "closed": header["close"] is not None,
+        "digest": content_digest(thread.tokens),
+        "minhash": signature(thread.tokens, dedup),
+    }
+
+
+def content_keys(iid: str, header: Mapping[str, Any]) -> list[str]:
+    """Every turn and observation key a generation holds (deleted once it is done)."""
+    keys = [turn_key(iid, i) for i in iter_ranges(header["turns"])]
+    keys.extend(obs_key(iid, o) for o in iter_ranges(header["obs"]))
+    return keys
+
+
+def drop_content(store: MutableMapping[str, Any], iid: str, header: Mapping[str, Any]) -> None:
+    for key in content_keys(iid, header):
+        if key in store:
+            del store[key]
+
+
+def read_header(store: Mapping[str, Any], iid: str) -> dict[str, Any] | None:
+    value = store.get(header_key(iid))
+    return None if value is None else dict(value)

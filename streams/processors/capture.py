@@ -1,0 +1,334 @@
+"""Capture stage: validate → assemble for one capture record at a time (pure, no I/O).
+
+:class:`CaptureStage` is what the faust capture agent runs for every message of the
+transcripts and observations topics (and for idle ticks). It returns *emits*: quarantine
+records for refused input, and one thread summary when a generation completes. The
+caller sends them; nothing here talks to Kafka.
+
+Redelivery (at-least-once) is absorbed here: every state entry knows the offsets it has
+applied, so a record seen again gets its original verdict and changes nothing; when the
+generation already finished, its last emits (the *outbox*) are returned again so that a
+send lost in a crash is repeated with identical content.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Any, NamedTuple
+
+from streams.processors import assemble as asm
+from streams.processors.common import (
+    StageCounters,
+    counter_key,
+    header_key,
+    instance_id,
+    thread_key,
+)
+from streams.processors.dedup import DedupConfig
+from streams.processors.validate import (
+    PackedRoutes,
+    Rejection,
+    SourceRef,
+    ValidateConfig,
+    check_counter,
+    check_identity_record,
+    check_identity_ref,
+    check_message_key,
+    check_observation,
+    check_turn,
+    decode_capture,
+    quarantine_record,
+)
+from streams.validation import RouteGeometry
+
+log = logging.getLogger(__name__)
+QUARANTINE = "quarantine"
+SUMMARY = "summary"
+
+
+class Emit(NamedTuple):
+    """Something to send: ``kind`` (quarantine | summary), Kafka key, record dict."""
+
+    kind: str
+    key: str
+    value: dict[str, Any]
+
+
+class CaptureStage:
+    """Validate and assemble capture records into completed thread generations."""
+
+    def __init__(
+        self,
+        *,
+        topics: Mapping[str, str],
+        store: MutableMapping[str, Any],
+        identities: MutableMapping[str, RouteGeometry | None],
+        validate_config: ValidateConfig | None = None,
+        assemble_config: asm.AssembleConfig | None = None,
+        dedup_config: DedupConfig | None = None,
+        resolve_identity: Callable[[str], None] | None = None,
+        counters: StageCounters | None = None,
+    ) -> None:
+        self.kinds = {name: kind for kind, name in topics.items()}
+        self.topics = dict(topics)
+        self.store = store
+        self.identities = identities
+        self.vconf = validate_config or ValidateConfig()
+        self.aconf = assemble_config or asm.AssembleConfig()
+        self.dconf = dedup_config or DedupConfig()
+        self.resolve_identity = resolve_identity
+        self.counters = counters or StageCounters()
+
+    # -- entry points -------------------------------------------------------------
+
+    def process_safely(self, **message: Any) -> list[Emit]:
+        """:meth:`process`, but an unexpected exception quarantines the record
+        (``processing_error``) instead of stopping the worker."""
+        try:
+            return self.process(**message)
+        except Exception as exc:
+            log.exception(
+                "processing %s:%s:%s failed",
+                message.get("topic"),
+                message.get("partition"),
+                message.get("offset"),
+            )
+            source = SourceRef(message["topic"], message["partition"], message["offset"])
+            problem = Rejection("processing_error", f"{type(exc).__name__}: {exc}")
+            return [
+                self._quarantine(
+                    source,
+                    problem,
+                    message.get("value"),
+                    message.get("key"),
+                    message.get("headers"),
+                )
+            ]
+
+    def process(
+        self,
+        *,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, Any]] | None = None,
+        now_ms: int = 0,
+    ) -> list[Emit]:
+        """Handle one capture message; returns what to send."""
+        kind = self.kinds[topic]
+        source = SourceRef(topic, partition, offset)
+        self.counters.inc("validate", f"read_{kind}")
+        decoded = decode_capture(value, headers, kind=kind, config=self.vconf)
+        if isinstance(decoded, Rejection):
+            return [self._quarantine(source, decoded, value, key, headers)]
+        schema, record = decoded
+        if kind == "identities":
+            return self._identity(source, record, key, value, headers, schema)
+        problem, routes = self._check_record(kind, record, key)
+        if problem is None and kind == "observations" and _rejected_speculation(record):
+            self.counters.inc("assemble", "speculative_rejected_skipped")
+            return []
+        if problem is None:
+            problem = self._check_counter(source, record)
+        if problem is not None:
+            return [self._quarantine(source, problem, value, key, headers, record, schema)]
+        self.counters.inc("validate", "passed")
+        return self._assemble(source, kind, record, routes, now_ms, (value, key, headers, schema))
+
+    def tick(self, partition: int, now_ms: int) -> list[Emit]:
+        """Complete (or refuse) the open generations of ``partition`` that went idle, and
+        repeat the summary of any that waited longer than the idle timeout for a decision
+        (its first summary may have been lost in a crash)."""
+        idle_before = now_ms - self.aconf.idle_timeout_ms
+        stale = [
+            (key, dict(h))
+            for key, h in list(self.store.items())
+            if key.startswith("h\x1f")
+            and h["partition"] == partition
+            and h["status"] in ("open", "ready")
+            and h["last_ms"] <= idle_before
+        ]
+        emits: list[Emit] = []
+        for key, header in sorted(stale, key=lambda kv: kv[0]):
+            if header["status"] == "ready":
+                self.counters.inc("assemble", "summaries_repeated")
+                emits.extend(Emit(*e) for e in header["outbox"])
+            else:
+                self.counters.inc("assemble", "idle_timeouts")
+                emits.extend(self._finish(key[2:], header, idle=True))
+            header["last_ms"] = now_ms
+            self.store[key] = header
+        return emits
+
+    # -- validation ---------------------------------------------------------------
+
+    def _check_record(
+        self, kind: str, record: Mapping[str, Any], key: bytes | None
+    ) -> tuple[Rejection | None, PackedRoutes | None]:
+        identity = self._identity_of(record)
+        if isinstance(identity, Rejection):
+            return identity, None
+        if kind == "transcripts":
+            problem, routes = check_turn(record, identity), None
+        else:
+            checked = check_observation(record, identity)
+            problem, routes = (checked, None) if isinstance(checked, Rejection) else (None, checked)
+        if problem is None:
+            problem = check_message_key(record, key)
+        return problem, routes
+
+    def _identity_of(self, record: Mapping[str, Any]) -> RouteGeometry | Rejection:
+        identity_id = record.get("identity_id")
+        if (
+            isinstance(identity_id, str)
+            and identity_id not in self.identities
+            and self.resolve_identity is not None
+        ):
+            self.resolve_identity(identity_id)
+        return check_identity_ref(record, self.identities)
+
+    def _check_counter(self, source: SourceRef, record: Mapping[str, Any]) -> Rejection | None:
+        ckey = counter_key(record["producer_id"], source.topic, source.partition)
+        verdict, new_state = check_counter(
+            self.store.get(ckey), counter=record["counter"], offset=source.offset, config=self.vconf
+        )
+        if new_state is not None:
+            self.store[ckey] = new_state
+        return verdict
+
+    def _identity(
+        self,
+        source: SourceRef,
+        record: dict[str, Any],
+        key: bytes | None,
+        value: bytes | None,
+        headers: Any,
+        schema: str,
+    ) -> list[Emit]:
+        checked = check_identity_record(record, key)
+        if isinstance(checked, Rejection):
+            self.identities.setdefault(str(record.get("identity_id")), None)
+            return [self._quarantine(source, checked, value, key, headers, None, schema)]
+        self.identities[record["identity_id"]] = checked
+        self.counters.inc("validate", "identities")
+        return []
+
+    # -- assembly -----------------------------------------------------------------
+
+    def _assemble(
+        self,
+        source: SourceRef,
+        kind: str,
+        record: dict[str, Any],
+        routes: Any,
+        now_ms: int,
+        raw: tuple[Any, ...],
+    ) -> list[Emit]:
+        iid = instance_id(record["owner"], record["thread"], record["generation"])
+        hkey = header_key(iid)
+        stored = self.store.get(hkey)
+        header = asm.new_header(record, source.partition) if stored is None else dict(stored)
+        redelivered, verdict = asm.redelivered_verdict(header, kind, source.offset)
+        if redelivered:
+            self.counters.inc("assemble", "redelivered")
+            if verdict is not None:
+                return [self._quarantine(source, verdict, raw[0], raw[1], raw[2], record, raw[3])]
+            # the record that completed the generation repeats its emits (lost in a crash?)
+            completing = header.get("completed_by") == [kind, source.offset]
+            return [Emit(*e) for e in header["outbox"]] if completing else []
+        if kind == "transcripts":
+            verdict = asm.apply_turn(self.store, header, iid, record)
+        else:
+            verdict = asm.apply_observation(self.store, header, iid, record, routes)
+        asm.mark_handled(header, kind, source.offset, verdict, self.aconf)
+        header["last_ms"] = now_ms
+        emits: list[Emit] = []
+        if verdict is not None:
+            emits.append(self._quarantine(source, verdict, raw[0], raw[1], raw[2], record, raw[3]))
+        else:
+            self.counters.inc("assemble", f"applied_{kind}")
+            if asm.completion(header, self.aconf, idle=False) == "complete":
+                emits.extend(self._finish(iid, header, idle=False))
+                header["completed_by"] = [kind, source.offset]
+        self.store[hkey] = header
+        return emits
+
+    def _finish(self, iid: str, header: dict[str, Any], *, idle: bool) -> list[Emit]:
+        state = asm.completion(header, self.aconf, idle=idle)
+        if state == "wait":
+            return []
+        problem: Rejection | None = None
+        if state == "incomplete":
+            problem = Rejection(
+                "incomplete_thread",
+                f"idle for {self.aconf.idle_timeout_ms} ms with turns {header['turns']} and token "
+                f"ranges {header['tokens']}; a turn is missing, so no window is cut",
+            )
+        thread = None
+        if problem is None:
+            thread = asm.load_thread(self.store, iid, header)
+            problem = asm.route_consistency(thread, header["gen"])
+        if problem is not None or thread is None:
+            emit = self._thread_quarantine(header, problem)
+            header["status"] = "quarantined"
+            asm.drop_content(self.store, iid, header)
+        else:
+            summary = asm.summarize(iid, header, thread, self.dconf)
+            emit = Emit(SUMMARY, thread_key(header["owner"], header["thread"]), summary)
+            header["status"] = "ready"
+            self.counters.inc("assemble", "completed_idle" if idle else "completed")
+        header["outbox"] = [tuple(emit)]
+        return [emit]
+
+    # -- quarantine -----------------------------------------------------------------
+
+    def _quarantine(
+        self,
+        source: SourceRef,
+        rejection: Rejection,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Any,
+        record: Mapping[str, Any] | None = None,
+        schema: str | None = None,
+    ) -> Emit:
+        self.counters.inc("quarantine", rejection.reason)
+        rec = quarantine_record(
+            source=source,
+            rejection=rejection,
+            value=value,
+            key=key,
+            headers=headers,
+            record=record,
+            schema=schema,
+            config=self.vconf,
+        )
+        qkey = (
+            thread_key(rec["owner"], rec["thread"])
+            if rec["owner"] and rec["thread"]
+            else f"{source.topic}:{source.partition}:{source.offset}"
+        )
+        return Emit(QUARANTINE, qkey, rec)
+
+    def _thread_quarantine(self, header: Mapping[str, Any], problem: Rejection | None) -> Emit:
+        rejection = problem or Rejection("incomplete_thread", "thread could not be assembled")
+        wm = header["wm"].get("transcripts", header["wm"].get("observations", -1))
+        source = SourceRef(self.topics["transcripts"], header["partition"], wm)
+        self.counters.inc("quarantine", rejection.reason)
+        rec = quarantine_record(
+            source=source,
+            rejection=rejection,
+            value=b"",
+            record=header,
+            stage="assemble",
+            config=self.vconf,
+        )
+        return Emit(QUARANTINE, thread_key(header["owner"], header["thread"]), rec)
+
+
+def _rejected_speculation(record: Mapping[str, Any]) -> bool:
+    spec = record.get("speculative")
+    return spec is not None and not spec["accepted"]

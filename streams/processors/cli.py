@@ -1,0 +1,137 @@
+"""``flywheel streams worker`` and ``flywheel streams inspect``.
+
+Mounted by ``flywheel.cli`` as ``flywheel streams …``; also runnable on its own as
+``python -m streams.processors.cli …`` (the integration tests do that).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import typer
+
+from flywheel.settings import bootstrap_servers
+from streams.processors.assemble import AssembleConfig
+from streams.processors.dedup import DedupConfig
+from streams.processors.pipeline import ProcessorConfig
+from streams.processors.split import SplitConfig
+from streams.processors.window import WindowConfig
+
+streams_app = typer.Typer(
+    help="Stream processors: validate → assemble → split → dedup → window.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+_BOOTSTRAP = typer.Option(None, "--bootstrap-servers", help="Kafka bootstrap list.")
+_PREFIX = typer.Option("", "--prefix", help="Prefix of every topic name (tests).")
+_APP_ID = typer.Option(
+    "flywheel-streams",
+    "--app-id",
+    help="Worker group: consumer group, changelog and internal topic prefix.",
+)
+
+
+def processor_config(
+    *,
+    salt: str,
+    validation_fraction: float,
+    temporal_cut_ms: int | None,
+    stress_rate: float,
+    runtime_holdout_fraction: float,
+    near_threshold: float,
+    idle_timeout_s: float,
+    context_length: int,
+    route_context_length: int,
+) -> ProcessorConfig:
+    """The stage configuration from command-line values."""
+    return ProcessorConfig(
+        assemble=AssembleConfig(idle_timeout_ms=int(idle_timeout_s * 1000)),
+        split=SplitConfig(
+            salt=salt,
+            validation_fraction=validation_fraction,
+            temporal_cut_ms=temporal_cut_ms,
+            stress_rate=stress_rate,
+            runtime_holdout_fraction=runtime_holdout_fraction,
+        ),
+        dedup=DedupConfig(threshold=near_threshold),
+        window=WindowConfig(
+            context_length=context_length, route_context_length=route_context_length
+        ),
+    )
+
+
+@streams_app.command("worker")
+def worker_command(
+    bootstrap: str | None = _BOOTSTRAP,
+    prefix: str = _PREFIX,
+    app_id: str = _APP_ID,
+    salt: str = typer.Option("hebrus-flywheel-split-v1", help="Split hash salt."),
+    validation_fraction: float = typer.Option(0.1, help="Share of owners in validation."),
+    temporal_cut_ms: int | None = typer.Option(None, help="Temporal cut (Unix ms)."),
+    stress_rate: float = typer.Option(0.5, help="Share of stress-tagged threads held out."),
+    runtime_holdout_fraction: float = typer.Option(0.05, help="Share of decode captures held out."),
+    near_threshold: float = typer.Option(0.8, help="Near-duplicate Jaccard threshold."),
+    idle_timeout_s: float = typer.Option(300.0, help="Complete a thread after this idle time."),
+    context_length: int = typer.Option(2048, help="Most tokens per window."),
+    route_context_length: int = typer.Option(8192, help="Context of runtime_holdout windows."),
+    tick_interval_s: float = typer.Option(5.0, help="Idle check interval."),
+    stats_interval_s: float = typer.Option(30.0, help="Counter log interval."),
+    idle_exit_s: float | None = typer.Option(None, help="Stop after this long without input."),
+    data_dir: Path | None = typer.Option(None, help="faust data directory."),
+) -> None:
+    """Run one streams worker (start more with the same --app-id to share partitions)."""
+    from streams.processors.app import StreamsWorker, WorkerConfig
+
+    processors = processor_config(
+        salt=salt,
+        validation_fraction=validation_fraction,
+        temporal_cut_ms=temporal_cut_ms,
+        stress_rate=stress_rate,
+        runtime_holdout_fraction=runtime_holdout_fraction,
+        near_threshold=near_threshold,
+        idle_timeout_s=idle_timeout_s,
+        context_length=context_length,
+        route_context_length=route_context_length,
+    )
+    config = WorkerConfig(
+        bootstrap=bootstrap_servers(bootstrap),
+        prefix=prefix,
+        app_id=app_id,
+        processors=processors,
+        tick_interval_s=tick_interval_s,
+        stats_interval_s=stats_interval_s,
+        idle_exit_s=idle_exit_s,
+        data_dir=data_dir,
+    )
+    StreamsWorker(config).run()
+
+
+@streams_app.command("inspect")
+def inspect_command(
+    bootstrap: str | None = _BOOTSTRAP,
+    prefix: str = _PREFIX,
+    app_id: str = _APP_ID,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Per-split thread/window counts, dedup counts and quarantine counts by reason."""
+    from streams.processors.inspect import format_summary, summarize_topics
+
+    summary = summarize_topics(bootstrap_servers(bootstrap), prefix=prefix, app_id=app_id)
+    typer.echo(json.dumps(summary, sort_keys=True) if as_json else format_summary(summary))
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for noisy in ("faust", "aiokafka", "mode"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    streams_app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Small helpers shared by the processor cores: state keys, ordinal ranges, counters, hashes.
+
+State lives in one mutable mapping per stage (a faust table in the worker, a dict in
+tests and the bench). Keys are strings built here so that every stage agrees on them;
+values are plain Python objects (dicts, lists, ints, bytes).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+SEP = "\x1f"
+"""Separator inside state keys (ASCII unit separator: never part of an owner or thread)."""
+
+Ranges = list[list[int]]
+"""Sorted, disjoint, non-adjacent half-open ``[start, end)`` ordinal ranges."""
+
+
+def thread_key(owner: str, thread: str) -> str:
+    """The Kafka message key of every capture and window record: ``owner/thread``."""
+    return f"{owner}/{thread}"
+
+
+def instance_id(owner: str, thread: str, generation: int) -> str:
+    """One generation of one thread: the unit that is assembled, split, deduplicated, windowed."""
+    return f"{owner}{SEP}{thread}{SEP}{generation}"
+
+
+def header_key(iid: str) -> str:
+    return f"h{SEP}{iid}"
+
+
+def turn_key(iid: str, turn_index: int) -> str:
+    return f"t{SEP}{iid}{SEP}{turn_index}"
+
+
+def obs_key(iid: str, ordinal: int) -> str:
+    return f"o{SEP}{iid}{SEP}{ordinal}"
+
+
+def counter_key(producer_id: str, topic: str, partition: int) -> str:
+    return f"c{SEP}{producer_id}{SEP}{topic}{SEP}{partition}"
+
+
+def ranges_add(ranges: Ranges, start: int, end: int) -> Ranges:
+    """A new range list with ``[start, end)`` merged in (adjacent ranges coalesce)."""
+    if end <= start:
+        return [list(r) for r in ranges]
+    out: Ranges = []
+    placed = False
+    for lo, hi in ranges:
+        if hi < start:
+            out.append([lo, hi])
+        elif end < lo:
+            if not placed:
+                out.append([start, end])
+                placed = True
+            out.append([lo, hi])
+        else:
+            start, end = min(lo, start), max(hi, end)
+    if not placed:
+        out.append([start, end])
+    out.sort()
+    return out
+
+
+def ranges_contains(ranges: Ranges, value: int) -> bool:
+    idx = bisect.bisect_right([r[0] for r in ranges], value) - 1
+    return idx >= 0 and ranges[idx][0] <= value < ranges[idx][1]
+
+
+def ranges_overlap(ranges: Ranges, start: int, end: int) -> bool:
+    return any(lo < end and start < hi for lo, hi in ranges)
+
+
+def ranges_covers(outer: Ranges, inner: Ranges) -> bool:
+    """True when every ordinal of ``inner`` is in ``outer``."""
+    return all(any(lo <= s and e <= hi for lo, hi in outer) for s, e in inner)
+
+
+def ranges_count(ranges: Ranges) -> int:
+    return sum(hi - lo for lo, hi in ranges)
+
+
+def iter_ranges(ranges: Ranges) -> Iterable[int]:
+    for lo, hi in ranges:
+        yield from range(lo, hi)
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sha256_hex(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+def unit_interval(salt: str, *parts: str) -> float:
+    """A deterministic number in ``[0, 1)`` from a salted SHA-256 of ``parts``."""
+    digest = hashlib.sha256(SEP.join((salt, *parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+class StageCounters:
+    """Per-stage event counters in the datatrove style: ``stage/name -> count``."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+
+    def inc(self, stage: str, name: str, amount: int = 1) -> None:
+        self._counts[f"{stage}/{name}"] += amount
+
+    def get(self, stage: str, name: str) -> int:
+        return self._counts.get(f"{stage}/{name}", 0)
+
+    def stage(self, stage: str) -> dict[str, int]:
+        prefix = f"{stage}/"
+        return {
+            k[len(prefix) :]: v for k, v in sorted(self._counts.items()) if k.startswith(prefix)
+        }
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(sorted(self._counts.items()))
+
+    def merge(self, other: Mapping[str, int]) -> None:
+        self._counts.update(other)

@@ -1,0 +1,198 @@
+"""Drive real workers from tests, the bench and the demo: subprocesses, producing, reading.
+
+``WorkerProcess`` runs ``python -m streams.processors.cli worker`` with a set of flags;
+:func:`worker_processor_config` turns the same flags into the :class:`ProcessorConfig`
+the worker uses, so an in-process :class:`LocalPipeline` can compute the windows a
+clean run must produce.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from confluent_kafka import Producer
+
+from schemas import codec
+from streams.processors.cli import processor_config
+from streams.processors.exceptions import WorkerError
+from streams.processors.inspect import read_topic
+from streams.processors.pipeline import LocalPipeline, ProcessorConfig
+from streams.processors.synthetic import Message, encode_message
+from streams.processors.topology import StreamTopics
+
+DEFAULT_FLAGS: dict[str, Any] = {
+    "salt": "hebrus-flywheel-split-v1",
+    "validation_fraction": 0.1,
+    "temporal_cut_ms": None,
+    "stress_rate": 0.5,
+    "runtime_holdout_fraction": 0.05,
+    "near_threshold": 0.8,
+    "idle_timeout_s": 300.0,
+    "context_length": 2048,
+    "route_context_length": 8192,
+}
+
+
+def worker_processor_config(flags: Mapping[str, Any]) -> ProcessorConfig:
+    return processor_config(**{**DEFAULT_FLAGS, **flags})
+
+
+class WorkerProcess:
+    """One ``streams worker`` subprocess (log in ``log_path``)."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        prefix: str,
+        app_id: str,
+        log_path: Path,
+        flags: Mapping[str, Any] | None = None,
+        home: Path | None = None,
+        extra: Iterable[str] = (),
+    ) -> None:
+        self.args = [
+            sys.executable,
+            "-m",
+            "streams.processors.cli",
+            "worker",
+            "--bootstrap-servers",
+            bootstrap,
+            "--prefix",
+            prefix,
+            "--app-id",
+            app_id,
+            "--tick-interval-s",
+            "1",
+            "--stats-interval-s",
+            "1",
+            *extra,
+        ]
+        for name, value in {**DEFAULT_FLAGS, **(flags or {})}.items():
+            if value is not None:
+                self.args += [f"--{name.replace('_', '-')}", str(value)]
+        self.log_path = log_path
+        self.env = {
+            **os.environ,
+            "FLYWHEEL_HOME": str(home or log_path.parent / "home"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()/kill()
+        self.proc = subprocess.Popen(
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no final commit (what a crash looks like)."""
+        if self.proc is not None and self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+        self._close_log()
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        """SIGTERM and wait for a clean exit."""
+        if self.proc is not None and self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        self._close_log()
+        return None if self.proc is None else self.proc.returncode
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def producer(bootstrap: str) -> Producer:
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+        }
+    )
+
+
+def produce(
+    prod: Producer,
+    topics: StreamTopics,
+    messages: Iterable[Message],
+    *,
+    pace_s: float = 0.0,
+    every: int = 1,
+) -> int:
+    """Encode and publish capture messages (keyed owner/thread) in order."""
+    names = topics.capture_kinds()
+    count = 0
+    for kind, key, record in messages:
+        value, headers = encode_message(kind, record)
+        prod.produce(names[kind], key=key, value=value, headers=list(headers))
+        count += 1
+        if pace_s and count % every == 0:
+            prod.poll(0)
+            time.sleep(pace_s)
+    prod.flush(30)
+    return count
+
+
+def read_windows(bootstrap: str, topics: StreamTopics) -> list[dict[str, Any]]:
+    """Every window message (repeats included), decoded, across all split topics."""
+    out = []
+    for topic in topics.windows.values():
+        for msg in read_topic(bootstrap, topic):
+            _, record = codec.decode(msg.value() or b"")
+            out.append(record)
+    return out
+
+
+def expected_pipeline(messages: Iterable[Message], config: ProcessorConfig) -> LocalPipeline:
+    """What a clean single run over ``messages`` (in this order) produces."""
+    pipeline = LocalPipeline(config)
+    offsets: dict[str, int] = {}
+    for kind, key, record in messages:
+        value, headers = encode_message(kind, record)
+        offsets[kind] = offsets.get(kind, -1) + 1
+        pipeline.feed(kind, 0, offsets[kind], key, value, headers)
+    return pipeline
+
+
+def window_pairs(windows: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    return {(w["window_id"], w["content_digest"]) for w in windows}
+
+
+def wait_until(
+    predicate: Callable[[], bool],
+    *,
+    timeout_s: float,
+    interval_s: float = 1.0,
+    what: str = "condition",
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    raise WorkerError(f"timed out after {timeout_s:.0f} s waiting for {what}")

@@ -1,0 +1,143 @@
+"""Topic names the stream processors read and write, and their creation.
+
+Capture, quarantine and window topics come from the catalogue (``streams.topics``);
+each worker group (app id) adds three internal topics of its own, named like faust's
+changelog topics (``<prefix><app id>-<name>``):
+
+* ``…-threads-v1`` (1 partition): summaries of completed thread generations, the input
+  of the single split+dedup agent;
+* ``…-decisions-v1`` (N partitions): split and dedup decisions, each sent to the
+  partition its thread was read from; ``flywheel streams inspect`` reads dedup counts
+  from it;
+* ``…-ticks-v1`` (N partitions, 1 hour retention): idle-timeout ticks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streams.processors.exceptions import WorkerError
+from streams.topics import (
+    IDENTITIES_TOPIC,
+    OBSERVATIONS_TOPIC,
+    QUARANTINE_TOPIC,
+    SPLITS,
+    TRANSCRIPTS_TOPIC,
+    TopicSpec,
+    create_topics,
+    describe_topics,
+    spec_for,
+    window_topic,
+)
+
+DEFAULT_APP_ID = "flywheel-streams"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamTopics:
+    """Every topic name one worker uses (all with the same prefix)."""
+
+    prefix: str
+    transcripts: str
+    observations: str
+    identities: str
+    quarantine: str
+    windows: dict[str, str]
+    threads: str
+    decisions: str
+    ticks: str
+
+    @classmethod
+    def from_prefix(cls, prefix: str = "", app_id: str = DEFAULT_APP_ID) -> StreamTopics:
+        app = prefix + app_id
+        return cls(
+            prefix=prefix,
+            transcripts=prefix + TRANSCRIPTS_TOPIC,
+            observations=prefix + OBSERVATIONS_TOPIC,
+            identities=prefix + IDENTITIES_TOPIC,
+            quarantine=prefix + QUARANTINE_TOPIC,
+            windows={s: prefix + window_topic(s) for s in SPLITS},
+            threads=f"{app}-threads-v1",
+            decisions=f"{app}-decisions-v1",
+            ticks=f"{app}-ticks-v1",
+        )
+
+    def capture_kinds(self) -> dict[str, str]:
+        return {
+            "transcripts": self.transcripts,
+            "observations": self.observations,
+            "identities": self.identities,
+        }
+
+    def catalogue_names(self) -> list[str]:
+        return [
+            self.transcripts,
+            self.observations,
+            self.identities,
+            self.quarantine,
+            *self.windows.values(),
+        ]
+
+
+def internal_specs(topics: StreamTopics, partitions: int) -> list[TopicSpec]:
+    return [
+        TopicSpec(
+            name=topics.threads,
+            partitions=1,
+            doc="Completed thread generations awaiting split and dedup.",
+        ),
+        TopicSpec(
+            name=topics.decisions,
+            partitions=partitions,
+            doc="Split and dedup decision of every completed thread generation.",
+        ),
+        TopicSpec(
+            name=topics.ticks,
+            partitions=partitions,
+            retention_ms=3_600_000,
+            doc="Idle-timeout ticks of the streams worker.",
+        ),
+    ]
+
+
+def changelog_specs(app_id: str, tables: dict[str, int]) -> list[TopicSpec]:
+    """faust's changelog topics (``<app id>-<table>-changelog``), compacted, created up front
+    so that every worker sees their partition counts from its first metadata refresh."""
+    return [
+        TopicSpec(
+            name=f"{app_id}-{table}-changelog",
+            partitions=n,
+            cleanup_policy="compact",
+            doc=f"Changelog of the streams table {table}.",
+        )
+        for table, n in tables.items()
+    ]
+
+
+def ensure_topics(
+    bootstrap: str,
+    topics: StreamTopics,
+    *,
+    app_id: str | None = None,
+    tables: dict[str, int | None] | None = None,
+) -> int:
+    """Create the catalogue topics the worker uses, its internal topics and the changelog
+    topics of ``tables`` (``None`` partitions means N); returns N."""
+    specs = [
+        spec_for(name[len(topics.prefix) :]).with_prefix(topics.prefix)
+        for name in topics.catalogue_names()
+    ]
+    create_topics(bootstrap, specs)
+    info = describe_topics(bootstrap, [topics.transcripts, topics.observations])
+    counts = {name: i.partitions for name, i in info.items()}
+    if len(set(counts.values())) != 1 or len(counts) != 2:
+        raise WorkerError(
+            f"capture topics must exist with equal partition counts, found {counts}; "
+            "recreate them from the catalogue (`flywheel topics create`)"
+        )
+    partitions = next(iter(counts.values()))
+    specs = internal_specs(topics, partitions)
+    if app_id is not None and tables:
+        specs += changelog_specs(app_id, {t: n or partitions for t, n in tables.items()})
+    create_topics(bootstrap, specs)
+    return partitions

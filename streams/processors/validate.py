@@ -1,0 +1,345 @@
+"""Validate stage: decode a capture record and refuse it, with a reason code, when it is bad.
+
+Pure functions over plain records. Stateless checks (decoding, required fields,
+geometry, ranges, weights, size) live here together with the per-producer
+monotonic-counter check, whose state is one small dict per
+``(producer_id, topic, partition)``: Kafka only orders records within a partition, so a
+counter can only be said to regress within one. Checks that need a thread's history
+(ordinal regression and duplicates, records after close) live in
+:mod:`streams.processors.assemble` and use the reason codes defined here.
+
+Redelivery: state carries the offset it has seen up to, and the offsets it refused, so
+a record delivered again after a crash gets exactly the verdict it got the first time.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+from array import array
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any, NamedTuple
+
+from flywheel.errors import ConfigError
+from schemas import codec
+from schemas.exceptions import SchemaError
+from schemas.registry import default_registry
+from streams import validation as sv
+from streams.exceptions import PublishValidationError
+from streams.validation import RouteGeometry
+
+PROCESSOR_REASONS: dict[str, str] = {
+    "oversized": "the message is larger than the configured maximum record size",
+    "unexpected_schema": "the record type does not belong on this topic",
+    "identity_mismatch": "a record's identity differs from the identity of its thread generation",
+    "generated_non_assistant": "a segment of a non-assistant turn is marked generated",
+    "thread_closed": "the record arrived after its thread generation was completed, or after "
+    "its end marker",
+    "token_mismatch": "a captured route's token id differs from the transcript at that ordinal, "
+    "or a route exists for a token that was not generated",
+    "incomplete_thread": "the thread went idle with a missing turn, so no window can be cut",
+    "processing_error": "the processor raised on this record (a bug); the record is kept here "
+    "and the worker goes on",
+}
+"""Reason codes only the stream processors produce (stateful or thread-level checks)."""
+
+REASONS: dict[str, str] = {
+    **{code: f"streams.validation.Reason.{code.upper()}" for code in sv.REASONS},
+    **PROCESSOR_REASONS,
+}
+"""Every quarantine reason code: the publisher's codes (``streams.validation.REASONS``,
+shared so a record refused at publish time and at processing time gets the same code)
+plus :data:`PROCESSOR_REASONS`. Codes are stable strings."""
+
+NOT_PRODUCED_AFTER_DECODE: frozenset[str] = frozenset(
+    {"wrong_type", "schema_violation", "schema_resolution_failed"}
+)
+"""Publisher codes a decoded record cannot earn: Avro decoding already enforces field
+types, encoding is not done here, and records are read with their writer schema."""
+
+CAPTURE_KINDS: dict[str, str] = {
+    "transcripts": "hebrus.flywheel.v1.TranscriptTurn",
+    "observations": "hebrus.flywheel.v1.RouteObservation",
+    "identities": "hebrus.flywheel.v1.RuntimeIdentity",
+}
+"""Which record type each capture topic carries."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidateConfig:
+    """Limits of the validate stage.
+
+    Fields:
+        max_record_bytes: messages larger than this are quarantined as ``oversized``
+            without being decoded (default 1 MiB, Kafka's default message size).
+        max_quarantine_value_bytes: at most this many original bytes are copied into a
+            quarantine record; the rest is represented by size and SHA-256.
+        require_schema_headers: refuse messages without the codec's schema headers
+            (otherwise headers are checked only when present).
+        max_remembered_failures: how many refused offsets each counter state keeps so
+            that a redelivered record gets the same verdict again.
+    """
+
+    max_record_bytes: int = 1_048_576
+    max_quarantine_value_bytes: int = 900_000
+    require_schema_headers: bool = False
+    max_remembered_failures: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("max_record_bytes", "max_quarantine_value_bytes", "max_remembered_failures"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"ValidateConfig.{name} must be a positive integer, got {value!r}"
+                )
+
+
+class Rejection(NamedTuple):
+    """Why a record was refused: a code from :data:`REASONS` and a human detail."""
+
+    reason: str
+    detail: str
+
+
+class SourceRef(NamedTuple):
+    """Where a record was read: topic, partition, offset."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class PackedRoutes(NamedTuple):
+    """One observation's routes, packed in layer order: ``[layers, k]`` int16 ids and
+    float32 weights, both little-endian."""
+
+    expert_ids: bytes
+    weights: bytes
+    layers: tuple[int, ...]
+    stages: tuple[int, ...]
+
+
+def reject(reason: str, detail: str) -> Rejection:
+    if reason not in REASONS:
+        raise KeyError(f"unknown quarantine reason {reason!r}; add it to REASONS")
+    return Rejection(reason, detail)
+
+
+def _has_schema_headers(headers: Iterable[tuple[str, Any]] | None) -> bool:
+    return any(k == codec.HEADER_SCHEMA for k, _ in headers or ())
+
+
+def decode_capture(
+    value: bytes | None,
+    headers: Sequence[tuple[str, Any]] | None,
+    *,
+    kind: str,
+    config: ValidateConfig,
+) -> tuple[str, dict[str, Any]] | Rejection:
+    """Decode one capture message of topic ``kind``: ``(schema key, record)`` or a Rejection."""
+    if value is None or len(value) == 0:
+        return reject("undecodable", "the message has no value; the producer sent an empty record")
+    if len(value) > config.max_record_bytes:
+        return reject(
+            "oversized",
+            f"{len(value)} bytes > max_record_bytes={config.max_record_bytes}; split the record "
+            "or raise the limit",
+        )
+    try:
+        if _has_schema_headers(headers) or config.require_schema_headers:
+            key, record = codec.decode_message(value, list(headers or ()))
+        else:
+            key, record = codec.decode(value)
+    except SchemaError as exc:
+        reason = getattr(exc, "reason", "undecodable")
+        return reject(reason if reason in REASONS else "undecodable", str(exc))
+    if key.name != CAPTURE_KINDS[kind]:
+        return reject(
+            "unexpected_schema",
+            f"a {key} record on the {kind} topic; publish {CAPTURE_KINDS[kind]} records only",
+        )
+    absent = [name for name in _required_fields(key.name) if name not in record]
+    if absent:
+        return reject(
+            "missing_field",
+            f"a {key} record lacks field(s) {absent} that version 1 requires; publish them",
+        )
+    return str(key), record
+
+
+@functools.cache
+def _required_fields(full_name: str) -> tuple[str, ...]:
+    entry = default_registry().get(f"{full_name}.v1")
+    return tuple(f["name"] for f in entry.definition["fields"] if "default" not in f)
+
+
+def _run(check: Callable[..., Any], *args: Any) -> Any:
+    """Call a ``streams.validation`` check; its PublishValidationError becomes a Rejection."""
+    try:
+        return check(*args)
+    except PublishValidationError as exc:
+        return Rejection(exc.reason, str(exc))
+
+
+def check_message_key(record: Mapping[str, Any], key: bytes | None) -> Rejection | None:
+    """Capture records are keyed ``owner/thread``; anything else would break partitioning."""
+    want = f"{record['owner']}/{record['thread']}".encode()
+    if key != want:
+        return reject(
+            "invalid_key",
+            f"message key {key!r} is not {want!r}; publish capture records keyed owner/thread",
+        )
+    return None
+
+
+def check_identity_record(
+    record: Mapping[str, Any], key: bytes | None
+) -> RouteGeometry | Rejection:
+    """A RuntimeIdentity must be valid (``streams.validation``) and keyed by its id."""
+    geometry = _run(sv.validate_identity, record)
+    if isinstance(geometry, Rejection):
+        return geometry
+    if key is not None and key != record["identity_id"].encode():
+        return reject("invalid_key", f"identity keyed {key!r}; key it by its identity_id")
+    return geometry
+
+
+def check_identity_ref(
+    record: Mapping[str, Any], identities: Mapping[str, RouteGeometry | None]
+) -> RouteGeometry | Rejection:
+    """The geometry of the identity a record names, or why it cannot be used."""
+    identity_id = record.get("identity_id")
+    geometry = identities.get(identity_id) if isinstance(identity_id, str) else None
+    if geometry is not None:
+        return geometry
+    if isinstance(identity_id, str) and identity_id in identities:
+        return reject(
+            "unknown_identity",
+            f"identity {identity_id} was published but refused (see its quarantine record); "
+            "republish a valid RuntimeIdentity",
+        )
+    return _run(sv.resolve_geometry, record, {})
+
+
+def check_turn(record: Mapping[str, Any], geometry: RouteGeometry) -> Rejection | None:
+    """``streams.validation.validate_turn`` plus: only assistant tokens are generated."""
+    problem = _run(sv.validate_turn, record, geometry)
+    if problem is not None:
+        return problem
+    if record["role"] != "assistant" and any(s["generated"] for s in record["segments"]):
+        return reject(
+            "generated_non_assistant",
+            f"a segment of a {record['role']} turn is marked generated; only assistant output "
+            "is decoded",
+        )
+    return None
+
+
+def check_observation(
+    record: Mapping[str, Any], geometry: RouteGeometry
+) -> PackedRoutes | Rejection:
+    """``streams.validation.validate_observation``, then the routes packed in layer order."""
+    problem = _run(sv.validate_observation, record, geometry)
+    if problem is not None:
+        return problem
+    layers = record["layers"]
+    if any(layer["layer"] != i for i, layer in enumerate(layers)):
+        layers = sorted(layers, key=lambda layer: layer["layer"])
+    return PackedRoutes(
+        expert_ids=_little_endian(array("h", chain.from_iterable(r["expert_ids"] for r in layers))),
+        weights=_little_endian(array("f", chain.from_iterable(r["weights"] for r in layers))),
+        layers=tuple(range(len(layers))),
+        stages=tuple(int(r["stage"]) for r in layers),
+    )
+
+
+def _little_endian(values: array[Any]) -> bytes:
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values.tobytes()
+
+
+def check_counter(
+    state: Mapping[str, Any] | None,
+    *,
+    counter: int,
+    offset: int,
+    config: ValidateConfig,
+) -> tuple[Rejection | None, dict[str, Any] | None]:
+    """Monotonic-counter check for one ``(producer, topic, partition)``.
+
+    Returns ``(verdict, new_state)``; ``new_state`` is None when nothing changed (a
+    redelivered record, which gets its original verdict back).
+    """
+    if state is not None and offset <= state["offset"]:
+        failed = offset in state["failed"]
+        return (_counter_rejection(counter, state["counter"]) if failed else None), None
+    if state is None or counter > state["counter"]:
+        failed_list = [] if state is None else list(state["failed"])
+        return None, {"counter": counter, "offset": offset, "failed": failed_list}
+    failed_list = [*state["failed"], offset][-config.max_remembered_failures :]
+    new_state = {"counter": state["counter"], "offset": offset, "failed": failed_list}
+    return _counter_rejection(counter, state["counter"]), new_state
+
+
+def _counter_rejection(counter: int, last: int) -> Rejection:
+    return reject(
+        "counter_regression",
+        f"counter {counter} is not above {last}, the last counter seen from this producer in "
+        "this partition; the producer restarted without persisting its counter or re-sent a record",
+    )
+
+
+def quarantine_record(
+    *,
+    source: SourceRef,
+    rejection: Rejection,
+    value: bytes | None,
+    key: bytes | None = None,
+    headers: Sequence[tuple[str, Any]] | None = None,
+    record: Mapping[str, Any] | None = None,
+    schema: str | None = None,
+    stage: str = "validate",
+    config: ValidateConfig,
+) -> dict[str, Any]:
+    """A QuarantineRecord.v1 dict; its id depends only on stage, reason, source and thread."""
+    raw = bytes(value or b"")
+    rec = record or {}
+    return {
+        "quarantine_id": _quarantine_id(stage, rejection, source, rec),
+        "reason": rejection.reason,
+        "detail": rejection.detail,
+        "stage": stage,
+        "source_topic": source.topic,
+        "source_partition": source.partition,
+        "source_offset": source.offset,
+        "source_key": key,
+        "source_headers": [
+            {"key": str(k), "value": v.encode() if isinstance(v, str) else v}
+            for k, v in headers or ()
+        ],
+        "value": raw[: config.max_quarantine_value_bytes],
+        "value_size": len(raw),
+        "value_sha256": hashlib.sha256(raw).hexdigest(),
+        "value_truncated": len(raw) > config.max_quarantine_value_bytes,
+        "schema": schema,
+        "owner": _str_or_none(rec.get("owner")),
+        "thread": _str_or_none(rec.get("thread")),
+        "generation": rec.get("generation") if isinstance(rec.get("generation"), int) else None,
+        "producer_id": _str_or_none(rec.get("producer_id")),
+    }
+
+
+def _quarantine_id(
+    stage: str, rejection: Rejection, source: SourceRef, rec: Mapping[str, Any]
+) -> str:
+    thread_part = f"{rec.get('owner')}/{rec.get('thread')}/{rec.get('generation')}"
+    parts = (stage, rejection.reason, source.topic, str(source.partition), str(source.offset))
+    return hashlib.sha256("|".join((*parts, thread_part)).encode()).hexdigest()
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -1,0 +1,375 @@
+"""Validate stage: every quarantine reason with a crafted record; the worker never crashes."""
+
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flywheel.errors import ConfigError
+from schemas import codec
+from streams.processors.assemble import AssembleConfig
+from streams.processors.pipeline import LocalPipeline, ProcessorConfig
+from streams.processors.synthetic import Scenario, ThreadSpec, encode_message, make_identity
+from streams.processors.validate import NOT_PRODUCED_AFTER_DECODE, REASONS, ValidateConfig
+
+KEY = b"owner-a/thread-a"
+
+
+def scenario(**config: Any) -> Scenario:
+    sc = Scenario(LocalPipeline(ProcessorConfig(**config)))
+    sc.publish_identity()
+    return sc
+
+
+def spec(**kw: Any) -> ThreadSpec:
+    base: dict[str, Any] = {"owner": "owner-a", "thread": "thread-a"}
+    base.update(kw)
+    return ThreadSpec(**base)
+
+
+def reasons(sc: Scenario) -> list[str]:
+    return [q["reason"] for q in sc.pipeline.quarantined]
+
+
+def first(sc: Scenario, kind: str, s: ThreadSpec | None = None) -> dict[str, Any]:
+    return copy.deepcopy(next(r for k, _, r in sc.messages(s or spec()) if k == kind))
+
+
+def refused(sc: Scenario, kind: str, record: dict[str, Any], key: bytes = KEY) -> list[str]:
+    sc.send(kind, key, record)
+    return reasons(sc)
+
+
+def test_clean_thread_passes() -> None:
+    sc = scenario()
+    sc.send_thread(spec())
+    assert reasons(sc) == []
+    assert len(sc.pipeline.windows) == 1
+
+
+def test_unknown_fingerprint() -> None:
+    sc = scenario()
+    value, _ = encode_message("observations", first(sc, "observations"))
+    forged = value[:2] + b"\x01" * 8 + value[10:]
+    sc.send("observations", KEY, value=forged)
+    assert reasons(sc) == ["unknown_fingerprint"]
+    q = sc.pipeline.quarantined[0]
+    assert q["value"] == forged and q["source_offset"] == 0 and not q["value_truncated"]
+
+
+@pytest.mark.parametrize("value", [b"garbage", b"\xc3\x01"])
+def test_undecodable(value: bytes) -> None:
+    sc = scenario()
+    sc.send("transcripts", KEY, value=value)
+    assert reasons(sc) == ["undecodable"]
+
+
+def test_truncated_body_is_undecodable() -> None:
+    sc = scenario()
+    value, _ = encode_message("observations", first(sc, "observations"))
+    sc.send("observations", KEY, value=value[:-7])
+    assert reasons(sc) == ["undecodable"]
+
+
+def test_header_mismatch() -> None:
+    sc = scenario()
+    value, _ = encode_message("observations", first(sc, "observations"))
+    part, offset = sc.feeder.place("observations", KEY)
+    headers = codec.kafka_headers("TranscriptTurn")
+    sc.pipeline.feed("observations", part, offset, KEY, value, headers=headers)
+    assert reasons(sc) == ["header_mismatch"]
+
+
+def test_unexpected_schema() -> None:
+    sc = scenario()
+    value, _ = encode_message("transcripts", first(sc, "transcripts"))
+    sc.send("observations", KEY, value=value)
+    assert reasons(sc) == ["unexpected_schema"]
+
+
+def test_oversized() -> None:
+    sc = scenario(validate=ValidateConfig(max_record_bytes=200, max_quarantine_value_bytes=50))
+    record = first(sc, "observations")
+    sc.send("observations", KEY, record)
+    assert reasons(sc)[-1] == "oversized"  # (the identity record is oversized here too)
+    q = sc.pipeline.quarantined[-1]
+    assert q["value_truncated"] and len(q["value"]) == 50 and q["value_size"] > 200
+
+
+def test_missing_field() -> None:
+    sc = scenario()
+    record = first(sc, "observations")
+    record["producer_id"] = ""
+    assert refused(sc, "observations", record) == ["missing_field"]
+
+
+def test_key_mismatch() -> None:
+    sc = scenario()
+    assert refused(sc, "transcripts", first(sc, "transcripts"), key=b"other/key") == ["invalid_key"]
+
+
+def test_unknown_identity() -> None:
+    sc = Scenario(LocalPipeline())
+    assert refused(sc, "transcripts", first(sc, "transcripts")) == ["unknown_identity"]
+
+
+def test_identity_with_bad_digest_and_records_using_it() -> None:
+    sc = scenario()
+    bad = dict(make_identity(layers=4, experts=64, top_k=4, name="other"))
+    bad["identity_id"] = "f" * 64
+    sc.send("identities", bad["identity_id"].encode(), bad)
+    record = first(sc, "transcripts")
+    record["identity_id"] = bad["identity_id"]
+    sc.send("transcripts", KEY, record)
+    assert reasons(sc) == ["identity_digest_mismatch", "unknown_identity"]
+
+
+def test_record_identity_differs_from_thread_identity() -> None:
+    sc = scenario()
+    other = make_identity(layers=4, experts=64, top_k=4, name="other-runtime")
+    sc.publish_identity(other)
+    messages = sc.messages(spec())
+    sc.send(*messages[0])
+    record = copy.deepcopy(messages[1][2])
+    record["identity_id"] = other["identity_id"]
+    assert refused(sc, messages[1][0], record) == ["identity_mismatch"]
+
+
+def _layer_mutation(sc: Scenario, mutate: Any) -> list[str]:
+    record = first(sc, "observations")
+    mutate(record["layers"])
+    return refused(sc, "observations", record)
+
+
+def test_wrong_layer_count() -> None:
+    assert _layer_mutation(scenario(), lambda layers: layers.pop()) == ["layer_count_mismatch"]
+
+
+def test_layer_out_of_range_and_duplicate_layer() -> None:
+    def out(layers: list[dict[str, Any]]) -> None:
+        layers[0]["layer"] = 9
+
+    def dup(layers: list[dict[str, Any]]) -> None:
+        layers[0]["layer"] = 1
+
+    assert _layer_mutation(scenario(), out) == ["layer_out_of_range"]
+    assert _layer_mutation(scenario(), dup) == ["duplicate_layer"]
+
+
+def test_layers_out_of_order_are_accepted_and_packed_in_order() -> None:
+    sc = scenario()
+    messages = sc.messages(spec())
+    messages[1][2]["layers"].reverse()
+    for m in messages:
+        sc.send(*m)
+    assert reasons(sc) == []
+
+
+def test_weights_ids_length_mismatch() -> None:
+    def drop_weight(layers: list[dict[str, Any]]) -> None:
+        layers[1]["weights"].pop()
+
+    assert _layer_mutation(scenario(), drop_weight) == ["weights_ids_length_mismatch"]
+
+
+def test_rank_order_violation() -> None:
+    def swap(layers: list[dict[str, Any]]) -> None:
+        layers[1]["weights"].reverse()
+
+    assert _layer_mutation(scenario(), swap) == ["rank_order_violation"]
+
+
+def test_wrong_k() -> None:
+    def drop_one(layers: list[dict[str, Any]]) -> None:
+        layers[1]["expert_ids"].pop()
+        layers[1]["weights"].pop()
+
+    assert _layer_mutation(scenario(), drop_one) == ["wrong_k"]
+
+
+@pytest.mark.parametrize("bad_id", [64, -1])
+def test_expert_out_of_range(bad_id: int) -> None:
+    def set_id(layers: list[dict[str, Any]]) -> None:
+        layers[2]["expert_ids"][0] = bad_id
+
+    assert _layer_mutation(scenario(), set_id) == ["expert_id_out_of_range"]
+
+
+def test_duplicate_expert() -> None:
+    def dup(layers: list[dict[str, Any]]) -> None:
+        layers[0]["expert_ids"][1] = layers[0]["expert_ids"][0]
+
+    assert _layer_mutation(scenario(), dup) == ["duplicate_expert_id"]
+
+
+@pytest.mark.parametrize(
+    ("weight", "reason"),
+    [
+        (float("nan"), "non_finite_weight"),
+        (float("inf"), "non_finite_weight"),
+        (-0.25, "negative_weight"),
+    ],
+)
+def test_bad_weight(weight: float, reason: str) -> None:
+    def set_weight(layers: list[dict[str, Any]]) -> None:
+        layers[3]["weights"][-1] = weight
+
+    assert _layer_mutation(scenario(), set_weight) == [reason]
+
+
+def test_bad_segments() -> None:
+    sc = scenario()
+    record = first(sc, "transcripts")
+    record["segments"][1]["start"] = 1
+    assert refused(sc, "transcripts", record) == ["segment_overlap"]
+    record = first(sc, "transcripts")
+    record["segments"][2]["end"] = 999
+    assert refused(sc, "transcripts", record)[-1] == "segment_out_of_bounds"
+
+
+def test_generated_tokens_of_a_user_turn() -> None:
+    sc = scenario()
+    record = first(sc, "transcripts")
+    record["segments"][1]["generated"] = True
+    assert refused(sc, "transcripts", record) == ["generated_non_assistant"]
+
+
+def test_token_id_and_value_out_of_range() -> None:
+    sc = scenario()
+    record = first(sc, "transcripts")
+    record["token_ids"][3] = -5
+    assert refused(sc, "transcripts", record) == ["token_id_out_of_range"]
+    record = first(sc, "transcripts")
+    record["sampling"]["top_p"] = 1.5
+    assert refused(sc, "transcripts", record)[-1] == "value_out_of_range"
+
+
+def test_counter_regression_within_partition() -> None:
+    sc = scenario()
+    messages = [m for m in sc.messages(spec()) if m[0] == "observations"]
+    sc.send(*messages[1])
+    sc.send(*messages[0])
+    assert reasons(sc) == ["counter_regression"]
+
+
+def test_ordinal_regression_within_sequence() -> None:
+    sc = scenario()
+    messages = [m for m in sc.messages(spec()) if m[0] == "observations"]
+    early, late = copy.deepcopy(messages[0][2]), copy.deepcopy(messages[3][2])
+    late["counter"], early["counter"] = early["counter"], late["counter"]
+    sc.send("observations", KEY, late)
+    assert refused(sc, "observations", early) == ["ordinal_not_increasing"]
+
+
+def test_duplicate_ordinal_and_duplicate_turn() -> None:
+    sc = scenario()
+    messages = sc.messages(spec())
+    sc.send(*messages[0])
+    obs = copy.deepcopy(messages[1][2])
+    sc.send("observations", KEY, obs)
+    obs["counter"] += 1000
+    assert refused(sc, "observations", obs) == ["duplicate_ordinal"]
+    turn = copy.deepcopy(messages[0][2])
+    turn["counter"] += 1000
+    assert refused(sc, "transcripts", turn) == ["duplicate_ordinal", "duplicate_ordinal"]
+
+
+def test_records_after_thread_closed() -> None:
+    sc = scenario()
+    messages = sc.messages(spec())
+    for m in messages:
+        sc.send(*m)
+    assert len(sc.pipeline.windows) == 1
+    late = copy.deepcopy(messages[0][2])
+    late["turn_index"], late["token_offset"], late["counter"] = 2, 500, 10_000
+    assert refused(sc, "transcripts", late) == ["thread_closed"]
+
+
+def test_turn_after_end_marker_turn_index() -> None:
+    sc = scenario(assemble=AssembleConfig(require_routes=True))
+    messages = [m for m in sc.messages(spec()) if m[0] == "transcripts"]
+    sc.send(*messages[1])
+    stray = copy.deepcopy(messages[0][2])
+    stray["turn_index"], stray["token_offset"], stray["counter"] = 5, 900, 10_000
+    assert refused(sc, "transcripts", stray) == ["thread_closed"]
+
+
+def test_token_mismatch_between_route_and_transcript() -> None:
+    sc = scenario()
+    messages = sc.messages(spec())
+    obs = next(m for m in messages if m[0] == "observations")
+    obs[2]["token_id"] += 1
+    for m in messages:
+        sc.send(*m)
+    assert reasons(sc) == ["token_mismatch"]
+    assert sc.pipeline.windows == []
+    assert sc.pipeline.quarantined[0]["stage"] == "assemble"
+
+
+def test_route_for_a_user_token_is_token_mismatch() -> None:
+    sc = scenario()
+    messages = sc.messages(spec())
+    sc.send(*messages[0])
+    obs = copy.deepcopy(messages[1][2])
+    obs["token_ordinal"] = 3
+    assert refused(sc, "observations", obs) == ["token_mismatch"]
+
+
+def test_incomplete_thread_after_idle_timeout() -> None:
+    sc = scenario(assemble=AssembleConfig(idle_timeout_ms=1000))
+    messages = sc.messages(spec(turns=(("user", 4), ("assistant", 4), ("user", 3))))
+    for m in messages:
+        if not (m[0] == "transcripts" and m[2]["turn_index"] == 1):
+            sc.send(*m, now_ms=0)
+    sc.pipeline.tick(sc.feeder.place("transcripts", KEY)[0], now_ms=500)
+    assert reasons(sc) == []
+    sc.pipeline.tick(sc.feeder.place("transcripts", KEY)[0], now_ms=5000)
+    assert reasons(sc) == ["incomplete_thread"]
+
+
+def test_unexpected_exception_becomes_processing_error() -> None:
+    class Broken(dict):  # type: ignore[type-arg]
+        def __setitem__(self, key: str, value: Any) -> None:
+            raise RuntimeError("disk on fire")
+
+    sc = scenario()
+    stage = sc.pipeline.capture
+    stage.store = Broken()
+    value, _ = encode_message("transcripts", first(sc, "transcripts"))
+    emits = stage.process_safely(
+        topic=stage.topics["transcripts"], partition=0, offset=9, key=KEY, value=value
+    )
+    assert [e.value["reason"] for e in emits] == ["processing_error"]
+    assert "disk on fire" in emits[0].value["detail"]
+
+
+def test_every_reason_is_documented_and_tested() -> None:
+    source = Path(__file__).read_text(encoding="utf-8")
+    tested = source.split("def test_every_reason")[0]
+    untested = [r for r in REASONS if f'"{r}"' not in tested and r not in NOT_PRODUCED_AFTER_DECODE]
+    assert untested == []
+
+
+def test_config_rejects_bad_values() -> None:
+    with pytest.raises(ConfigError, match="max_record_bytes"):
+        ValidateConfig(max_record_bytes=0)
+
+
+def test_fuzzed_messages_never_crash_the_stage() -> None:
+    sc = scenario()
+    rng = random.Random(7)
+    valid = [encode_message(k, r)[0] for k, _, r in sc.messages(spec())]
+    for i in range(400):
+        data = bytearray(rng.choice(valid))
+        for _ in range(rng.randint(1, 6)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        if i % 5 == 0:
+            data = data[: rng.randrange(len(data))]
+        kind = rng.choice(["transcripts", "observations", "identities"])
+        sc.send(kind, KEY, value=bytes(data))
+    assert set(reasons(sc)) <= set(REASONS)
+    assert sc.pipeline.counters.stage("quarantine")

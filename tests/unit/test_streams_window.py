@@ -1,0 +1,181 @@
+"""Window stage: boundaries, anchors, routes, size limits, deterministic ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from flywheel.errors import ConfigError
+from schemas import codec
+from streams.processors.pipeline import LocalPipeline, ProcessorConfig
+from streams.processors.split import SplitConfig
+from streams.processors.synthetic import Scenario, ThreadSpec, make_identity
+from streams.processors.window import WindowConfig, group_anchors, route_anchor_cap
+
+SMALL = WindowConfig(
+    context_length=64,
+    min_anchor_context=16,
+    max_anchors_per_window=20,
+    route_context_length=128,
+    max_route_anchors_per_window=8,
+)
+LONG = ThreadSpec(
+    owner="o",
+    thread="t",
+    turns=(
+        ("system", 10),
+        ("user", 30),
+        ("assistant", 70),
+        ("tool", 40),
+        ("assistant", 55),
+        ("user", 5),
+        ("assistant", 90),
+    ),
+)
+
+
+def run(
+    split: str,
+    window: WindowConfig = SMALL,
+    identity: dict[str, Any] | None = None,
+    spec: ThreadSpec = LONG,
+) -> tuple[Scenario, list[dict[str, Any]]]:
+    runtime = 1.0 if split == "runtime_holdout" else 0.0
+    config = ProcessorConfig(
+        window=window,
+        split=SplitConfig(
+            runtime_holdout_fraction=runtime, stress_rate=0.0, validation_fraction=0.0
+        ),
+    )
+    sc = Scenario(LocalPipeline(config), identity=identity)
+    sc.publish_identity()
+    messages = sc.messages(spec)
+    for m in messages:
+        sc.send(*m)
+    assert sc.pipeline.quarantined == []
+    return sc, messages
+
+
+def canonical(messages: list[Any]) -> tuple[list[int], list[int], dict[int, Any]]:
+    tokens: list[int] = []
+    generated: list[int] = []
+    routes = {}
+    for kind, _, r in messages:
+        if kind == "transcripts":
+            assert r["token_offset"] == len(tokens)
+            for s in r["segments"]:
+                if s["generated"]:
+                    generated.extend(range(len(tokens) + s["start"], len(tokens) + s["end"]))
+            tokens.extend(r["token_ids"])
+        else:
+            routes[r["token_ordinal"]] = r
+    return tokens, sorted(generated), routes
+
+
+def test_group_anchors_respects_span_and_count() -> None:
+    anchors = np.array([0, 1, 2, 50, 51, 120, 121, 122, 123], dtype=np.int64)
+    assert group_anchors(anchors, context=64, min_context=16, max_anchors=3) == [
+        (0, 3),
+        (3, 5),
+        (5, 8),
+        (8, 9),
+    ]
+    assert group_anchors(anchors[:0], context=64, min_context=16, max_anchors=3) == []
+
+
+def test_windows_cover_every_generated_token_exactly_once() -> None:
+    _, messages = run("train")
+    sc, _ = run("train")
+    tokens, generated, _ = canonical(messages)
+    windows = sc.pipeline.windows
+    seen: list[int] = []
+    for w in windows:
+        first, toks, anchors = w["first_token_ordinal"], w["token_ids"], w["anchor_positions"]
+        assert toks == tokens[first : first + len(toks)]
+        assert len(toks) <= SMALL.context_length
+        assert anchors == sorted(anchors) and anchors[-1] == len(toks) - 1
+        assert len(anchors) <= SMALL.max_anchors_per_window
+        for a in anchors:
+            ordinal = first + a
+            assert ordinal in generated
+            assert a + 1 >= min(SMALL.min_anchor_context, ordinal + 1)
+            seen.append(ordinal)
+        assert w["routes"] is None and w["split"] == "train"
+    assert seen == generated
+    assert [w["window_index"] for w in windows] == list(range(len(windows)))
+    assert {w["window_count"] for w in windows} == {len(windows)}
+
+
+def test_turn_lineage_covers_the_window() -> None:
+    sc, _ = run("train")
+    for w in sc.pipeline.windows:
+        start, end = w["first_token_ordinal"], w["first_token_ordinal"] + len(w["token_ids"])
+        covered = sorted(t["turn_index"] for t in w["turns"])
+        assert covered == list(range(covered[0], covered[-1] + 1))
+        assert w["turns"][0]["token_offset"] <= start
+        last = w["turns"][-1]
+        assert last["token_offset"] < end <= last["token_offset"] + last["length"]
+        assert last["role"] == "assistant" and last["generated"]
+
+
+def test_runtime_holdout_windows_carry_the_captured_routes() -> None:
+    sc, messages = run("runtime_holdout")
+    _, generated, routes = canonical(messages)
+    seen = []
+    for w in sc.pipeline.windows:
+        block = w["routes"]
+        assert block is not None and len(w["anchor_positions"]) <= 8
+        n, layers, k = len(w["anchor_positions"]), block["layer_count"], block["top_k"]
+        ids = np.frombuffer(block["expert_ids"], dtype="<i2").reshape(n, layers, k)
+        weights = np.frombuffer(block["weights"], dtype="<f4").reshape(n, layers, k)
+        for i, a in enumerate(w["anchor_positions"]):
+            ordinal = w["first_token_ordinal"] + a
+            captured = routes[ordinal]["layers"]
+            assert ids[i].tolist() == [layer["expert_ids"] for layer in captured]
+            assert np.allclose(weights[i], [layer["weights"] for layer in captured])
+            seen.append(ordinal)
+    assert seen == generated
+
+
+def test_full_geometry_window_fits_kafka_default_and_the_schema() -> None:
+    identity = make_identity()  # 48 layers x top-10 of 512
+    spec = ThreadSpec(owner="o", thread="t", turns=(("user", 50), ("assistant", 300)))
+    sc, _ = run("runtime_holdout", window=WindowConfig(), identity=identity, spec=spec)
+    cap = route_anchor_cap(WindowConfig(), 48, 10)
+    assert cap == WindowConfig().max_route_anchors_per_window
+    for w in sc.pipeline.windows:
+        value = codec.encode("Window", w)
+        assert len(value) < 1_000_000
+        _, back = codec.decode(value)
+        assert back == w
+        assert len(w["anchor_positions"]) <= cap
+
+
+def test_window_ids_and_digests_are_deterministic() -> None:
+    a, _ = run("train")
+    b, _ = run("train")
+    ids_a = [(w["window_id"], w["content_digest"]) for w in a.pipeline.windows]
+    assert ids_a == [(w["window_id"], w["content_digest"]) for w in b.pipeline.windows]
+    assert len({i for i, _ in ids_a}) == len(ids_a)
+    c, _ = run(
+        "train",
+        window=WindowConfig(
+            context_length=64,
+            min_anchor_context=16,
+            max_anchors_per_window=20,
+            route_context_length=128,
+            max_route_anchors_per_window=7,
+        ),
+    )
+    same_cut = [(w["window_id"], w["content_digest"]) for w in c.pipeline.windows]
+    assert [i for i, _ in same_cut] == [i for i, _ in ids_a]  # same cut, same ids
+    assert [d for _, d in same_cut] != [d for _, d in ids_a]  # config digest differs
+
+
+def test_window_config_validation() -> None:
+    with pytest.raises(ConfigError, match="context_length"):
+        WindowConfig(context_length=8, min_anchor_context=16)
+    with pytest.raises(ConfigError, match="max_window_bytes"):
+        WindowConfig(max_window_bytes=20_000)
