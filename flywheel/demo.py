@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -34,8 +35,11 @@ class DemoContext:
     bootstrap: str
     teacher_dir: Path
     run_dir: Path
+    dataset_dir: Path
     epoch: int
     threads: int
+    snapshot_dir: Path | None = None
+    temporal_cut_ms: int | None = None
     results: dict[str, Any] = field(default_factory=dict)
 
 
@@ -68,33 +72,104 @@ def _stage_capture(ctx: DemoContext) -> None:
 
     config = CaptureConfig(mode="forced", seed=ctx.epoch, interleave=4)
     threads = load_threads(None, ctx.threads, seed=ctx.epoch)
+    started_ms = time.time() * 1000
     summary = run_capture(teacher_dir=ctx.teacher_dir, threads=threads, config=config,
                           bootstrap=ctx.bootstrap, expected=ctx.threads)
+    # The temporal holdout is "the newest period": threads whose first record was
+    # published in the last fifth of this capture.
+    ctx.temporal_cut_ms = int(started_ms + 0.8 * (time.time() * 1000 - started_ms))
     ctx.results["capture"] = summary
     print("[capture]", end=" ")
     _print_summary(summary)
+
+
+def _flywheel(*args: str, log_name: str, ctx: DemoContext) -> list[str]:
+    """Run a ``flywheel`` sub-command as its own process (faust and the replay worker
+    own their event loops and signal handlers); its log goes to the run directory."""
+    cmd = [sys.executable, "-m", "flywheel.cli", *args]
+    log_path = ctx.run_dir / f"{log_name}.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, check=False)
+    lines = log_path.read_text().splitlines()
+    if proc.returncode != 0:
+        tail = "\n".join(lines[-15:])
+        raise FlywheelError(f"`flywheel {' '.join(args)}` failed ({proc.returncode}); "
+                            f"see {log_path}:\n{tail}")
+    return lines
+
+
+def _stage_streams(ctx: DemoContext) -> None:
+    # Small demo epochs need larger evaluation shares than production defaults so that
+    # every split (and the parity sample) is non-empty.
+    temporal_cut = ctx.temporal_cut_ms or int(time.time() * 1000)
+    _flywheel("streams", "worker", "--idle-exit-s", "8", "--validation-fraction", "0.25",
+              "--runtime-holdout-fraction", "0.15", "--stress-rate", "0.3",
+              "--temporal-cut-ms", str(temporal_cut), log_name="streams-worker", ctx=ctx)
+    lines = _flywheel("streams", "inspect", log_name="streams-inspect", ctx=ctx)
+    print("[streams] split, dedup and quarantine summary:")
+    for line in lines:
+        if not line.startswith(("20", "[")):
+            print("   ", line)
+
+
+def _stage_replay(ctx: DemoContext) -> None:
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "flywheel.cli", "replay", "worker", "--teacher",
+         str(ctx.teacher_dir), "--dataset", str(ctx.dataset_dir), "--stop-after-epoch",
+         str(ctx.epoch)],
+        stdout=(ctx.run_dir / "replay-worker.log").open("w"), stderr=subprocess.STDOUT,
+    )
+    try:
+        _wait_for_dataset(ctx, worker)
+        lines = _flywheel("seal", "--epoch", str(ctx.epoch), "--dataset", str(ctx.dataset_dir),
+                          log_name="seal", ctx=ctx)
+        worker.wait(timeout=120)
+    finally:
+        if worker.poll() is None:
+            worker.terminate()
+            worker.wait(timeout=30)
+    manifest = ctx.dataset_dir / f"epoch={ctx.epoch}" / "manifest.json"
+    ctx.snapshot_dir = manifest.parent
+    ctx.results["snapshot"] = str(ctx.snapshot_dir)
+    print("[replay] " + "\n         ".join(
+        line.strip() for line in lines if not line.startswith(("20", "["))))
+
+
+def _wait_for_dataset(ctx: DemoContext, worker: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    while not (ctx.dataset_dir / "dataset.json").exists():
+        if worker.poll() is not None:
+            raise FlywheelError(f"the replay worker exited ({worker.returncode}) before "
+                                f"writing; see {ctx.run_dir / 'replay-worker.log'}")
+        if time.monotonic() > deadline:
+            raise FlywheelError("the replay worker wrote nothing for 120 s; see "
+                                f"{ctx.run_dir / 'replay-worker.log'}")
+        time.sleep(1)
 
 
 STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("broker", _stage_broker),
     ("teacher", _stage_teacher),
     ("capture", _stage_capture),
+    ("streams", _stage_streams),
+    ("replay", _stage_replay),
 ]
 
 
-def _next_epoch(home: Path) -> int:
-    runs = home / "demo" / "runs"
-    existing = sorted(int(p.name.split("-")[1]) for p in runs.glob("epoch-*") if p.is_dir())
-    return existing[-1] + 1 if existing else 0
+def _next_epoch(dataset_dir: Path) -> int:
+    sealed = [int(p.parent.name.split("=")[1]) for p in dataset_dir.glob("epoch=*/manifest.json")]
+    return max(sealed) + 1 if sealed else 0
 
 
-def run_demo(*, threads: int = 16) -> DemoContext:
+def run_demo(*, threads: int = 32) -> DemoContext:
     home = flywheel_home()
-    epoch = _next_epoch(home)
+    dataset_dir = home / "datasets" / DEFAULT_PRESET
+    epoch = _next_epoch(dataset_dir)
     ctx = DemoContext(
         home=home, bootstrap=bootstrap_servers(None),
         teacher_dir=home / "teachers" / DEFAULT_PRESET,
-        run_dir=home / "demo" / "runs" / f"epoch-{epoch}", epoch=epoch, threads=threads,
+        run_dir=home / "demo" / "runs" / f"epoch-{epoch}", dataset_dir=dataset_dir,
+        epoch=epoch, threads=threads,
     )
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -114,7 +189,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        run_demo(threads=int(os.environ.get("FLYWHEEL_DEMO_THREADS", "16")))
+        run_demo(threads=int(os.environ.get("FLYWHEEL_DEMO_THREADS", "32")))
     except FlywheelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
