@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-EMBEDDED_BROKER_PORT = 19092
-EMBEDDED_CONTROLLER_PORT = 19093
+PORT_ENV = "FLYWHEEL_BROKER_PORT"
+# The controller listens on the next port up. Override the pair to run a second
+# embedded broker beside the first (e.g. a CI run on a developer machine).
+EMBEDDED_BROKER_PORT = int(os.environ.get(PORT_ENV) or 19092)
+EMBEDDED_CONTROLLER_PORT = EMBEDDED_BROKER_PORT + 1
 EMBEDDED_BOOTSTRAP = f"127.0.0.1:{EMBEDDED_BROKER_PORT}"
 BOOTSTRAP_ENV = "FLYWHEEL_BOOTSTRAP_SERVERS"
 HOME_ENV = "FLYWHEEL_HOME"
