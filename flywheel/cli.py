@@ -33,6 +33,7 @@ def _mount_subapps() -> None:
     from replay.parity_cli import parity_command
     from streams.cli import broker_app, topics_app
     from streams.processors.cli import streams_app
+    from train.cli import evaluate_command, train_command
 
     app.add_typer(broker_app, name="broker", help="Run the embedded single-node Kafka (KRaft).")
     app.add_typer(topics_app, name="topics", help="Create and describe the topic catalogue.")
@@ -44,6 +45,8 @@ def _mount_subapps() -> None:
     app.command("seal")(seal_command)
     app.command("verify")(verify_command)
     app.command("rebuild")(rebuild_command)
+    app.command("train")(train_command)
+    app.command("evaluate")(evaluate_command)
 
 
 @app.callback()

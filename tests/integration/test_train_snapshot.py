@@ -1,0 +1,101 @@
+"""Train and evaluate through the CLI with the real tiny teacher's routers (no broker).
+
+The snapshot is sealed with the consumers' writer and manifest code; its routes come from
+the teacher's own gate matrices (and the gain of the norm before them) applied to planted
+pre-attention states, and its identity is the teacher's runtime identity. So
+``flywheel evaluate --teacher DIR`` must load those gates, lift the reduced features with
+the recorded projection and find the native routes again, and must refuse a teacher that
+is not the snapshot's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from train.cli import evaluate_command, train_command
+from train.exceptions import BaselineError
+from train.testing import PlantedConfig, PlantedSnapshot, make_writable, write_planted_snapshot
+
+pytestmark = pytest.mark.slow
+
+PLANTED = PlantedConfig(threads={"train": 4, "validation": 2, "temporal_holdout": 1},
+                        tokens_per_thread=24, anchors_per_window=6, layers=4, experts=512,
+                        hidden_dim=64, feature_dim=64)
+
+
+@pytest.fixture(scope="module")
+def teacher_snapshot(teacher_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                     ) -> Iterator[tuple[PlantedSnapshot, dict[str, Any]]]:
+    from replay.runtime_identity import build_runtime_identity
+    from replay.teacher import load_teacher
+    from train.evaluate import router_weights
+
+    teacher = load_teacher(teacher_dir)
+    router = router_weights(teacher)
+    identity = build_runtime_identity(teacher)
+    root = tmp_path_factory.mktemp("teacher-snapshot")
+    yield write_planted_snapshot(root, PLANTED, router_LEH=router.router_LEH,
+                                 gain_LH=router.norm_gain_LH, identity=identity), identity
+    make_writable(root)
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("train")(train_command)
+    app.command("evaluate")(evaluate_command)
+    return app
+
+
+def test_evaluate_with_the_teacher_finds_the_native_routes(
+        teacher_snapshot: tuple[PlantedSnapshot, dict[str, Any]], teacher_dir: Path,
+        tmp_path: Path) -> None:
+    snapshot, identity = teacher_snapshot
+    assert snapshot.manifest["identity"]["identity_id"] == identity["identity_id"]
+    config = tmp_path / "t.toml"
+    config.write_text("threads = 1\n[data]\nnum_workers = 0\nbatch_size = 256\n"
+                      "[schedule]\neval_every = 20\n")
+    runner = CliRunner()
+    done = runner.invoke(_app(), ["train", "--snapshot", str(snapshot.directory), "--out",
+                                  str(tmp_path / "ck"), "--config", str(config),
+                                  "--max-steps", "40", "--no-progress"])
+    assert done.exit_code == 0, done.output
+    shown = runner.invoke(_app(), ["evaluate", "--snapshot", str(snapshot.directory),
+                                   "--checkpoint", str(tmp_path / "ck"), "--teacher",
+                                   str(teacher_dir), "--out", str(tmp_path / "r.json"),
+                                   "--no-progress"])
+    assert shown.exit_code == 0, shown.output
+    assert "native_gate" in shown.output and "temporal_holdout" in shown.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["snapshot"]["splits"] == ["validation", "temporal_holdout"]
+    gate = next(r for r in report["offline"]["results"] if r["method"] == "native_gate")
+    for split in ("validation", "temporal_holdout"):
+        assert gate["splits"][split]["overall"]["recall"]["10"] > 0.99
+
+
+def test_evaluate_refuses_a_teacher_that_is_not_the_snapshots(
+        teacher_snapshot: tuple[PlantedSnapshot, dict[str, Any]], teacher_dir: Path,
+        tmp_path: Path) -> None:
+    from train.evaluate import EvaluateConfig, evaluate
+
+    _, identity = teacher_snapshot
+    other = write_planted_snapshot(tmp_path / "other", dataclasses.replace(PLANTED, seed=3),
+                                   identity={**identity, "model_artifact_digest": "f" * 64})
+    try:
+        runner = CliRunner()
+        done = runner.invoke(_app(), ["train", "--snapshot", str(other.directory), "--out",
+                                      str(tmp_path / "ck"), "--max-steps", "2", "--threads", "1",
+                                      "--workers", "0", "--no-progress"])
+        assert done.exit_code == 0, done.output
+        with pytest.raises(BaselineError, match="artifact digest"):
+            evaluate(other.directory, tmp_path / "ck", EvaluateConfig(progress=False),
+                     teacher_dir=teacher_dir)
+    finally:
+        make_writable(tmp_path / "other")

@@ -1,0 +1,149 @@
+"""Sidecar checkpoints that carry their lineage.
+
+A checkpoint directory holds::
+
+    checkpoint.pt    torch.save of {format, model_config, state_dict, lineage}
+    lineage.json     the same lineage, readable without torch
+    history.jsonl    one line per validation (written by the trainer)
+
+The lineage records the snapshot (id, epoch, identity, geometry, split counts), the
+feature contract the model was trained on (projection seed, widths, digest: a model is
+only valid for features made the same way), the full training config and seed, the code
+version (package version, git commit and whether the tree was dirty, torch version), the
+world size and the training outcome. ``checkpoint_id`` is the SHA-256 of the canonical
+lineage and the parameter bytes, so the same seed, data and code give the same id.
+Files are written through a temporary name and renamed, so a crash leaves the previous
+checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from consumers.dataset import canonical_json
+from flywheel.errors import ConfigError
+from train.exceptions import CheckpointError
+from train.models import RouteSidecar, SidecarConfig
+
+CHECKPOINT_FORMAT = "hebrus-flywheel-sidecar/v1"
+CHECKPOINT_FILE = "checkpoint.pt"
+LINEAGE_FILE = "lineage.json"
+HISTORY_FILE = "history.jsonl"
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(_REPO), *args], capture_output=True, text=True,
+                              timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def code_version() -> dict[str, Any]:
+    """Package version, git commit (None outside a checkout), dirty flag, torch version."""
+    try:
+        package = version("hebrus-flywheel")
+    except PackageNotFoundError:
+        package = None
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"package": "hebrus-flywheel", "version": package, "git_commit": commit,
+            "git_dirty": None if status is None else bool(status),
+            "torch": torch.__version__.split("+")[0]}
+
+
+def checkpoint_id(state_dict: Mapping[str, torch.Tensor], lineage: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical lineage (without its id) and every tensor's bytes."""
+    digest = hashlib.sha256(canonical_json({k: v for k, v in lineage.items()
+                                            if k != "checkpoint_id"}))
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().cpu().contiguous()
+        digest.update(f"|{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def _replace(path: Path, write: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_checkpoint(directory: Path, config: SidecarConfig,
+                    state_dict: Mapping[str, torch.Tensor],
+                    lineage: Mapping[str, Any]) -> dict[str, Any]:
+    """Write ``checkpoint.pt`` and ``lineage.json``; returns the lineage with its id."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu() for k, v in state_dict.items()}
+    plain = json.loads(json.dumps(dict(lineage)))
+    plain["checkpoint_id"] = checkpoint_id(state, plain)
+    payload = {"format": CHECKPOINT_FORMAT, "model_config": _config_dict(config),
+               "state_dict": state, "lineage": plain}
+    _replace(directory / CHECKPOINT_FILE, lambda p: torch.save(payload, p))
+    text = json.dumps(plain, indent=2, sort_keys=True) + "\n"
+    _replace(directory / LINEAGE_FILE, lambda p: p.write_text(text, encoding="utf-8"))
+    return plain
+
+
+def _config_dict(config: SidecarConfig) -> dict[str, Any]:
+    return json.loads(json.dumps(asdict(config)))
+
+
+@dataclass(eq=False)
+class LoadedCheckpoint:
+    """A model restored from a checkpoint, in eval mode, and its lineage."""
+
+    model: RouteSidecar
+    lineage: dict[str, Any]
+    path: Path
+
+    @property
+    def method(self) -> str:
+        return str(self.lineage.get("method", "sidecar"))
+
+
+def resolve(path: Path) -> Path:
+    """``path/checkpoint.pt`` for a directory, else ``path``."""
+    path = Path(path)
+    return path / CHECKPOINT_FILE if path.is_dir() else path
+
+
+def load_checkpoint(path: Path, *, device: str | torch.device = "cpu") -> LoadedCheckpoint:
+    """Restore a checkpoint; CheckpointError if it is missing, foreign or damaged."""
+    file = resolve(path)
+    if not file.is_file():
+        raise CheckpointError(f"{file} does not exist; pass a checkpoint directory written by "
+                              "`flywheel train --out DIR` or its checkpoint.pt")
+    try:
+        payload = torch.load(file, map_location=device, weights_only=True)
+    except (OSError, RuntimeError, ValueError, EOFError) as exc:
+        raise CheckpointError(f"cannot read checkpoint {file}: {exc}") from exc
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{file} is not a {CHECKPOINT_FORMAT} checkpoint")
+    lineage = payload["lineage"]
+    if checkpoint_id(payload["state_dict"], lineage) != lineage.get("checkpoint_id"):
+        raise CheckpointError(f"{file}: parameters or lineage do not match checkpoint id "
+                              f"{lineage.get('checkpoint_id')}; the file was altered")
+    try:
+        config = SidecarConfig(**{**payload["model_config"], "offsets": tuple(
+            tuple(o) for o in payload["model_config"]["offsets"])})
+        model = RouteSidecar(config).to(device)
+        model.load_state_dict(payload["state_dict"])
+    except (TypeError, ConfigError, RuntimeError) as exc:
+        raise CheckpointError(f"{file}: model config or parameters do not fit: {exc}") from exc
+    return LoadedCheckpoint(model=model.eval(), lineage=lineage, path=file)

@@ -1,0 +1,167 @@
+"""CLI of sidecar training: ``flywheel train`` and ``flywheel evaluate``.
+
+``train_command`` and ``evaluate_command`` are plain typer command functions that the
+root CLI mounts. Nothing heavy (torch, pyarrow) is imported at module level. The module
+also runs on its own, which is how ``torchrun`` starts one process per rank::
+
+    flywheel train --snapshot DATA/epoch=0 --out ckpt/ [--config train.toml]
+    torchrun --nproc_per_node=2 -m train.cli train --snapshot DATA/epoch=0 --out ckpt/
+    flywheel evaluate --snapshot DATA/epoch=0 --checkpoint ckpt/ [--teacher DIR] \\
+        [--out report.json]
+
+Command-line flags override the TOML file, which overrides the defaults
+(:mod:`train.config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from flywheel.errors import FlywheelError
+
+log = logging.getLogger(__name__)
+
+
+def _overrides(config: Any, **flags: Any) -> Any:
+    """``config`` with every flag that was given (not None) replaced; dotted names reach
+    into sections (``optim.max_steps``)."""
+    sections: dict[str, dict[str, Any]] = {}
+    top: dict[str, Any] = {}
+    for name, value in flags.items():
+        if value is None:
+            continue
+        section, _, key = name.partition("__")
+        if key:
+            sections.setdefault(section, {})[key] = value
+        else:
+            top[section] = value
+    for section, values in sections.items():
+        top[section] = dataclasses.replace(getattr(config, section), **values)
+    return dataclasses.replace(config, **top)
+
+
+def train_command(
+    snapshot: Path = typer.Option(..., "--snapshot", help="Sealed epoch directory (or its "
+                                  "manifest.json)."),
+    out: Path = typer.Option(..., "--out", help="Checkpoint directory to write."),
+    config: Path | None = typer.Option(None, "--config", help="TOML training config."),
+    seed: int | None = typer.Option(None, "--seed", help="Override the config's seed."),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Override optim.max_steps."),
+    batch_size: int | None = typer.Option(None, "--batch-size",
+                                          help="Override data.batch_size (rows per rank)."),
+    workers: int | None = typer.Option(None, "--workers", help="Override data.num_workers."),
+    device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N."),
+    threads: int | None = typer.Option(None, "--threads", help="torch threads per rank."),
+    snapshot_id: str | None = typer.Option(None, "--snapshot-id",
+                                           help="Refuse unless the snapshot has this id."),
+    progress: bool | None = typer.Option(None, "--progress/--no-progress",
+                                         help="Progress bar (default: the config's)."),
+) -> None:
+    """Train a route sidecar on a snapshot's train split (DDP under torchrun)."""
+    from train.config import load_config
+    from train.trainer import train
+
+    settings = _overrides(load_config(config), seed=seed, device=device, threads=threads,
+                          optim__max_steps=max_steps, data__batch_size=batch_size,
+                          data__num_workers=workers, schedule__progress=progress)
+    result = train(snapshot, out, settings, expected_id=snapshot_id)
+    if int(os.environ.get("RANK", "0")) == 0:
+        outcome = result.lineage.get("training", {})
+        typer.echo(f"checkpoint {result.lineage.get('checkpoint_id')} in {result.checkpoint_dir}"
+                   f": best step {outcome.get('best_step')}, validation "
+                   f"{outcome.get('best_validation')}, stopped by {outcome.get('stopped')}")
+
+
+def evaluate_command(
+    snapshot: Path = typer.Option(..., "--snapshot", help="Sealed epoch directory."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint directory or file."),
+    out: Path | None = typer.Option(None, "--out", help="Write the full JSON report here."),
+    teacher: Path | None = typer.Option(None, "--teacher", help="The snapshot's teacher "
+                                        "checkpoint: enables the native_gate control."),
+    split: list[str] = typer.Option([], "--split", help="Evaluation split (repeat); default: "
+                                    "every evaluation split present."),
+    batch_size: int = typer.Option(8192, "--batch-size", help="(token, layer) rows per batch."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random control."),
+    snapshot_id: str | None = typer.Option(None, "--snapshot-id",
+                                           help="Refuse unless the snapshot has this id."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar."),
+) -> None:
+    """Score every control and the checkpoint on the evaluation splits; print a table."""
+    from train.evaluate import EvaluateConfig, evaluate, write_report
+
+    settings = EvaluateConfig(splits=tuple(split), batch_size=batch_size, seed=seed,
+                              progress=progress)
+    report = evaluate(snapshot, checkpoint, settings, teacher_dir=teacher,
+                      expected_id=snapshot_id)
+    print_report(report)
+    if out is not None:
+        write_report(report, out)
+        typer.echo(f"report written to {out}")
+
+
+def _cell(value: Any) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """One rich table per evaluation split: method × metric (overall)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 132))
+    results = report["offline"]["results"] + report.get("auxiliary", [])
+    config = results[0]["config"]
+    budgets, k = [str(b) for b in config["budgets"]], config["top_k"]
+    for split in report["snapshot"]["splits"]:
+        table = Table(title=f"{split} — snapshot {report['snapshot']['snapshot_id'][:12]}")
+        for column in ("method", "rows", f"exact@{k}", *(f"R@{b}" for b in budgets),
+                       f"P@{budgets[0]}", "RR", "ECE"):
+            table.add_column(column, justify="left" if column == "method" else "right")
+        for result in results:
+            node = (result["splits"].get(split) or {}).get("overall")
+            if node is None:
+                continue
+            calibration = node.get("calibration") or {}
+            table.add_row(result["method"], str(node["rows"]), _cell(node["exact_match"]),
+                          *(_cell(node["recall"][b]) for b in budgets),
+                          _cell(node["precision"][budgets[0]]), _cell(node["rr_first"]),
+                          _cell(calibration.get("ece")))
+        console.print(table)
+    for method, why in report.get("skipped", {}).items():
+        console.print(f"[dim]{method} skipped: {why}[/dim]")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m train.cli`` (one process per torchrun rank)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = typer.Typer(name="train.cli", no_args_is_help=True, add_completion=False,
+                      pretty_exceptions_enable=False)
+    app.command("train")(train_command)
+    app.command("evaluate")(evaluate_command)
+    try:
+        sys.exit(app(args=argv, standalone_mode=False) or 0)
+    except FlywheelError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

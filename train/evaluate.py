@@ -1,0 +1,329 @@
+"""``flywheel evaluate``: every Gate 3 method × metric on a snapshot's evaluation splits.
+
+Methods, at equal candidate count (every one ranks all E experts):
+``random``; ``frequency`` (per-layer counts fitted on the snapshot's ``train`` split
+only); ``lru``, ``previous_token``, ``adjacent_layer`` (each thread's committed
+history); ``native_gate`` (the teacher's router of layer l applied to the pre-attention
+feature, lifted to width H with the pseudo-inverse of the recorded projection) when a
+teacher or router weights are given; and the learned checkpoint (its ``(0, 0)`` head).
+A P1 checkpoint's next-layer head is reported separately under ``auxiliary`` (its rows
+differ, so it is not compared with the controls).
+
+Order. Evaluation rows are streamed single-process in manifest order without
+shuffling: shards hold rows sorted by source offset and ordinal, and a thread's windows
+sit at increasing offsets of one partition, so each thread's tokens arrive in ordinal
+order, as the history controls and route-union growth require (they raise otherwise).
+
+The JSON report's ``offline`` node is what :class:`train.qualify.OfflineEvidence`
+takes: ``candidate``, ``features`` and one :meth:`MetricsAccumulator.result` per method.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from flywheel.errors import ConfigError
+from train.baselines import (
+    BaselineConfig,
+    FrequencyTable,
+    HistoryBaselines,
+    NativeGateBaseline,
+    RandomBaseline,
+    frequency_scores,
+)
+from train.checkpoint import LoadedCheckpoint, load_checkpoint
+from train.data import Snapshot, SnapshotDataset, StreamConfig, batch_splits
+from train.exceptions import BaselineError, CheckpointError, SnapshotError
+from train.metrics import EVALUATION_SPLITS, TRAIN_SPLIT, MetricsAccumulator, MetricsConfig
+from train.models import membership_probability
+
+log = logging.getLogger(__name__)
+REPORT_SCHEMA = "flywheel.train.evaluation.v1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateConfig:
+    """What ``flywheel evaluate`` measures."""
+
+    splits: tuple[str, ...] = ()
+    """Evaluation splits to score; empty means every evaluation split the snapshot has."""
+    batch_size: int = 8192
+    """(token, layer) rows per batch."""
+    budgets: tuple[int, ...] = (10, 12, 16, 20, 32)
+    """Candidate budgets of recall and precision."""
+    union_max_window: int = 8
+    """Largest token window of route-union growth; 0 turns it off."""
+    calibration_bins: int = 10
+    """Bins of the reliability table behind ECE."""
+    seed: int = 0
+    """Seed of the random control."""
+    lru_capacity: int = 64
+    """Experts remembered per (thread, layer) by the LRU control."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "splits", tuple(self.splits))
+        object.__setattr__(self, "budgets", tuple(self.budgets))
+        if TRAIN_SPLIT in self.splits or set(self.splits) - set(EVALUATION_SPLITS):
+            raise ConfigError(f"EvaluateConfig.splits {self.splits!r}: evaluate only "
+                              f"{', '.join(EVALUATION_SPLITS)}, never {TRAIN_SPLIT}")
+        if self.batch_size < 1 or self.seed < 0:
+            raise ConfigError("EvaluateConfig.batch_size must be >= 1 and .seed >= 0")
+
+
+@dataclass(frozen=True, eq=False)
+class RouterWeights:
+    """The teacher's gates ``(L, E, H)`` and the RMSNorm gain ``(L, H)`` before them."""
+
+    router_LEH: np.ndarray
+    norm_gain_LH: np.ndarray | None
+    source: str
+
+
+def router_weights(teacher: Any) -> RouterWeights:
+    """Every routed layer's gate matrix and the gain of the RMSNorm that feeds it (the
+    norm applied to a unit-RMS probe: its ``1/rms`` factor does not change rankings)."""
+    layers = teacher.adapter.decoder_layers(teacher.model)
+    routers, gains = [], []
+    for index in teacher.geometry.routed_layers:
+        layer = layers[index]
+        weight = getattr(teacher.adapter.router(layer), "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
+            raise BaselineError(f"the router of layer {index} has no (E, H) weight matrix")
+        routers.append(weight.detach().float().cpu().numpy())
+        norm = getattr(layer, "post_attention_layernorm", None)
+        if norm is not None:
+            with torch.no_grad():
+                probe = torch.ones(1, weight.shape[1], dtype=weight.dtype)
+                gains.append(norm(probe).float().cpu().numpy()[0])
+    gain = np.stack(gains) if len(gains) == len(routers) else None
+    return RouterWeights(router_LEH=np.stack(routers), norm_gain_LH=gain,
+                         source=str(teacher.path))
+
+
+def teacher_router(teacher_dir: Path, snapshot: Snapshot) -> RouterWeights:
+    """Router weights of the snapshot's own teacher (BaselineError for another one)."""
+    from replay.teacher import load_teacher
+
+    teacher = load_teacher(teacher_dir)
+    identity = snapshot.manifest.get("identity") or {}
+    if teacher.artifact_digest != identity.get("model_artifact_digest"):
+        raise BaselineError(
+            f"teacher {teacher_dir} has artifact digest {teacher.artifact_digest}, the snapshot "
+            f"was replayed with {identity.get('model_artifact_digest')}; pass that teacher")
+    return router_weights(teacher)
+
+
+class NativeGate:
+    """The native-gate control on the snapshot's stored features.
+
+    Features are lifted here, with the pseudo-inverse of the recorded projection, before
+    the router sees them: :class:`NativeGateBaseline` takes any feature of width H as a
+    full-width state, which a projected feature with ``D == H`` is not.
+    """
+
+    def __init__(self, router: RouterWeights, snapshot: Snapshot,
+                 fill: FrequencyTable | None) -> None:
+        from replay.features import check_contract
+
+        H, D = router.router_LEH.shape[2], int(snapshot.geometry["feature_dim"])
+        contract = snapshot.feature_contract
+        self.lift_DH: np.ndarray | None = None
+        if contract is not None:
+            try:
+                reduction_HD = check_contract(contract).matrix_HD
+            except ConfigError as exc:
+                raise SnapshotError(f"snapshot {snapshot.snapshot_id}: {exc}") from exc
+            if reduction_HD.shape != (H, D):
+                raise BaselineError(f"the feature projection is {reduction_HD.shape}, the "
+                                    f"router needs ({H}, {D}); the teacher is not the snapshot's")
+            self.lift_DH = np.linalg.pinv(reduction_HD.astype(np.float64))
+        elif D != H:
+            raise BaselineError("the snapshot records no feature contract and its features are "
+                                f"reduced ({D} != {H}); the native gate cannot lift them")
+        self.baseline = NativeGateBaseline(router.router_LEH, fill=fill,
+                                           norm_weight_LH=router.norm_gain_LH)
+
+    def scores(self, feature_BD: torch.Tensor, layer_B: torch.Tensor) -> np.ndarray:
+        """Router scores ``(B, E)`` of the lifted features."""
+        feature = feature_BD.double().numpy()
+        hidden_BH = feature if self.lift_DH is None else feature @ self.lift_DH
+        return self.baseline.scores(hidden_BH, layer_B)
+
+
+def check_compatible(checkpoint: LoadedCheckpoint, snapshot: Snapshot) -> None:
+    """CheckpointError unless the model fits the snapshot's geometry and features."""
+    c, g = checkpoint.model.config, snapshot.geometry
+    want = (int(g["feature_dim"]), int(g["layers"]), snapshot.expert_count)
+    have = (c.feature_dim, c.layer_count, c.expert_count)
+    if have != want:
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path} expects (D, L, E) = {have}, the snapshot has "
+            f"{want}; evaluate it on a snapshot of its teacher geometry")
+    trained = (checkpoint.lineage.get("feature_contract") or {}).get("projection")
+    here = snapshot.feature_contract
+    digests = [None if x is None else x.get("projection_digest") for x in (trained, here)]
+    if digests[0] != digests[1]:
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path} was trained on features of projection "
+            f"{digests[0]}, the snapshot's are {digests[1]}; the features are not comparable")
+    if (0, 0) not in c.offsets:
+        raise CheckpointError(f"checkpoint {checkpoint.path} has no (0, 0) head to evaluate")
+
+
+def fit_frequency(snapshot: Snapshot, config: BaselineConfig,
+                  batch_size: int) -> FrequencyTable:
+    """The frequency table over the snapshot's train split (empty when there is none)."""
+    table = FrequencyTable(config)
+    if snapshot.split_rows(TRAIN_SPLIT) == 0:
+        return table
+    stream = SnapshotDataset(snapshot, StreamConfig(splits=(TRAIN_SPLIT,), shuffle=False,
+                                                    batch_size=batch_size, lineage=False))
+    for batch in stream:
+        table.fit(layer_B=batch["layer_B"], target_ids_BK=batch["target_ids_BK"],
+                  split_B=batch_splits(batch).tolist())
+    return table
+
+
+class Evaluation:
+    """Accumulates every method over the evaluation stream."""
+
+    def __init__(self, snapshot: Snapshot, checkpoint: LoadedCheckpoint,
+                 config: EvaluateConfig, router: RouterWeights | None) -> None:
+        self.snapshot, self.checkpoint, self.config = snapshot, checkpoint, config
+        g = snapshot.geometry
+        self.baseline = BaselineConfig(layer_count=int(g["layers"]),
+                                       expert_count=snapshot.expert_count, seed=config.seed,
+                                       lru_capacity=config.lru_capacity)
+        self.metrics = MetricsConfig(expert_count=snapshot.expert_count, top_k=int(g["top_k"]),
+                                     budgets=config.budgets,
+                                     union_max_window=config.union_max_window,
+                                     calibration_bins=config.calibration_bins)
+        self.frequency = fit_frequency(snapshot, self.baseline, config.batch_size)
+        self.skipped: dict[str, str] = {}
+        self.gate = None if router is None else NativeGate(router, snapshot, self._fill())
+        if router is None:
+            self.skipped["native_gate"] = "no teacher or router weights given (--teacher DIR)"
+        if self.frequency.rows == 0:
+            self.skipped["frequency"] = "the snapshot has no train rows to fit it on"
+        self.random = RandomBaseline(self.baseline)
+        self.history = HistoryBaselines(self.baseline, fill=self._fill())
+        names = ["random", "frequency", "lru", "previous_token", "adjacent_layer",
+                 "native_gate", checkpoint.method]
+        self.accumulators = {m: MetricsAccumulator(self.metrics, method=m) for m in names
+                             if m not in self.skipped}
+        offsets = checkpoint.model.config.offsets
+        self.next_head = offsets.index((0, 1)) if (0, 1) in offsets else None
+        self.auxiliary = None if self.next_head is None else MetricsAccumulator(
+            self.metrics, method=f"{checkpoint.method}_next_layer")
+
+    def _fill(self) -> FrequencyTable | None:
+        return self.frequency if self.frequency.rows else None
+
+    def update(self, batch: dict[str, Any]) -> None:
+        common = {"target_ids_BK": batch["target_ids_BK"], "layer_B": batch["layer_B"],
+                  "split_B": batch["split"], "domain_B": batch["domain"],
+                  "thread_B": batch["thread"], "ordinal_B": batch["ordinal_B"]}
+        scores = self.history.score_and_observe(
+            thread_B=batch["thread"], ordinal_B=batch["ordinal_B"], layer_B=batch["layer_B"],
+            target_ids_BK=batch["target_ids_BK"])
+        scores["random"] = self.random.scores(len(batch["split"]))
+        if "frequency" in self.accumulators:
+            scores["frequency"] = frequency_scores(self.frequency, batch["layer_B"])
+        if self.gate is not None:
+            scores["native_gate"] = self.gate.scores(batch["feature_BD"], batch["layer_B"])
+        with torch.no_grad():
+            model_BOE = self.checkpoint.model(batch["feature_BD"].float(), batch["layer_B"])
+        own_BE = model_BOE[:, self.checkpoint.model.config.offsets.index((0, 0))]
+        for name, acc in self.accumulators.items():
+            if name == self.checkpoint.method:
+                acc.update(scores_BE=own_BE, membership_prob_BE=membership_probability(own_BE),
+                           **common)
+            else:
+                acc.update(scores_BE=scores[name], **common)
+        if self.next_head is not None:
+            self._update_next(batch, self.next_head, model_BOE[:, self.next_head])
+
+    def _update_next(self, batch: dict[str, Any], head: int, next_BE: torch.Tensor) -> None:
+        valid_B = batch["offset_valid_BO"][:, head]
+        if self.auxiliary is None or not bool(valid_B.any()):
+            return
+        pick = valid_B.numpy()
+        self.auxiliary.update(
+            target_ids_BK=batch["offset_target_ids_BOK"][:, head][valid_B],
+            layer_B=batch["layer_B"][valid_B] + 1, scores_BE=next_BE[valid_B],
+            membership_prob_BE=membership_probability(next_BE[valid_B]),
+            split_B=np.asarray(batch["split"], dtype=object)[pick],
+            domain_B=np.asarray(batch["domain"], dtype=object)[pick],
+            thread_B=np.asarray(batch["thread"], dtype=object)[pick],
+            ordinal_B=batch["ordinal_B"][valid_B])
+
+
+def evaluation_splits(snapshot: Snapshot, config: EvaluateConfig) -> tuple[str, ...]:
+    splits = config.splits or tuple(s for s in EVALUATION_SPLITS if snapshot.split_rows(s))
+    empty = [s for s in splits if snapshot.split_rows(s) == 0]
+    if not splits or empty:
+        raise SnapshotError(f"snapshot {snapshot.snapshot_id} has no rows in "
+                            f"{empty or 'any evaluation split'}; nothing to evaluate")
+    return splits
+
+
+def _batches(snapshot: Snapshot, splits: tuple[str, ...], config: EvaluateConfig,
+             layer_offsets: tuple[int, ...]) -> Iterator[dict[str, Any]]:
+    stream = SnapshotDataset(snapshot, StreamConfig(
+        splits=splits, batch_size=config.batch_size, shuffle=False, layer_offsets=layer_offsets))
+    total = sum(snapshot.split_rows(s) for s in splits) * int(snapshot.geometry["layers"])
+    bar = tqdm(total=total, desc="evaluate", unit="row", disable=not config.progress,
+               dynamic_ncols=True)
+    for batch in stream:
+        yield batch
+        bar.update(len(batch["split"]))
+    bar.close()
+
+
+def evaluate(snapshot_path: Path, checkpoint_path: Path, config: EvaluateConfig, *,
+             teacher_dir: Path | None = None, router: RouterWeights | None = None,
+             expected_id: str | None = None) -> dict[str, Any]:
+    """The full report (see the module doc); ``router`` overrides ``teacher_dir``."""
+    snapshot = Snapshot(snapshot_path, expected_id=expected_id)
+    checkpoint = load_checkpoint(checkpoint_path)
+    check_compatible(checkpoint, snapshot)
+    splits = evaluation_splits(snapshot, config)
+    if router is None and teacher_dir is not None:
+        router = teacher_router(teacher_dir, snapshot)
+    run = Evaluation(snapshot, checkpoint, config, router)
+    offsets = tuple(dl for _, dl in checkpoint.model.config.offsets)
+    for batch in _batches(snapshot, splits, config, offsets):
+        run.update(batch)
+    trained_on = (checkpoint.lineage.get("snapshot") or {}).get("snapshot_id")
+    method = checkpoint.method
+    return {
+        "schema": REPORT_SCHEMA,
+        "snapshot": {"snapshot_id": snapshot.snapshot_id, "path": str(snapshot.directory),
+                     "splits": list(splits)},
+        "checkpoint": {"checkpoint_id": checkpoint.lineage.get("checkpoint_id"),
+                       "path": str(checkpoint.path), "method": method,
+                       "trained_on_snapshot": trained_on,
+                       "same_snapshot": trained_on == snapshot.snapshot_id},
+        "frequency_fit": {"split": TRAIN_SPLIT, "rows": run.frequency.rows},
+        "native_gate": None if router is None else {"source": router.source},
+        "skipped": run.skipped,
+        "offline": {"candidate": method, "features": {method: "pre_attention"},
+                    "results": [acc.result() for acc in run.accumulators.values()]},
+        "auxiliary": [] if run.auxiliary is None else [run.auxiliary.result()],
+    }
+
+
+def write_report(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")

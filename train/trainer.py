@@ -1,0 +1,279 @@
+"""``flywheel train``: fit one route sidecar on a sealed snapshot's ``train`` split.
+
+nanoGPT-style loop over optimiser steps: an endless, seeded stream of training batches
+(:mod:`train.data`), AdamW with warm-up and cosine decay, the design note's objective
+(:class:`train.losses.SidecarLoss`), validation on the validation split every
+``eval_every`` steps (split guards make a training row there, or a validation row in
+training, raise SplitMixingError), early stopping on validation recall@K or loss, and
+the best checkpoint with its lineage (:mod:`train.checkpoint`). Under ``torchrun`` the
+model is wrapped in DistributedDataParallel; ranks read disjoint units, validation sums
+are all-reduced, so every rank takes the same early-stopping decision.
+
+Reproducibility: the model is initialised from ``seed``, the data order is a function of
+``(seed, epoch, rank, worker)``, so the same seed, snapshot, world size, worker count and
+thread count give the same checkpoint id on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from train import ddp
+from train.checkpoint import HISTORY_FILE, code_version, save_checkpoint
+from train.config import TrainConfig, config_to_dict
+from train.data import Snapshot, SnapshotDataset, StreamConfig, batch_splits, make_loader
+from train.exceptions import SnapshotError
+from train.losses import SidecarLoss
+from train.metrics import check_evaluation_rows, check_train_rows
+from train.models import RouteSidecar, SidecarConfig, rank_candidates
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """Where the best checkpoint went and how training went."""
+
+    checkpoint_dir: Path
+    lineage: dict[str, Any]
+    history: list[dict[str, Any]]
+
+
+def sidecar_config(config: TrainConfig, snapshot: Snapshot) -> SidecarConfig:
+    """The model geometry: options from the config, D/L/E from the snapshot."""
+    g, m = snapshot.geometry, config.model
+    return SidecarConfig(feature_dim=int(g["feature_dim"]), layer_count=int(g["layers"]),
+                         expert_count=snapshot.expert_count, rank=m.rank, hidden=m.hidden,
+                         offsets=m.offsets, dropout=m.dropout,
+                         layer_expert_bias=m.layer_expert_bias)
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """Linear warm-up to ``lr``, then cosine decay to ``min_lr`` at ``max_steps``."""
+    o = config.optim
+    if step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    span = max(o.max_steps - o.warmup_steps, 1)
+    ratio = min((step - o.warmup_steps) / span, 1.0)
+    return o.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (o.lr - o.min_lr)
+
+
+def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not norms, biases or embedding tables)."""
+    decay: list[torch.nn.Parameter] = []
+    keep: list[torch.nn.Parameter] = []
+    for name, parameter in model.named_parameters():
+        table = name.startswith(("layer_film", "offset_film", "expert_bias"))
+        (decay if parameter.ndim >= 2 and not table else keep).append(parameter)
+    o = config.optim
+    return torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
+                              {"params": keep, "weight_decay": 0.0}], lr=o.lr,
+                             betas=(o.beta1, o.beta2))
+
+
+class Trainer:
+    """One training run; :meth:`run` trains, validates, stops early and checkpoints."""
+
+    def __init__(self, snapshot: Snapshot, out_dir: Path, config: TrainConfig,
+                 ctx: ddp.DistContext) -> None:
+        self.snapshot, self.out_dir, self.config, self.ctx = snapshot, Path(out_dir), config, ctx
+        self._check_snapshot()
+        torch.manual_seed(config.seed)
+        self.model = RouteSidecar(sidecar_config(config, snapshot)).to(ctx.device)
+        torch.manual_seed(config.seed + 7919 * ctx.rank)  # dropout differs across ranks
+        self.ddp_model: torch.nn.Module = (
+            DistributedDataParallel(self.model, device_ids=[ctx.device.index]
+                                    if ctx.device.type == "cuda" else None,
+                                    broadcast_buffers=False)  # buffers are constants
+            if ctx.distributed else self.model)
+        self.loss_fn = SidecarLoss(config.loss).to(ctx.device)
+        self.optimizer = make_optimizer(self.model, config)
+        self.own = self.model.config.offsets.index((0, 0))
+        self.layer_offsets = tuple(dl for _, dl in self.model.config.offsets)
+
+    def _check_snapshot(self) -> None:
+        d = self.config.data
+        for split in (d.train_split, d.validation_split):
+            if self.snapshot.split_rows(split) == 0:
+                raise SnapshotError(
+                    f"snapshot {self.snapshot.snapshot_id} has no {split!r} rows; training "
+                    "needs train rows and validation rows for early stopping")
+        units = len(self.snapshot.units([d.train_split]))
+        if units < self.ctx.world_size:
+            raise SnapshotError(
+                f"the train split has {units} shard row groups but {self.ctx.world_size} ranks; "
+                "every rank needs at least one: use fewer ranks or a larger snapshot")
+
+    def stream(self, split: str, *, train: bool) -> SnapshotDataset:
+        d = self.config.data
+        return SnapshotDataset(self.snapshot, StreamConfig(
+            splits=(split,), batch_size=d.batch_size, shuffle=train,
+            shuffle_buffer=d.shuffle_buffer, seed=self.config.seed, epochs=None if train else 1,
+            layer_offsets=self.layer_offsets, lineage=False))
+
+    def loss_terms(self, batch: dict[str, Any], *, train: bool = True
+                   ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The loss terms of one batch and its own-layer scores ``(B, E)``. Validation
+        (``train=False``) bypasses DDP: ranks may hold different numbers of batches."""
+        dev = self.ctx.device
+        feature_BD = batch["feature_BD"].to(dev, torch.float32, non_blocking=True)
+        layer_B = batch["layer_B"].to(dev, non_blocking=True)
+        scores_BOE = (self.ddp_model if train else self.model)(feature_BD, layer_B)
+        target_BO, in_range_BO = self.model.target_layers(layer_B)
+        valid_BO = batch["offset_valid_BO"].to(dev) & in_range_BO
+        terms = self.loss_fn(
+            scores_BOE[valid_BO], batch["offset_target_ids_BOK"].to(dev)[valid_BO],
+            layer_B=target_BO[valid_BO],
+            target_weights_BK=batch["offset_target_weights_BOK"].to(dev)[valid_BO])
+        return terms, scores_BOE[:, self.own]
+
+    def step(self, batch: dict[str, Any], step: int) -> float:
+        """One optimiser step on a training batch; returns its loss."""
+        check_train_rows(batch_splits(batch), len(batch["layer_B"]))
+        lr = learning_rate(step, self.config)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.ddp_model.train()
+        terms, _ = self.loss_terms(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        terms["total"].backward()
+        if self.config.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        self.optimizer.step()
+        return float(terms["total"].detach())
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Loss, recall@K and exact top-K match on the validation split (all ranks)."""
+        self.model.eval()
+        sums = torch.zeros(4, dtype=torch.float64)  # loss*rows, hits, exact, rows
+        limit = self.config.schedule.eval_max_batches
+        loader = make_loader(self.stream(self.config.data.validation_split, train=False),
+                             num_workers=self.config.data.num_workers)
+        for index, batch in enumerate(loader):
+            if limit and index >= limit:
+                break
+            rows = len(batch["layer_B"])
+            check_evaluation_rows(batch_splits(batch), rows)
+            terms, scores_BE = self.loss_terms(batch, train=False)
+            targets_BK = batch["target_ids_BK"].to(self.ctx.device)
+            k = targets_BK.shape[1]
+            picked_BK = rank_candidates(scores_BE.float(), k)
+            hits_B = (picked_BK[:, :, None] == targets_BK[:, None, :]).any(-1).sum(-1)
+            sums += torch.tensor([float(terms["total"]) * rows, float(hits_B.sum()) / k,
+                                  float((hits_B == k).sum()), rows], dtype=torch.float64)
+        total = ddp.all_reduce_sum(sums, self.ctx)
+        seen = max(float(total[3]), 1.0)
+        return {"loss": float(total[0]) / seen, "recall": float(total[1]) / seen,
+                "exact_match": float(total[2]) / seen, "rows": int(total[3])}
+
+    def lineage(self, outcome: dict[str, Any]) -> dict[str, Any]:
+        return {"format": "hebrus-flywheel-lineage/v1", "method": self.config.method,
+                "snapshot": self.snapshot.lineage(),
+                "feature_contract": {"dim": int(self.snapshot.geometry["feature_dim"]),
+                                     "dtype": self.snapshot.geometry.get("feature_dtype"),
+                                     "projection": self.snapshot.feature_contract},
+                "geometry": {"layers": self.model.config.layer_count,
+                             "experts": self.model.config.expert_count,
+                             "top_k": int(self.snapshot.geometry["top_k"]),
+                             "offsets": [list(o) for o in self.model.config.offsets]},
+                "config": config_to_dict(self.config), "seed": self.config.seed,
+                "code": code_version(), "world_size": self.ctx.world_size,
+                "training": outcome, "parent": None}
+
+    def run(self) -> TrainResult:
+        s, o = self.config.schedule, self.config.optim
+        sign = 1.0 if s.monitor == "recall" else -1.0
+        best: dict[str, Any] | None = None
+        history: list[dict[str, Any]] = []
+        stale, losses, started, stopped = 0, [], time.perf_counter(), "max_steps"
+        batches = iter(make_loader(self.stream(self.config.data.train_split, train=True),
+                                   num_workers=self.config.data.num_workers,
+                                   pin_memory=self.ctx.device.type == "cuda"))
+        bar = tqdm(total=o.max_steps, desc="train", unit="step", dynamic_ncols=True,
+                   disable=not (s.progress and self.ctx.is_main))
+        for step in range(o.max_steps):
+            losses.append(self.step(next(batches), step))
+            bar.update(1)
+            if (step + 1) % s.eval_every and step + 1 < o.max_steps:
+                continue
+            record = self._record(step + 1, losses, started)
+            losses = []
+            history.append(record)
+            value = sign * record["validation"][s.monitor]
+            if best is None or value > sign * best["validation"][s.monitor] + s.min_delta:
+                best, stale = record, 0
+                self._best_state = {k: v.detach().cpu().clone()
+                                    for k, v in self.model.state_dict().items()}
+                self._checkpoint(best, history, "running")
+            else:
+                stale += 1
+            bar.set_postfix(loss=f"{record['train_loss']:.3f}",
+                            val_recall=f"{record['validation']['recall']:.3f}")
+            self._write_history(record)
+            if s.patience and stale >= s.patience:
+                stopped = "early_stopping"
+                break
+        bar.close()
+        del batches
+        lineage = self._checkpoint(best, history, stopped) if best is not None else {}
+        return TrainResult(checkpoint_dir=self.out_dir, lineage=lineage, history=history)
+
+    def _record(self, step: int, losses: list[float], started: float) -> dict[str, Any]:
+        validation = self.validate()
+        summed = ddp.all_reduce_sum(torch.tensor([sum(losses), len(losses)],
+                                                 dtype=torch.float64), self.ctx)
+        record = {"step": step, "train_loss": float(summed[0]) / max(float(summed[1]), 1.0),
+                  "lr": learning_rate(step - 1, self.config), "validation": validation,
+                  "rows_seen": step * self.config.data.batch_size * self.ctx.world_size,
+                  "elapsed_s": round(time.perf_counter() - started, 3)}
+        if self.ctx.is_main:
+            log.info("step %d: train loss %.4f, validation %s", step, record["train_loss"],
+                     json.dumps(validation))
+        return record
+
+    def _checkpoint(self, best: dict[str, Any], history: list[dict[str, Any]],
+                    stopped: str) -> dict[str, Any]:
+        """Write the best parameters with the lineage of the run so far (rank 0)."""
+        outcome = {"best_step": best["step"], "best_validation": best["validation"],
+                   "steps": history[-1]["step"], "stopped": stopped,
+                   "validation_split": self.config.data.validation_split}
+        lineage: dict[str, Any] = {}
+        if self.ctx.is_main:
+            lineage = save_checkpoint(self.out_dir, self.model.config, self._best_state,
+                                      self.lineage(outcome))
+        ddp.barrier(self.ctx)
+        return lineage
+
+    def _write_history(self, record: dict[str, Any]) -> None:
+        if self.ctx.is_main:
+            with (self.out_dir / HISTORY_FILE).open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
+          expected_id: str | None = None) -> TrainResult:
+    """Train on ``snapshot`` into ``out_dir`` (single process, or a torchrun rank)."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    ctx = ddp.init_distributed(config.device)
+    try:
+        opened = Snapshot(snapshot, expected_id=expected_id, verify=config.data.verify)
+        out_dir = Path(out_dir)
+        if ctx.is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / HISTORY_FILE).unlink(missing_ok=True)
+        ddp.barrier(ctx)
+        return Trainer(opened, out_dir, config, ctx).run()
+    finally:
+        ddp.shutdown(ctx)
