@@ -131,10 +131,10 @@ class RandomBaseline:
 class NativeGateBaseline:
     """The target's router of layer l applied to a representation available earlier.
 
-    ``router_weight_LEH`` holds every routed layer's gate matrix. Features of width H
-    are used as they are; features of width D < H need ``reduction_HD``, the linear map
-    with which the capture plane reduced the hidden state (``feature = hidden @
-    reduction_HD``), and are lifted with its pseudo-inverse. ``norm_weight_LH``
+    ``router_weight_LEH`` holds every routed layer's gate matrix. Without
+    ``reduction_HD`` features must be full-width (H) hidden states; with it they are
+    the capture plane's reduced features (``feature = hidden @ reduction_HD``, any D,
+    including D == H) and are lifted with its pseudo-inverse. ``norm_weight_LH``
     optionally applies the RMSNorm gain that precedes the router (the ``1/rms`` factor
     is dropped: a positive scale does not change a row's ranking).
     """
@@ -167,12 +167,11 @@ class NativeGateBaseline:
         return ranked_scores(logits_BE, fill_BE)
 
     def _hidden(self, feature_BX: np.ndarray) -> np.ndarray:
+        # With a reduction the features ARE reduced, even when D happens to equal H.
         H = self.router_LEH.shape[2]
-        if feature_BX.ndim == 2 and feature_BX.shape[1] == H:
-            return feature_BX
-        if self.lift_DH is not None and feature_BX.ndim == 2 and (
-                feature_BX.shape[1] == self.lift_DH.shape[0]):
-            return feature_BX @ self.lift_DH  # (B, H)
+        width = self.lift_DH.shape[0] if self.lift_DH is not None else H
+        if feature_BX.ndim == 2 and feature_BX.shape[1] == width:
+            return feature_BX if self.lift_DH is None else feature_BX @ self.lift_DH  # (B, H)
         raise BatchError(
             f"feature has shape {feature_BX.shape}; the native gate needs full-width (B, {H}) "
             "hidden states, or reduced features plus the capture plane's reduction_HD"

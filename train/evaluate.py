@@ -127,9 +127,8 @@ def teacher_router(teacher_dir: Path, snapshot: Snapshot) -> RouterWeights:
 class NativeGate:
     """The native-gate control on the snapshot's stored features.
 
-    Features are lifted here, with the pseudo-inverse of the recorded projection, before
-    the router sees them: :class:`NativeGateBaseline` takes any feature of width H as a
-    full-width state, which a projected feature with ``D == H`` is not.
+    The baseline lifts the stored features with the pseudo-inverse of the projection
+    recorded in the snapshot's feature contract before the router sees them.
     """
 
     def __init__(self, router: RouterWeights, snapshot: Snapshot,
@@ -138,7 +137,7 @@ class NativeGate:
 
         H, D = router.router_LEH.shape[2], int(snapshot.geometry["feature_dim"])
         contract = snapshot.feature_contract
-        self.lift_DH: np.ndarray | None = None
+        reduction_HD: np.ndarray | None = None
         if contract is not None:
             try:
                 reduction_HD = check_contract(contract).matrix_HD
@@ -147,18 +146,16 @@ class NativeGate:
             if reduction_HD.shape != (H, D):
                 raise BaselineError(f"the feature projection is {reduction_HD.shape}, the "
                                     f"router needs ({H}, {D}); the teacher is not the snapshot's")
-            self.lift_DH = np.linalg.pinv(reduction_HD.astype(np.float64))
         elif D != H:
             raise BaselineError("the snapshot records no feature contract and its features are "
                                 f"reduced ({D} != {H}); the native gate cannot lift them")
         self.baseline = NativeGateBaseline(router.router_LEH, fill=fill,
+                                           reduction_HD=reduction_HD,
                                            norm_weight_LH=router.norm_gain_LH)
 
     def scores(self, feature_BD: torch.Tensor, layer_B: torch.Tensor) -> np.ndarray:
         """Router scores ``(B, E)`` of the lifted features."""
-        feature = feature_BD.double().numpy()
-        hidden_BH = feature if self.lift_DH is None else feature @ self.lift_DH
-        return self.baseline.scores(hidden_BH, layer_B)
+        return self.baseline.scores(feature_BD.double().numpy(), layer_B)
 
 
 def check_compatible(checkpoint: LoadedCheckpoint, snapshot: Snapshot) -> None:

@@ -158,7 +158,13 @@ def test_native_gate_lifts_reduced_features() -> None:
     gate = NativeGateBaseline(_router(), reduction_HD=reduction_HD)
     hidden = np.array([[0.2, 0.7, 0.0, 0.0]])
     reduced = hidden @ reduction_HD
-    np.testing.assert_array_equal(gate.scores(reduced, [0]), gate.scores(hidden, [0]))
+    full = NativeGateBaseline(_router())
+    np.testing.assert_array_equal(gate.scores(reduced, [0]), full.scores(hidden, [0]))
+    # D == H: a square projection still means the features are reduced and get lifted.
+    rotation_HH = np.eye(4)[[1, 0, 3, 2]] * 2.0
+    square = NativeGateBaseline(_router(), reduction_HD=rotation_HH)
+    np.testing.assert_array_equal(square.scores(hidden @ rotation_HH, [0]),
+                                  full.scores(hidden, [0]))
     with pytest.raises(BatchError, match="reduction_HD"):
         NativeGateBaseline(_router()).scores(reduced, [0])
     with pytest.raises(BaselineError, match="reduction_HD"):
