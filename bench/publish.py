@@ -6,12 +6,14 @@ Figures (one JSON line each, never asserted anywhere):
   :class:`RuntimePublisher` (validate + encode + idempotent produce) until every record
   is acknowledged by the broker, at the full 48-layer, top-10-of-512 geometry.
 * ``wire_bytes_per_token`` — key + value + header bytes per observation (one decoded
-  token), before Kafka batch compression; next to the design note's 3,840 bytes per
-  token of uncompressed top-10 labels.
+  token, ``RouteObservation.v2``: uint16 ids + float32 weights), before Kafka batch
+  compression; next to the design note's 3,840 bytes per token of uncompressed top-10
+  labels.
 * ``capture_tokens_per_s`` — the reference runtime's KV-cache decode with route capture
   and publishing, for the default teacher and the 48-layer preset, on this CPU.
 
-Needs the broker (``make broker-up``). Usage: ``python bench/publish.py [--records N]``.
+Needs the broker (``make broker-up``). Usage: ``python bench/publish.py [--records N]``
+(or ``python -m bench.publish``).
 """
 
 from __future__ import annotations
@@ -19,19 +21,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+# Run by path, sys.path[0] is bench/, where bench/streams.py would shadow the ``streams``
+# package: the repository root goes in front of it before any project import.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
 
 from flywheel.settings import bootstrap_servers
 from schemas.identity import with_identity_id
 from streams.publisher import PublisherConfig, RuntimePublisher
+from streams.routes import pack_routes
 from streams.topics import TopicSpec, create_topics, delete_topics
 
 LAYERS, TOP_K, EXPERTS = 48, 10, 512
@@ -55,21 +63,19 @@ def _identity() -> dict[str, Any]:
 
 
 def _observations(count: int, identity_id: str, threads: int = 16) -> list[dict[str, Any]]:
-    rng = random.Random(0)
+    """RouteObservation.v2 records as a runtime builds them: routes packed from arrays."""
+    rng = np.random.default_rng(0)
     out = []
     for i in range(count):
-        layers = []
-        for layer in range(LAYERS):
-            raw = sorted((rng.random() for _ in range(TOP_K)), reverse=True)
-            total = sum(raw)
-            layers.append({"stage": 0, "layer": layer,
-                           "expert_ids": rng.sample(range(EXPERTS), TOP_K),
-                           "weights": [w / total for w in raw]})
+        ids = (rng.integers(0, EXPERTS, LAYERS)[:, None] + 37 * np.arange(TOP_K)) % EXPERTS
+        raw = np.sort(rng.random((LAYERS, TOP_K)), axis=1)[:, ::-1]
+        weights = (raw / raw.sum(axis=1, keepdims=True)).astype(np.float32)
         thread = i % threads
         out.append({"owner": f"owner-{thread % 4:04d}", "thread": f"thread-{thread:04d}",
                     "generation": 0, "sequence_id": f"seq-{thread}", "turn_index": 1,
-                    "token_ordinal": i // threads, "token_id": rng.randrange(4096),
-                    "identity_id": identity_id, "speculative": None, "layers": layers})
+                    "token_ordinal": i // threads, "token_id": int(rng.integers(4096)),
+                    "identity_id": identity_id, "speculative": None,
+                    **pack_routes(ids.astype(np.uint16), weights)})
     return out
 
 

@@ -10,9 +10,12 @@ uuid-prefixed topics on the broker, then, in the same run:
 3. ``faust_worker``: a real ``streams worker`` subprocess, from first record produced to
    last window published (includes faust, table changelogs and Kafka round trips).
 
-Rates count observation records (one per decoded token). Usage::
+Rates count observation records (one per decoded token) per wall second; ``cpu_rate``
+is the same count per CPU second of this process (less sensitive to other load on the
+machine). Observations are ``RouteObservation.v2`` (packed routes). Usage::
 
     python bench/streams.py [--threads 40] [--assistant-tokens 120] [--no-worker]
+    python -m bench.streams ...   # the same
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+# Run by path, sys.path[0] is bench/, where this very file would shadow the ``streams``
+# package: the repository root goes in front of it before any project import.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -66,8 +71,13 @@ def emit(figure: str, value: float, unit: str, **extra: Any) -> None:
     )
 
 
-def consume_all(bootstrap: str, topics: list[str], handle: Any) -> tuple[int, float]:
-    """Read ``topics`` to their end, calling ``handle(msg)``; returns (messages, seconds)."""
+def consume_all(bootstrap: str, topics: list[str], handle: Any) -> tuple[int, float, float]:
+    """Read ``topics`` to their end, calling ``handle(msg)``; returns (messages, wall
+    seconds, CPU seconds of this process, librdkafka's threads included).
+
+    Each ``consume`` asks for at most the messages still due, so the last call returns as
+    soon as they are there instead of waiting out its timeout for a full batch.
+    """
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -77,15 +87,18 @@ def consume_all(bootstrap: str, topics: list[str], handle: Any) -> tuple[int, fl
         }
     )
     ends: dict[tuple[str, int], int] = {}
+    due = 0
     for topic in topics:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]
         for p in meta.partitions:
-            ends[(topic, p)] = consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), 10)
+            ends[(topic, p)] = high
+            due += high - low
     pending = {tp for tp, end in ends.items() if end > 0}
     consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in pending])
-    count, start = 0, time.perf_counter()
+    count, start, cpu_start = 0, time.perf_counter(), time.process_time()
     while pending:
-        for msg in consumer.consume(500, timeout=1.0):
+        for msg in consumer.consume(max(1, min(500, due - count)), timeout=1.0):
             if msg.error():
                 continue
             handle(msg)
@@ -93,9 +106,9 @@ def consume_all(bootstrap: str, topics: list[str], handle: Any) -> tuple[int, fl
             tp = (msg.topic() or "", msg.partition() or 0)
             if (msg.offset() or 0) + 1 >= ends[tp]:
                 pending.discard(tp)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     consumer.close()
-    return count, elapsed
+    return count, elapsed, cpu
 
 
 def raw_decoder() -> Any:
@@ -183,17 +196,19 @@ def main() -> None:
     try:
         produce(producer(bootstrap), topics, messages)
         names = [topics.transcripts, topics.observations]
-        _, raw_s = consume_all(bootstrap, names, raw_decoder())
+        _, raw_s, raw_cpu = consume_all(bootstrap, names, raw_decoder())
         pipeline, feeder = pipeline_feeder(topics)
         consume_all(bootstrap, [topics.identities], feeder)  # the worker loads them at start
-        _, proc_s = consume_all(bootstrap, names, feeder)
+        _, proc_s, proc_cpu = consume_all(bootstrap, names, feeder)
         raw_rate, proc_rate = n_obs / raw_s, n_obs / proc_s
         geometry = {"layers": 48, "top_k": 10, "experts": 512, "observations": n_obs}
-        emit("raw_consume_decode_observations_per_s", raw_rate, "obs/s", **geometry)
+        emit("raw_consume_decode_observations_per_s", raw_rate, "obs/s",
+             cpu_rate=round(n_obs / raw_cpu, 1), **geometry)
         emit(
             "processed_observations_per_s",
             proc_rate,
             "obs/s",
+            cpu_rate=round(n_obs / proc_cpu, 1),
             windows=len(pipeline.windows),
             quarantined=len(pipeline.quarantined),
             **geometry,

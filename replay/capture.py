@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from flywheel.errors import ConfigError
+from streams.routes import ID_DTYPE, WEIGHT_DTYPE
 
 if TYPE_CHECKING:
     from replay.conversations import Thread
@@ -115,22 +118,28 @@ class _ThreadState:
 def observation_records(
     decoded: DecodedTurn, *, base: Mapping[str, Any], stage_of_layer: Iterable[int] | None = None
 ) -> Iterator[dict[str, Any]]:
-    """One ``RouteObservation`` dict per decoded token (``base`` holds the lineage)."""
-    layers = decoded.expert_ids_TLK.shape[1]
+    """One ``RouteObservation.v2`` dict per decoded token (``base`` holds the lineage).
+
+    Routes are packed straight from the decode arrays (uint16 ids, float32 weights,
+    one row per routed layer in layer order); no per-layer Python lists are built.
+    """
+    _, layers, top_k = decoded.expert_ids_TLK.shape
     stages = list(stage_of_layer) if stage_of_layer is not None else [RUNTIME_STAGE] * layers
-    ids_TLK = decoded.expert_ids_TLK.tolist()
-    weights_TLK = decoded.weights_TLK.tolist()
+    if len(stages) != layers:
+        raise ConfigError(f"stage_of_layer names {len(stages)} stages for {layers} routed layers")
+    ids_TLK = np.ascontiguousarray(decoded.expert_ids_TLK, dtype=ID_DTYPE)
+    weights_TLK = np.ascontiguousarray(decoded.weights_TLK, dtype=WEIGHT_DTYPE)
     for t, token in enumerate(decoded.token_ids):
         yield {
             **base,
             "token_ordinal": int(decoded.ordinals[t]),
             "token_id": int(token),
             "speculative": None,
-            "layers": [
-                {"stage": stages[layer], "layer": layer, "expert_ids": ids_TLK[t][layer],
-                 "weights": weights_TLK[t][layer]}
-                for layer in range(layers)
-            ],
+            "layers": list(range(layers)),
+            "stages": list(stages),
+            "top_k": int(top_k),
+            "expert_ids": ids_TLK[t].tobytes(),
+            "weights": weights_TLK[t].tobytes(),
         }
 
 

@@ -208,7 +208,19 @@ def decode(
     """
     reg = _registry(registry)
     entry = writer_entry(data, registry=reg)
-    reader = _reader_plain(reader_schema, reg)
+    return entry.key, decode_entry(entry, data, reader_schema, registry=reg)
+
+
+def decode_entry(
+    entry: SchemaEntry,
+    data: Buffer,
+    reader_schema: SchemaRef | None = None,
+    *,
+    registry: SchemaRegistry | None = None,
+) -> dict[str, Any]:
+    """The record of a single-object message whose writer schema the caller already
+    resolved (``entry``, from :func:`writer_entry`); same errors as :func:`decode`."""
+    reader = _reader_plain(reader_schema, _registry(registry))
     if reader is entry.plain:
         reader = None
     buf = io.BytesIO(data)
@@ -230,7 +242,7 @@ def decode(
             f"a {entry.key} message has {len(data) - buf.tell()} trailing bytes after the "
             "record; it is corrupt or was written with another schema under this fingerprint"
         )
-    return entry.key, record
+    return record
 
 
 def kafka_headers(schema: SchemaRef | SchemaEntry, *, registry: SchemaRegistry | None = None

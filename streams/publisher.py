@@ -1,7 +1,8 @@
 """The capture publisher a decode runtime embeds: validate, encode, enqueue, produce.
 
 ``publish_*`` runs on the caller's thread: it validates the record
-(:mod:`streams.validation`, which covers every Avro type and range of the v1 schemas),
+(:mod:`streams.validation`, which covers every Avro type and range of the schemas it
+writes),
 stamps ``producer_id`` / ``counter`` / ``wall_time_ms`` when unset, encodes it (Avro
 single-object, :mod:`schemas.codec`) and puts the bytes on a bounded in-process queue;
 it never waits longer than ``max_block_ms`` for room. A background thread hands the
@@ -10,6 +11,11 @@ reports; it holds the GIL only briefly, so it does not stall a decode loop. When
 queue stays full for ``max_block_ms`` the ``full_policy`` applies and the record is
 counted in ``dropped_queue_full``. ``counter`` is consumed by every valid record,
 enqueued or dropped, so counter gaps on a topic reveal records dropped here.
+
+Observations are published as ``RouteObservation.v2``: routes packed as uint16 expert
+ids and float32 weights (:mod:`streams.routes`). A runtime builds those fields straight
+from its arrays with :func:`streams.routes.pack_routes`; a record with v1 per-layer
+routes is still accepted, checked with the same reason codes, and packed here.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from flywheel.settings import bootstrap_servers
 from schemas.codec import encode_entry, kafka_headers
 from schemas.exceptions import RecordEncodeError
 from schemas.registry import SchemaRegistry, default_registry
-from streams import validation
+from streams import routes, validation
 from streams.exceptions import PublisherClosedError, PublishValidationError, QueueFullError
 from streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
 
@@ -48,7 +54,7 @@ FULL_POLICIES = ("block_then_drop_newest", "block_then_raise")
 COMPRESSIONS = ("lz4", "zstd")
 IDENTITY_SCHEMA = "hebrus.flywheel.v1.RuntimeIdentity.v1"
 TURN_SCHEMA = "hebrus.flywheel.v1.TranscriptTurn.v1"
-OBSERVATION_SCHEMA = "hebrus.flywheel.v1.RouteObservation.v1"
+OBSERVATION_SCHEMA = "hebrus.flywheel.v1.RouteObservation.v2"
 _PROTECTED = frozenset({"bootstrap.servers", "enable.idempotence", "acks", "on_delivery",
                         "error_cb", "logger", "client.id"})
 _IDLE_POLL_S = 0.02
@@ -253,10 +259,13 @@ class RuntimePublisher:
             lambda: self._turn_tracker.check_and_advance(key, record["turn_index"]), stamp)
 
     def publish_observation(self, obs: Mapping[str, Any]) -> bool:
-        """Validate and enqueue a ``RouteObservation``; False if dropped on a full queue."""
-        record, stamp = self._stamped(obs)
+        """Validate and enqueue a ``RouteObservation`` (packed v2 routes, or v1 per-layer
+        routes that are packed here); False if dropped on a full queue."""
+        stamped, stamp = self._stamped(obs)
         self._guarded(lambda: validation.validate_observation(
-            record, validation.resolve_geometry(record, self._geometries)))
+            stamped, validation.resolve_geometry(stamped, self._geometries)))
+        record = stamped if routes.is_packed(stamped) else self._guarded(
+            lambda: routes.to_v2(stamped))
         key = validation.observation_ordinal_key(record)
         return self._enqueue(
             OBSERVATION_SCHEMA, self.config.observations_topic, _thread_key(record), record,

@@ -7,8 +7,11 @@ meaning; the codec codes (``schema_violation``, ``unknown_fingerprint``,
 ``undecodable``, ``header_mismatch``, ``schema_resolution_failed``) are the ``reason``
 attributes of :mod:`schemas.exceptions`.
 
-For the v1 schemas these checks cover every field's Avro type and range as well, so
-a record that passes encodes without fastavro's slower validation. Checks stop at the
+For the v1 schemas and ``RouteObservation.v2`` these checks cover every field's Avro
+type and range as well, so a record that passes encodes without fastavro's slower
+validation. Observations come in two shapes: v1 (``layers`` = one ``LayerRoute`` per
+layer) and v2 (routes packed into uint16/float32 bytes, checked vectorised by
+:mod:`streams.routes`); both give the same reason codes. Checks stop at the
 first failure, and the stateful ordinal check runs last: a record rejected for any
 other reason never advances a tracker.
 """
@@ -27,6 +30,7 @@ from typing import Any
 
 from flywheel.errors import ConfigError
 from schemas.identity import compute_identity_id
+from streams import routes
 from streams.exceptions import PublishValidationError
 
 
@@ -93,6 +97,9 @@ def _typed(record: Mapping[str, Any], path: str, kind: type | tuple[type, ...], 
 
 
 def _int(record: Mapping[str, Any], path: str, lo: int = 0, hi: int = INT64_MAX) -> int:
+    value = record.get(path.rsplit(".", 1)[-1])
+    if type(value) is int and lo <= value <= hi:  # the common case, without ABC checks
+        return value
     value = _typed(record, path, numbers.Integral, "an int")
     if not lo <= value <= hi:
         raise _fail(Reason.VALUE_OUT_OF_RANGE, f"{path}={value} is outside [{lo}, {hi}]", path)
@@ -100,7 +107,10 @@ def _int(record: Mapping[str, Any], path: str, lo: int = 0, hi: int = INT64_MAX)
 
 
 def _str(record: Mapping[str, Any], path: str) -> str:
-    value: str = _typed(record, path, str, "a str")
+    value = record.get(path.rsplit(".", 1)[-1])
+    if type(value) is str and value:
+        return value
+    value = _typed(record, path, str, "a str")
     if not value:
         raise _fail(Reason.MISSING_FIELD, f"{path} is empty; set it before publishing", path)
     return value
@@ -116,7 +126,7 @@ def _bool(record: Mapping[str, Any], path: str) -> None:
 
 
 def _mapping(value: Any, path: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise _fail(Reason.WRONG_TYPE, f"{path} must be a record, got {type(value).__name__}", path)
     return value
 
@@ -302,6 +312,9 @@ def _layers_fast(layers: Sequence[Any], g: RouteGeometry) -> bool:
 
 
 def _check_layers(record: Mapping[str, Any], geometry: RouteGeometry) -> None:
+    if routes.is_packed(record):
+        routes.check_packed_routes(record, geometry)
+        return
     layers = _list(record, "layers")
     if len(layers) != geometry.routed_layer_count:
         raise _fail(Reason.LAYER_COUNT_MISMATCH, f"{len(layers)} layer routes; the identity has "
@@ -344,7 +357,8 @@ def observation_ordinal_key(record: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def validate_observation(obs: Mapping[str, Any], geometry: RouteGeometry, *,
                          tracker: OrdinalTracker | None = None) -> None:
-    """Check a ``RouteObservation``; with ``tracker``, also that ``token_ordinal`` increases."""
+    """Check a ``RouteObservation`` (v1 or packed v2 shape); with ``tracker``, also that
+    ``token_ordinal`` increases."""
     obs = _mapping(obs, "observation")
     _check_common(obs, geometry)
     _int(obs, "token_ordinal")

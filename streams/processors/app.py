@@ -185,7 +185,8 @@ class StreamsWorker:
             broker_heartbeat_interval=min(3.0, c.session_timeout_s / 3),
             stream_recovery_delay=0.5,
             producer_acks=-1,
-            # batch changelog and output records: one observation writes two records
+            # batch changelog and output records: one observation writes three
+            # (producer counter state, its packed routes, its thread header)
             producer_linger=0.01,
             producer_max_batch_size=524_288,
             key_serializer="raw",
@@ -239,7 +240,7 @@ class StreamsWorker:
             app.timer(1.0)(self._exit_when_idle)
         app.on_rebalance_complete.connect(self._on_rebalance)
         # Table writes go through faust's send-soon buffer, which stalls (and warns) at
-        # 100 queued messages; one observation queues two, so allow a deeper buffer.
+        # 100 queued messages; one observation queues three, so allow a deeper buffer.
         app.producer.buffer.max_messages = 20_000
 
     # -- agents -----------------------------------------------------------------------

@@ -282,18 +282,27 @@ def load_thread(store: Mapping[str, Any], iid: str, header: Mapping[str, Any]) -
 def route_consistency(thread: AssembledThread, gen: Ranges) -> Rejection | None:
     """Every captured route must belong to a generated token and name the same token id."""
     n = len(thread.tokens)
-    for ordinal, route in thread.routes.items():
-        if ordinal >= n or not ranges_contains(gen, ordinal):
-            return reject(
-                "token_mismatch", f"a route exists for ordinal {ordinal}, which was not generated"
-            )
-        if int(thread.tokens[ordinal]) != route["token_id"]:
-            return reject(
-                "token_mismatch",
-                f"route at ordinal {ordinal} is for token {route['token_id']} but the transcript "
-                f"has {int(thread.tokens[ordinal])}; capture and transcript disagree",
-            )
-    return None
+    ordinals = np.fromiter(thread.routes, dtype=np.int64, count=len(thread.routes))
+    token_ids = np.fromiter(
+        (route["token_id"] for route in thread.routes.values()),
+        dtype=np.int64,
+        count=len(thread.routes),
+    )
+    generated = (ordinals < n) & np.isin(ordinals, thread.generated)
+    ok = generated & (thread.tokens[np.where(generated, ordinals, 0)] == token_ids)
+    if ok.all():
+        return None
+    first = int(np.flatnonzero(~ok)[0])
+    ordinal = int(ordinals[first])
+    if not generated[first] or not ranges_contains(gen, ordinal):
+        return reject(
+            "token_mismatch", f"a route exists for ordinal {ordinal}, which was not generated"
+        )
+    return reject(
+        "token_mismatch",
+        f"route at ordinal {ordinal} is for token {int(token_ids[first])} but the transcript "
+        f"has {int(thread.tokens[ordinal])}; capture and transcript disagree",
+    )
 
 
 def summarize(

@@ -70,6 +70,11 @@ def ranges_add(ranges: Ranges, start: int, end: int) -> Ranges:
 
 
 def ranges_contains(ranges: Ranges, value: int) -> bool:
+    if len(ranges) <= 8:  # the usual case: a scan beats building the bisect keys
+        for lo, hi in ranges:
+            if value < hi:
+                return lo <= value
+        return False
     idx = bisect.bisect_right([r[0] for r in ranges], value) - 1
     return idx >= 0 and ranges[idx][0] <= value < ranges[idx][1]
 

@@ -21,6 +21,7 @@ The decision of a thread generation is recorded with it, so a repeated summary
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -93,8 +94,19 @@ def _identity(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _permutations(num_perm: int, seed: int) -> Any:
+    """The permutation parameters MinHash derives from ``seed`` (computed once, not per
+    sketch: they are the same for every sketch of one configuration)."""
+    permutations = MinHash(num_perm=num_perm, seed=seed, hashfunc=_identity,
+                           scheme=_SCHEME).permutations
+    permutations.flags.writeable = False  # shared by every sketch
+    return permutations
+
+
 def minhash_of(tokens: Sequence[int] | np.ndarray, config: DedupConfig) -> MinHash:
-    m = MinHash(num_perm=config.num_perm, seed=config.seed, hashfunc=_identity, scheme=_SCHEME)
+    m = MinHash(num_perm=config.num_perm, seed=config.seed, hashfunc=_identity, scheme=_SCHEME,
+                permutations=_permutations(config.num_perm, config.seed))
     m.update_batch(shingle_hashes(tokens, config.shingle_size))
     return m
 
@@ -104,10 +116,19 @@ def signature(tokens: Sequence[int] | np.ndarray, config: DedupConfig) -> list[i
     return [int(v) for v in minhash_of(tokens, config).hashvalues]
 
 
+@functools.cache
+def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
+    """The ``(bands, rows)`` MinHashLSH picks for ``threshold`` (an optimisation that takes
+    tens of milliseconds; done once per configuration, not per index)."""
+    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+    return lsh.b, lsh.r
+
+
 def _restore(hashvalues: Sequence[int], config: DedupConfig) -> MinHash:
     return MinHash(
         seed=config.seed,
         hashvalues=np.asarray(hashvalues, dtype=np.uint32),
+        permutations=_permutations(len(hashvalues), config.seed),
         scheme=_SCHEME,
         hashfunc=_identity,
     )
@@ -126,7 +147,8 @@ class DedupIndex:
 
     def __init__(self, config: DedupConfig) -> None:
         self.config = config
-        self._lsh = MinHashLSH(threshold=config.threshold, num_perm=config.num_perm)
+        self._lsh = MinHashLSH(threshold=config.threshold, num_perm=config.num_perm,
+                               params=lsh_params(config.threshold, config.num_perm))
         self._hashes: dict[str, MinHash] = {}
         self._splits: dict[str, str] = {}
         self._threads: dict[str, str] = {}
@@ -203,6 +225,7 @@ class DedupStage:
         self.store = store
         self.counters = counters or StageCounters()
         self._index: DedupIndex | None = None
+        lsh_params(dedup_config.threshold, dedup_config.num_perm)  # once, at start-up
 
     def reset(self) -> None:
         """Forget the in-memory index (after a rebalance); it is rebuilt from the store."""

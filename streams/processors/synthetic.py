@@ -4,7 +4,8 @@
 generation, in the runtime's order: for each assistant turn, one RouteObservation per
 generated token and then the TranscriptTurn; other turns when they occur. Routes are
 deterministic pseudo-random top-k sets (distinct experts, weights descending and
-summing to 1) at any geometry, 48 layers × top-10 of 512 experts by default.
+summing to 1) at any geometry, 48 layers × top-10 of 512 experts by default, packed
+as ``RouteObservation.v2`` (:func:`streams.routes.to_v1` gives the v1 shape).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from flywheel.errors import ConfigError
 from schemas import codec
 from schemas.identity import with_identity_id
+from streams.routes import is_packed, pack_routes
 
 Message = tuple[str, bytes, dict[str, Any]]
 """``(kind, key, record)`` with kind transcripts | observations | identities."""
@@ -95,8 +97,9 @@ class ThreadSpec:
             raise ConfigError("ThreadSpec.tokens must give one token tuple per turn")
 
 
-def route_layers(rng: np.random.Generator, identity: dict[str, Any]) -> list[dict[str, Any]]:
-    """Distinct top-k experts per layer with descending weights summing to 1."""
+def route_fields(rng: np.random.Generator, identity: dict[str, Any]) -> dict[str, Any]:
+    """Packed (RouteObservation.v2) routes: distinct top-k experts per layer with
+    descending weights summing to 1, built from arrays as a runtime does."""
     n_layers, k, experts = (
         identity["routed_layer_count"],
         identity["top_k"],
@@ -107,15 +110,7 @@ def route_layers(rng: np.random.Generator, identity: dict[str, Any]) -> list[dic
     ids = (base[:, None] + np.arange(k)[None, :] * stride) % experts
     raw = np.sort(rng.random((n_layers, k)) + 0.05, axis=1)[:, ::-1]
     weights = (raw / raw.sum(axis=1, keepdims=True)).astype(np.float32)
-    return [
-        {
-            "stage": 0,
-            "layer": layer,
-            "expert_ids": ids[layer].tolist(),
-            "weights": weights[layer].tolist(),
-        }
-        for layer in range(n_layers)
-    ]
+    return pack_routes(ids, weights)
 
 
 def _turn_tokens(
@@ -194,7 +189,7 @@ def _observation(
         "token_id": token,
         "identity_id": identity["identity_id"],
         "speculative": None,
-        "layers": route_layers(rng, identity),
+        **route_fields(rng, identity),
         "producer_id": clock.producer_id,
         "counter": clock.next(),
         "wall_time_ms": wall,
@@ -241,17 +236,22 @@ def _turn(
 
 
 SCHEMAS = {
-    "transcripts": "TranscriptTurn",
-    "observations": "RouteObservation",
-    "identities": "RuntimeIdentity",
+    "transcripts": "TranscriptTurn.v1",
+    "observations": "RouteObservation.v2",
+    "identities": "RuntimeIdentity.v1",
 }
+V1_OBSERVATION_SCHEMA = "RouteObservation.v1"
 
 
 def encode_message(
     kind: str, record: dict[str, Any], *, validate: bool = False
 ) -> tuple[bytes, list[tuple[str, bytes]]]:
-    """Single-object bytes and schema headers of a capture record."""
+    """Single-object bytes and schema headers of a capture record. Observations are
+    written as v2 when their routes are packed, as v1 when they hold ``LayerRoute`` s
+    (see :func:`streams.routes.to_v1`)."""
     schema = SCHEMAS[kind]
+    if kind == "observations" and not is_packed(record):
+        schema = V1_OBSERVATION_SCHEMA
     return codec.encode(schema, record, validate=validate), codec.kafka_headers(schema)
 
 

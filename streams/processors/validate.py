@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import sys
-from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from flywheel.errors import ConfigError
 from schemas import codec
 from schemas.exceptions import SchemaError
-from schemas.registry import default_registry
+from schemas.registry import SchemaEntry, SchemaKey, default_registry
+from streams import routes
 from streams import validation as sv
 from streams.exceptions import PublishValidationError
 from streams.validation import RouteGeometry
@@ -112,9 +112,14 @@ class SourceRef(NamedTuple):
     offset: int
 
 
+WINDOW_ID_LIMIT = 1 << 15
+"""``Window.v1`` carries captured expert ids as int16: ids from here up cannot be windowed."""
+
+
 class PackedRoutes(NamedTuple):
-    """One observation's routes, packed in layer order: ``[layers, k]`` int16 ids and
-    float32 weights, both little-endian."""
+    """One observation's routes, packed in layer order: ``[layers, k]`` int16 ids (the
+    ``Window.v1`` encoding; for ids below 2**15 the same bytes as v2's uint16) and float32
+    weights, both little-endian."""
 
     expert_ids: bytes
     weights: bytes
@@ -149,10 +154,7 @@ def decode_capture(
             "or raise the limit",
         )
     try:
-        if _has_schema_headers(headers) or config.require_schema_headers:
-            key, record = codec.decode_message(value, list(headers or ()))
-        else:
-            key, record = codec.decode(value)
+        key, record = _decode(value, headers, config)
     except SchemaError as exc:
         reason = getattr(exc, "reason", "undecodable")
         return reject(reason if reason in REASONS else "undecodable", str(exc))
@@ -161,18 +163,44 @@ def decode_capture(
             "unexpected_schema",
             f"a {key} record on the {kind} topic; publish {CAPTURE_KINDS[kind]} records only",
         )
-    absent = [name for name in _required_fields(key.name) if name not in record]
+    absent = [name for name in _required_fields(key) if name not in record]
     if absent:
         return reject(
             "missing_field",
-            f"a {key} record lacks field(s) {absent} that version 1 requires; publish them",
+            f"a {key} record lacks field(s) {absent} that its schema version requires; "
+            "publish them",
         )
     return str(key), record
 
 
+def _decode(
+    value: bytes, headers: Sequence[tuple[str, Any]] | None, config: ValidateConfig
+) -> tuple[SchemaKey, dict[str, Any]]:
+    """``codec.decode_message`` when the message has schema headers (or they are required),
+    else ``codec.decode``. Headers that are exactly what the codec writes for the body's
+    schema (the usual case) are recognised by one comparison instead of being parsed."""
+    if not headers and not config.require_schema_headers:
+        return codec.decode(value)
+    pairs = list(headers or ())
+    if not (_has_schema_headers(pairs) or config.require_schema_headers):
+        return codec.decode(value)
+    try:
+        entry = codec.writer_entry(value)
+    except SchemaError:
+        entry = None  # decode_message reports it, header problems first
+    if entry is not None and pairs == _codec_headers(entry):
+        return entry.key, codec.decode_entry(entry, value)
+    return codec.decode_message(value, pairs)
+
+
 @functools.cache
-def _required_fields(full_name: str) -> tuple[str, ...]:
-    entry = default_registry().get(f"{full_name}.v1")
+def _codec_headers(entry: SchemaEntry) -> list[tuple[str, bytes]]:
+    return codec.kafka_headers(entry)
+
+
+@functools.cache
+def _required_fields(key: SchemaKey) -> tuple[str, ...]:
+    entry = default_registry().get(key)
     return tuple(f["name"] for f in entry.definition["fields"] if "default" not in f)
 
 
@@ -241,25 +269,50 @@ def check_turn(record: Mapping[str, Any], geometry: RouteGeometry) -> Rejection 
 def check_observation(
     record: Mapping[str, Any], geometry: RouteGeometry
 ) -> PackedRoutes | Rejection:
-    """``streams.validation.validate_observation``, then the routes packed in layer order."""
+    """``streams.validation.validate_observation``, then the routes packed in layer order.
+
+    A v2 record written in layer order (what runtimes write) keeps its bytes: nothing is
+    unpacked. A v1 record, or v2 rows in another order, is packed here once.
+    """
     problem = _run(sv.validate_observation, record, geometry)
     if problem is not None:
         return problem
-    layers = record["layers"]
-    if any(layer["layer"] != i for i, layer in enumerate(layers)):
-        layers = sorted(layers, key=lambda layer: layer["layer"])
+    if geometry.expert_count > WINDOW_ID_LIMIT:
+        problem = _wide_ids(record)
+        if problem is not None:
+            return problem
+    if routes.is_packed(record):
+        layers = record["layers"]
+        if layers == _layer_range(len(layers)):
+            return PackedRoutes(
+                expert_ids=record["expert_ids"],
+                weights=record["weights"],
+                layers=tuple(layers),
+                stages=tuple(record["stages"]),
+            )
+    arrays = routes.route_arrays(record).in_layer_order()
     return PackedRoutes(
-        expert_ids=_little_endian(array("h", chain.from_iterable(r["expert_ids"] for r in layers))),
-        weights=_little_endian(array("f", chain.from_iterable(r["weights"] for r in layers))),
-        layers=tuple(range(len(layers))),
-        stages=tuple(int(r["stage"]) for r in layers),
+        expert_ids=arrays.expert_ids.astype("<i2").tobytes(),
+        weights=arrays.weights.astype("<f4").tobytes(),
+        layers=tuple(range(len(arrays.layers))),
+        stages=tuple(int(s) for s in arrays.stages),
     )
 
 
-def _little_endian(values: array[Any]) -> bytes:
-    if sys.byteorder == "big":
-        values.byteswap()
-    return values.tobytes()
+@functools.cache
+def _layer_range(count: int) -> list[int]:
+    return list(range(count))
+
+
+def _wide_ids(record: Mapping[str, Any]) -> Rejection | None:
+    highest = int(np.max(routes.route_arrays(record).expert_ids))
+    if highest < WINDOW_ID_LIMIT:
+        return None
+    return reject(
+        "expert_id_out_of_range",
+        f"expert id {highest} does not fit the int16 ids of Window.v1; windows can carry "
+        f"ids below {WINDOW_ID_LIMIT} only — add a Window version with wider ids",
+    )
 
 
 def check_counter(
@@ -278,7 +331,8 @@ def check_counter(
         failed = offset in state["failed"]
         return (_counter_rejection(counter, state["counter"]) if failed else None), None
     if state is None or counter > state["counter"]:
-        failed_list = [] if state is None else list(state["failed"])
+        # the refused-offsets list is never changed in place, so it is shared, not copied
+        failed_list = [] if state is None else state["failed"]
         return None, {"counter": counter, "offset": offset, "failed": failed_list}
     failed_list = [*state["failed"], offset][-config.max_remembered_failures :]
     new_state = {"counter": state["counter"], "offset": offset, "failed": failed_list}

@@ -14,6 +14,7 @@ configuration, so a re-run yields the same window ids and content digests.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from streams.processors.common import (
 _TOKEN_BYTES = 5
 _ROUTE_BYTES_PER_SLOT = 6
 _WINDOW_OVERHEAD = 16_384
+_SCALARS = frozenset({int, str, float, bool, type(None)})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +79,12 @@ class WindowConfig:
             )
 
     def digest(self) -> str:
-        return sha256_hex(canonical_json(dataclasses.asdict(self)))
+        return _config_digest(self)
+
+
+@functools.cache
+def _config_digest(config: WindowConfig) -> str:
+    return sha256_hex(canonical_json(dataclasses.asdict(config)))
 
 
 def group_anchors(
@@ -163,6 +170,8 @@ def content_digest(window: Mapping[str, Any]) -> str:
         if isinstance(value, Mapping):
             return {k: plain(v) for k, v in value.items()}
         if isinstance(value, list):
+            if set(map(type, value)) <= _SCALARS:  # token ids, anchors: nothing to replace
+                return value
             return [plain(v) for v in value]
         return value
 

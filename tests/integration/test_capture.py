@@ -88,6 +88,7 @@ def captured(kafka_bootstrap: str, teacher_dir: Path, topic_factory: Any) -> dic
         msgs = _consume_all(kafka_bootstrap, prefix + topic, counts[name])
         out[name] = [(m.key().decode(), m.partition(), m.offset(), _decode(readers, m.value()))
                      for m in msgs]
+        out[f"{name}_fingerprints"] = {m.value()[2:HEADER_SIZE] for m in msgs}
     return out
 
 
@@ -98,6 +99,12 @@ def test_everything_published_was_delivered(captured: dict[str, Any]) -> None:
     assert summary["decoded_tokens"] == summary["observations"] > 0
     assert len(captured["transcripts"]) == summary["turns"]
     assert len(captured["observations"]) == summary["observations"]
+
+
+def test_observations_are_published_as_route_observation_v2(captured: dict[str, Any]) -> None:
+    v2 = default_registry().get("RouteObservation.v2")
+    assert v2.key.name.endswith("RouteObservation") and v2.key.version == 2
+    assert captured["observations_fingerprints"] == {v2.fingerprint}
 
 
 def test_identity_is_pinned_and_digest_recomputes(captured: dict[str, Any]) -> None:
@@ -152,8 +159,11 @@ def test_captured_routes_equal_a_plain_prefill_forward(
         for obs in obs_by_thread[key]:
             p = obs["token_ordinal"]
             assert tokens[p] == obs["token_id"]
-            got_ids = np.array([layer["expert_ids"] for layer in obs["layers"]])
-            got_w = np.array([layer["weights"] for layer in obs["layers"]])
+            layers, k = len(obs["layers"]), obs["top_k"]
+            assert obs["layers"] == list(range(layers)) and obs["stages"] == [0] * layers
+            # RouteObservation.v2: uint16 / float32 little-endian, [layers, top_k], rank 0 first
+            got_ids = np.frombuffer(obs["expert_ids"], dtype="<u2").reshape(layers, k)
+            got_w = np.frombuffer(obs["weights"], dtype="<f4").reshape(layers, k)
             np.testing.assert_array_equal(got_ids, ids_TLK[p].numpy())
             np.testing.assert_allclose(got_w, weights_TLK[p].numpy(), rtol=1e-4, atol=1e-5)
             checked += 1

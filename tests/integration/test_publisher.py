@@ -7,12 +7,14 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import pytest
 from confluent_kafka import Consumer, Message
 
 from schemas.codec import decode_message, kafka_headers
 from schemas.identity import with_identity_id
 from streams.publisher import PublisherConfig, RuntimePublisher
+from streams.routes import pack_routes, route_arrays
 
 pytestmark = pytest.mark.integration
 
@@ -44,14 +46,21 @@ def turn(owner: str, thread: str, index: int) -> dict[str, Any]:
 
 
 def observation(owner: str, thread: str, ordinal: int) -> dict[str, Any]:
-    return {
+    """Packed routes (what a runtime publishes), except bob's: v1 per-layer lists, which
+    the publisher packs into the same v2 record."""
+    ids = (ordinal + np.arange(LAYERS)[:, None] + np.arange(K)[None, :]) % EXPERTS
+    weights = np.tile(np.array([0.4, 0.3, 0.2, 0.1], dtype=np.float32), (LAYERS, 1))
+    record: dict[str, Any] = {
         "owner": owner, "thread": thread, "generation": 0, "sequence_id": f"{thread}-r1",
         "turn_index": 1, "token_ordinal": ordinal, "token_id": ordinal % 100,
         "identity_id": IDENTITY["identity_id"], "speculative": None,
-        "layers": [{"stage": 0, "layer": layer,
-                    "expert_ids": [(ordinal + layer + j) % EXPERTS for j in range(K)],
-                    "weights": [0.4, 0.3, 0.2, 0.1]} for layer in range(LAYERS)],
     }
+    if owner == "bob":
+        record["layers"] = [{"stage": 0, "layer": layer, "expert_ids": ids[layer].tolist(),
+                             "weights": weights[layer].tolist()} for layer in range(LAYERS)]
+    else:
+        record.update(pack_routes(ids.astype(np.uint16), weights))
+    return record
 
 
 def consume(bootstrap: str, topics: list[str], expected: int, timeout_s: float = 60.0
@@ -114,6 +123,8 @@ def check_messages(messages: list[Message], topics: dict[str, str], producer_id:
         assert topic is not None and partition is not None
         schema, record = decode_message(value, msg.headers())
         assert msg.headers() == kafka_headers(schema)
+        if topic == topics["observations"]:
+            assert schema.version == 2  # RouteObservation.v2, whatever shape came in
         if topic == topics["identities"]:
             assert key == IDENTITY["identity_id"].encode() and record == IDENTITY
             continue
@@ -127,7 +138,9 @@ def check_messages(messages: list[Message], topics: dict[str, str], producer_id:
         assert counters == sorted(counters) and len(set(counters)) == len(counters)
         if topic == topics["observations"]:
             assert [r["token_ordinal"] for r in records] == list(range(TOKENS))
-            assert records[3]["layers"][2]["expert_ids"] == [(3 + 2 + j) % EXPERTS
-                                                             for j in range(K)]
+            assert all(r["layers"] == list(range(LAYERS)) and r["top_k"] == K for r in records)
+            arrays = route_arrays(records[3])
+            assert arrays.expert_ids[2].tolist() == [(3 + 2 + j) % EXPERTS for j in range(K)]
+            assert np.allclose(arrays.weights[2], [0.4, 0.3, 0.2, 0.1])
         else:
             assert [r["turn_index"] for r in records] == [0, 1]

@@ -40,6 +40,7 @@ from streams.processors.synthetic import (
     thread_messages,
 )
 from streams.processors.topology import StreamTopics
+from streams.routes import to_v1
 from streams.topics import catalogue
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -86,11 +87,18 @@ class Setup:
         return done
 
 
-def capture_messages(n_threads: int, seed: int) -> list[Any]:
+def capture_messages(n_threads: int, seed: int, *, v1_every: int = 0) -> list[Any]:
+    """Capture records (observations as RouteObservation.v2; with ``v1_every``, every
+    n-th observation as v1, as on a topic that still holds records of older runtimes)."""
     clock = ProducerClock(producer_id=f"runtime-{seed}")
     messages = [identity_message(IDENTITY)]
     for spec in random_specs(n_threads, n_owners=9, seed=seed, assistant_tokens=24):
         messages.extend(thread_messages(spec, IDENTITY, clock))
+    if v1_every:
+        messages = [
+            (kind, key, to_v1(record) if kind == "observations" and i % v1_every == 0 else record)
+            for i, (kind, key, record) in enumerate(messages)
+        ]
     return messages
 
 
@@ -154,7 +162,7 @@ def test_two_workers_share_partitions_and_produce_the_same_windows(
     topic_factory: Any, tmp_path: Path
 ) -> None:
     setup = Setup(topic_factory, f"pair{uuid.uuid4().hex[:6]}")
-    messages = capture_messages(24, seed=2)
+    messages = capture_messages(24, seed=2, v1_every=3)
     expected = window_pairs(expected_pipeline(messages, worker_processor_config(FLAGS)).windows)
     workers = [setup.worker(tmp_path, "a").start(), setup.worker(tmp_path, "b").start()]
     try:
@@ -221,8 +229,8 @@ def test_no_leakage_between_train_and_evaluation_and_bad_records_are_quarantined
         train_msgs.extend(thread_messages(spec, IDENTITY, clock))
     eval_msgs = [m for spec in evals for m in thread_messages(spec, IDENTITY, clock)]
     bad = copy.deepcopy(next(m for m in eval_msgs if m[0] == "observations"))
-    bad[2]["layers"][0]["expert_ids"].pop()
-    bad[2]["layers"][0]["weights"].pop()
+    bad[2]["expert_ids"] = bad[2]["expert_ids"][:-2]  # one uint16 id short of top_k
+    bad[2]["weights"] = bad[2]["weights"][:-4]
     bad[2]["counter"] = clock.next()
     worker = setup.worker(tmp_path, "0", flags).start()
     prod = producer(setup.bootstrap)

@@ -16,13 +16,16 @@ from typing import Any
 
 import avro.io
 import avro.schema
+import numpy as np
 import pytest
 from fastavro.utils import generate_many
 
 from schemas.codec import decode, encode
 from schemas.registry import HEADER_SIZE, SchemaEntry, default_registry
+from streams.routes import pack_routes
 
-_ENTRIES = {e.short_name: e for e in default_registry()}
+_ENTRIES = {f"{e.short_name}.v{e.key.version}": e for e in default_registry()}
+"""Every kept version of every schema (RouteObservation.v1 and .v2 both)."""
 
 
 def _samples(entry: SchemaEntry, count: int = 25) -> list[dict[str, Any]]:
@@ -96,3 +99,30 @@ def test_reference_writer_bytes_equal_ours(name: str) -> None:
         out = io.BytesIO()
         writer.write(record, avro.io.BinaryEncoder(out))
         assert out.getvalue() == ours
+
+
+def test_every_kept_version_is_cross_checked() -> None:
+    assert {"RouteObservation.v1", "RouteObservation.v2"} <= set(_ENTRIES)
+
+
+def test_reference_reader_unpacks_v2_routes_we_packed() -> None:
+    """The packed layout is plain Avro bytes: the reference reader returns them untouched,
+    and numpy reads them back to the arrays the runtime packed."""
+    entry = _ENTRIES["RouteObservation.v2"]
+    rng = np.random.default_rng(3)
+    ids = np.stack([rng.choice(512, 10, replace=False) for _ in range(48)]).astype(np.uint16)
+    weights = np.sort(rng.random((48, 10)), axis=1)[:, ::-1].astype(np.float32)
+    record = {
+        "owner": "o", "thread": "t", "generation": 0, "sequence_id": "s", "turn_index": 1,
+        "token_ordinal": 7, "token_id": 5, "identity_id": "i", "speculative": None,
+        **pack_routes(ids, weights, stages=[i // 24 for i in range(48)]),
+        "producer_id": "p", "counter": 1, "wall_time_ms": 1_767_000_000_000,
+    }
+    data = encode(entry.key, record)
+    body = io.BytesIO(data[HEADER_SIZE:])
+    decoded = avro.io.DatumReader(_reference(entry)).read(avro.io.BinaryDecoder(body))
+    assert decoded == record
+    got_ids = np.frombuffer(decoded["expert_ids"], dtype="<u2").reshape(48, decoded["top_k"])
+    got_w = np.frombuffer(decoded["weights"], dtype="<f4").reshape(48, decoded["top_k"])
+    assert np.array_equal(got_ids, ids) and np.array_equal(got_w, weights)
+    assert decoded["layers"] == list(range(48)) and decoded["stages"][24] == 1

@@ -10,6 +10,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastavro.utils import generate_many
 
@@ -42,6 +43,7 @@ from schemas.registry import (
     SchemaRegistry,
     default_registry,
 )
+from streams.routes import pack_routes, route_arrays, to_v1
 
 NS = "hebrus.flywheel.v1"
 
@@ -71,17 +73,23 @@ def turn() -> dict[str, Any]:
 
 
 def observation(speculative: bool = False) -> dict[str, Any]:
+    """A RouteObservation.v2 record: routes packed as uint16 ids / float32 weights."""
     spec = {"proposal_id": "pr", "proposal_generation": 2, "candidate_position": 1,
             "accepted_prefix_digest": "d" * 64, "verifier_generation": 3, "accepted": True}
+    ids = np.arange(4)[:, None] + np.arange(10)[None, :]
+    weights = np.tile(0.5 ** np.arange(1, 11), (4, 1))
     return {
         "owner": "o1", "thread": "t1", "generation": 0, "sequence_id": "r1", "turn_index": 1,
         "token_ordinal": 9, "token_id": 42, "identity_id": "x" * 64,
         "speculative": spec if speculative else None,
-        "layers": [{"stage": 0, "layer": i, "expert_ids": list(range(i, i + 10)),
-                    "weights": [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125,
-                                0.00390625, 0.001953125, 0.0009765625]} for i in range(4)],
+        **pack_routes(ids, weights),
         "producer_id": "p", "counter": 8, "wall_time_ms": 1_767_000_000_456,
     }
+
+
+def observation_v1(speculative: bool = False) -> dict[str, Any]:
+    """The same observation in the v1 shape: one LayerRoute per layer."""
+    return to_v1(observation(speculative))
 
 
 RECORDS = {
@@ -89,7 +97,10 @@ RECORDS = {
     "TranscriptTurn": turn,
     "RouteObservation": observation,
     "RouteObservation-speculative": lambda: observation(True),
+    "RouteObservation.v1": observation_v1,
+    "RouteObservation.v1-speculative": lambda: observation_v1(True),
 }
+VERSIONS = {"RouteObservation.v1": 1}
 
 
 @pytest.mark.parametrize("name", sorted(RECORDS))
@@ -98,7 +109,9 @@ def test_round_trip_every_schema(name: str) -> None:
     schema = name.split("-")[0]
     data = encode(schema, record)
     key, back = decode(data)
-    assert key == SchemaKey(f"{NS}.{schema}", 1)
+    short, version = schema.split(".v")[0], VERSIONS.get(schema, default_registry().get(
+        schema).key.version)
+    assert key == SchemaKey(f"{NS}.{short}", version)
     assert back == record
     if "wall_time_ms" in record:
         assert isinstance(back["wall_time_ms"], int)  # raw millis, not datetime
@@ -196,16 +209,18 @@ def test_unvalidated_encode_still_wraps_writer_errors() -> None:
 def test_kafka_headers_round_trip_and_mismatch() -> None:
     headers = kafka_headers("RouteObservation")
     assert headers == [("schema", f"{NS}.RouteObservation".encode()),
-                       ("schema-version", b"1"),
+                       ("schema-version", b"2"),
                        ("content-type", b"application/vnd.apache.avro.single-object")]
     parsed = read_kafka_headers(headers)
-    assert parsed.key == SchemaKey(f"{NS}.RouteObservation", 1)
+    assert parsed.key == SchemaKey(f"{NS}.RouteObservation", 2)
     assert parsed.content_type == CONTENT_TYPE
     data = encode("RouteObservation", observation())
     assert decode_message(data, headers)[1] == observation()
     assert decode_message(data, dict(headers))[0] == parsed.key
     with pytest.raises(SchemaHeaderError, match="fingerprint"):
         decode_message(data, kafka_headers("TranscriptTurn"))
+    with pytest.raises(SchemaHeaderError, match="fingerprint"):  # v2 bytes, v1 headers
+        decode_message(data, kafka_headers("RouteObservation.v1"))
     with pytest.raises(SchemaHeaderError, match="schema-version"):
         read_kafka_headers(headers[:1] + headers[2:])
     with pytest.raises(SchemaHeaderError):
@@ -214,45 +229,75 @@ def test_kafka_headers_round_trip_and_mismatch() -> None:
         read_kafka_headers(None)
 
 
-def _observation_v2(path: Path) -> None:
-    """A second RouteObservation version: adds ``runtime_note`` with a default."""
-    schema = json.loads((SCHEMA_DIR / "RouteObservation.v1.avsc").read_text())
+def _observation_v3(path: Path) -> None:
+    """A third RouteObservation version: v2 plus ``runtime_note`` with a default."""
+    schema = json.loads((SCHEMA_DIR / "RouteObservation.v2.avsc").read_text())
     schema["fields"].append({"name": "runtime_note", "type": "string", "default": "none"})
-    (path / "RouteObservation.v2.avsc").write_text(json.dumps(schema))
+    (path / "RouteObservation.v3.avsc").write_text(json.dumps(schema))
 
 
 @pytest.fixture
-def two_versions(tmp_path: Path) -> SchemaRegistry:
+def three_versions(tmp_path: Path) -> SchemaRegistry:
     for src in SCHEMA_DIR.glob("*.avsc"):
         shutil.copy(src, tmp_path / src.name)
-    _observation_v2(tmp_path)
+    _observation_v3(tmp_path)
     return SchemaRegistry(tmp_path)
 
 
-def test_second_version_resolves_by_its_own_fingerprint(two_versions: SchemaRegistry) -> None:
-    reg = two_versions
+def test_every_kept_observation_version_decodes_by_its_own_fingerprint() -> None:
+    reg = default_registry()
     v1, v2 = reg.get("RouteObservation.v1"), reg.get("RouteObservation.v2")
     assert reg.get("RouteObservation") is v2  # latest by default
-    assert v1.fingerprint != v2.fingerprint
     assert reg.versions("RouteObservation") == [1, 2]
+    old, new = encode("RouteObservation.v1", observation_v1()), encode(v2.key, observation())
+    assert old[2:HEADER_SIZE] == v1.fingerprint and new[2:HEADER_SIZE] == v2.fingerprint
+    assert decode(old) == (v1.key, observation_v1())
+    assert decode(new) == (v2.key, observation())
+    # the two shapes carry the same routes
+    a, b = route_arrays(decode(old)[1]), route_arrays(decode(new)[1])
+    assert np.array_equal(a.expert_ids, b.expert_ids) and np.array_equal(a.weights, b.weights)
+    assert np.array_equal(a.layers, b.layers) and np.array_equal(a.stages, b.stages)
+
+
+def test_v2_routes_are_packed_little_endian() -> None:
+    record = decode(encode("RouteObservation", observation()))[1]
+    assert record["layers"] == [0, 1, 2, 3] and record["stages"] == [0] * 4
+    assert record["top_k"] == 10
+    assert len(record["expert_ids"]) == 4 * 10 * 2 and len(record["weights"]) == 4 * 10 * 4
+    ids = np.frombuffer(record["expert_ids"], dtype="<u2").reshape(4, 10)
+    assert ids[2].tolist() == list(range(2, 12))
+    assert record["expert_ids"][:4] == b"\x00\x00\x01\x00"  # rank 0 first, little-endian
+    weights = np.frombuffer(record["weights"], dtype="<f4").reshape(4, 10)
+    assert weights[0, 0] == 0.5 and weights[3, 9] == 0.5**10
+
+
+def test_later_version_resolves_by_its_own_fingerprint(three_versions: SchemaRegistry) -> None:
+    reg = three_versions
+    v2, v3 = reg.get("RouteObservation.v2"), reg.get("RouteObservation.v3")
+    assert reg.get("RouteObservation") is v3  # latest by default
+    assert v2.fingerprint != v3.fingerprint
+    assert reg.versions("RouteObservation") == [1, 2, 3]
     new = encode("RouteObservation", {**observation(), "runtime_note": "hi"}, registry=reg)
-    old = encode("RouteObservation.v1", observation(), registry=reg)
-    assert old == encode("RouteObservation", observation())  # v1 bytes are stable
-    assert decode(new, registry=reg) == (v2.key, {**observation(), "runtime_note": "hi"})
-    assert decode(old, registry=reg) == (v1.key, observation())
-    # schema evolution: old bytes read as v2 get the default; new bytes read as v1 drop it
-    assert decode(old, "RouteObservation.v2", registry=reg)[1]["runtime_note"] == "none"
-    assert "runtime_note" not in decode(new, "RouteObservation.v1", registry=reg)[1]
-    # a reader that only knows v1 refuses v2 bytes with the fix in the message
-    with pytest.raises(UnknownFingerprintError, match=v2.fingerprint.hex()):
+    old = encode("RouteObservation.v2", observation(), registry=reg)
+    assert old == encode("RouteObservation", observation())  # v2 bytes are stable
+    assert decode(new, registry=reg) == (v3.key, {**observation(), "runtime_note": "hi"})
+    assert decode(old, registry=reg) == (v2.key, observation())
+    # schema evolution: old bytes read as v3 get the default; new bytes read as v2 drop it
+    assert decode(old, "RouteObservation.v3", registry=reg)[1]["runtime_note"] == "none"
+    assert "runtime_note" not in decode(new, "RouteObservation.v2", registry=reg)[1]
+    # a reader that only knows v1 and v2 refuses v3 bytes with the fix in the message
+    with pytest.raises(UnknownFingerprintError, match=v3.fingerprint.hex()):
         decode(new)
 
 
-def test_incompatible_reader_schema_raises_resolution_error(two_versions: SchemaRegistry
+def test_incompatible_reader_schema_raises_resolution_error(three_versions: SchemaRegistry
                                                             ) -> None:
-    data = encode("TranscriptTurn", turn(), registry=two_versions)
+    data = encode("TranscriptTurn", turn(), registry=three_versions)
     with pytest.raises(SchemaResolutionError):
-        decode(data, "RouteObservation.v2", registry=two_versions)
+        decode(data, "RouteObservation.v3", registry=three_versions)
+    v1_bytes = encode("RouteObservation.v1", observation_v1())
+    with pytest.raises(SchemaResolutionError):  # layers changed type: no v1 -> v2 resolution
+        decode(v1_bytes, "RouteObservation.v2")
 
 
 @pytest.mark.parametrize(("name", "text", "error"), [
@@ -284,7 +329,8 @@ def test_empty_directory_is_an_error(tmp_path: Path) -> None:
         SchemaRegistry(tmp_path)
 
 
-@pytest.mark.parametrize("name", ["RuntimeIdentity", "TranscriptTurn", "RouteObservation"])
+@pytest.mark.parametrize("name", ["RuntimeIdentity", "TranscriptTurn", "RouteObservation.v1",
+                                  "RouteObservation.v2"])
 def test_random_schema_valid_records_round_trip_byte_exactly(name: str) -> None:
     entry = default_registry().get(name)
     for record in generate_many(entry.plain, 50):
@@ -294,8 +340,10 @@ def test_random_schema_valid_records_round_trip_byte_exactly(name: str) -> None:
         assert encode(name, back) == data
 
 
-def test_corrupted_bytes_only_ever_raise_undecodable() -> None:
-    data = encode("RouteObservation", observation(True))
+@pytest.mark.parametrize("version", [1, 2])
+def test_corrupted_bytes_only_ever_raise_undecodable(version: int) -> None:
+    record = observation(True) if version == 2 else observation_v1(True)
+    data = encode(f"RouteObservation.v{version}", record)
     rng = random.Random(7)
     for _ in range(300):
         corrupt = bytearray(data)

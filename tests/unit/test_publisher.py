@@ -10,10 +10,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from flywheel.errors import ConfigError
+from schemas.codec import decode_message
 from schemas.identity import with_identity_id
+from streams import routes
 from streams.exceptions import PublisherClosedError, PublishValidationError, QueueFullError
 from streams.publisher import PublisherConfig, RuntimePublisher
 from streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
@@ -187,3 +190,60 @@ def test_schema_violation_found_by_the_encoder_is_a_validation_error(
     assert info.value.field == "unexpected_field"
     assert publisher.stats().rejected_invalid == {"schema_violation": 1}
     assert publisher.publish_observation(observation(0))  # the ordinal was not consumed
+
+
+def packed_observation(ordinal: int, **change: Any) -> dict[str, Any]:
+    """What a runtime publishes: routes packed straight from its arrays (v2 fields)."""
+    ids = np.arange(LAYERS, dtype=np.uint16)[:, None] + np.arange(K, dtype=np.uint16)[None, :]
+    weights = np.tile(np.array([0.4, 0.3, 0.2, 0.1], dtype=np.float32), (LAYERS, 1))
+    record = {k: v for k, v in observation(ordinal).items() if k != "layers"}
+    record.update(routes.pack_routes(ids, weights), **change)
+    return record
+
+
+@pytest.fixture
+def capturing() -> Iterator[tuple[RuntimePublisher, list[Any]]]:
+    """A publisher whose drain thread hands records to a list instead of librdkafka."""
+    pub = RuntimePublisher(PublisherConfig(bootstrap_servers=UNREACHABLE, close_timeout_s=0.1),
+                           identity=IDENTITY)
+    sent: list[Any] = []
+    pub._send = sent.append  # type: ignore[method-assign]
+    yield pub, sent
+    pub.close(timeout_s=0.1)
+
+
+def test_observations_go_out_as_v2_whatever_shape_they_came_in(
+        capturing: tuple[RuntimePublisher, list[Any]]) -> None:
+    pub, sent = capturing
+    assert pub.publish_observation(packed_observation(0))
+    assert pub.publish_observation(observation(1))  # v1 per-layer routes, packed here
+    assert pub.flush(5.0) == 0
+    assert len(sent) == 2
+    for item in sent:
+        key, record = decode_message(item.value, item.headers)
+        assert key.name.endswith("RouteObservation") and key.version == 2
+        assert record["layers"] == list(range(LAYERS)) and record["top_k"] == K
+        arrays = routes.route_arrays(record)
+        assert arrays.expert_ids[2].tolist() == [2, 3, 4, 5]
+        assert np.allclose(arrays.weights[3], [0.4, 0.3, 0.2, 0.1])
+    assert [decode_message(i.value, i.headers)[1]["token_ordinal"] for i in sent] == [0, 1]
+
+
+def test_packed_records_are_checked_with_the_same_reason_codes(
+        capturing: tuple[RuntimePublisher, list[Any]]) -> None:
+    pub, sent = capturing
+    good = packed_observation(0)
+    cases = {
+        "wrong_k": packed_observation(0, top_k=K - 1),
+        "weights_ids_length_mismatch": packed_observation(0, weights=good["weights"][:-4]),
+        "layer_count_mismatch": packed_observation(0, layers=[0, 1], stages=[0, 0]),
+        "wrong_type": packed_observation(0, expert_ids=list(good["expert_ids"])),
+    }
+    for reason, record in cases.items():
+        with pytest.raises(PublishValidationError) as info:
+            pub.publish_observation(record)
+        assert info.value.reason == reason
+    assert pub.publish_observation(good)  # refused records consumed no ordinal
+    pub.flush(5.0)
+    assert len(sent) == 1
+    assert pub.stats().rejected_invalid == dict.fromkeys(cases, 1)

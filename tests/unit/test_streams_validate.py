@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from flywheel.errors import ConfigError
@@ -14,7 +15,13 @@ from schemas import codec
 from streams.processors.assemble import AssembleConfig
 from streams.processors.pipeline import LocalPipeline, ProcessorConfig
 from streams.processors.synthetic import Scenario, ThreadSpec, encode_message, make_identity
-from streams.processors.validate import NOT_PRODUCED_AFTER_DECODE, REASONS, ValidateConfig
+from streams.processors.validate import (
+    NOT_PRODUCED_AFTER_DECODE,
+    REASONS,
+    WINDOW_ID_LIMIT,
+    ValidateConfig,
+)
+from streams.routes import pack_routes, route_arrays, to_v1
 
 KEY = b"owner-a/thread-a"
 
@@ -140,13 +147,43 @@ def test_record_identity_differs_from_thread_identity() -> None:
 
 
 def _layer_mutation(sc: Scenario, mutate: Any) -> list[str]:
-    record = first(sc, "observations")
+    """Refusals of a RouteObservation.v1 record whose ``layers`` were mutated."""
+    record = to_v1(first(sc, "observations"))
     mutate(record["layers"])
+    return refused(sc, "observations", record)
+
+
+def _row_mutation(sc: Scenario, mutate: Any) -> list[str]:
+    """Refusals of a RouteObservation.v2 record whose unpacked rows were mutated."""
+    record = first(sc, "observations")
+    arrays = route_arrays(record)
+    rows = {
+        "layers": list(record["layers"]),
+        "stages": list(record["stages"]),
+        "top_k": record["top_k"],
+        "ids": arrays.expert_ids.astype(np.int64),
+        "weights": arrays.weights.astype(np.float64),
+    }
+    mutate(rows)
+    record.update(
+        layers=rows["layers"],
+        stages=rows["stages"],
+        top_k=rows["top_k"],
+        expert_ids=rows["ids"].astype("<u2").tobytes(),
+        weights=rows["weights"].astype("<f4").tobytes(),
+    )
     return refused(sc, "observations", record)
 
 
 def test_wrong_layer_count() -> None:
     assert _layer_mutation(scenario(), lambda layers: layers.pop()) == ["layer_count_mismatch"]
+
+    def drop_row(rows: dict[str, Any]) -> None:
+        rows["layers"].pop()
+        rows["stages"].pop()
+        rows["ids"], rows["weights"] = rows["ids"][:-1], rows["weights"][:-1]
+
+    assert _row_mutation(scenario(), drop_row) == ["layer_count_mismatch"]
 
 
 def test_layer_out_of_range_and_duplicate_layer() -> None:
@@ -159,14 +196,31 @@ def test_layer_out_of_range_and_duplicate_layer() -> None:
     assert _layer_mutation(scenario(), out) == ["layer_out_of_range"]
     assert _layer_mutation(scenario(), dup) == ["duplicate_layer"]
 
+    def out_row(rows: dict[str, Any]) -> None:
+        rows["layers"][0] = 9
+
+    def dup_row(rows: dict[str, Any]) -> None:
+        rows["layers"][0] = 1
+
+    assert _row_mutation(scenario(), out_row) == ["layer_out_of_range"]
+    assert _row_mutation(scenario(), dup_row) == ["duplicate_layer"]
+
 
 def test_layers_out_of_order_are_accepted_and_packed_in_order() -> None:
     sc = scenario()
     messages = sc.messages(spec())
-    messages[1][2]["layers"].reverse()
+    v1 = to_v1(messages[1][2])
+    v1["layers"].reverse()
+    messages[1] = (messages[1][0], messages[1][1], v1)
+    arrays = route_arrays(messages[2][2])
+    order = [2, 0, 3, 1]
+    messages[2][2].update(
+        pack_routes(arrays.expert_ids[order], arrays.weights[order], layers=order)
+    )
     for m in messages:
         sc.send(*m)
     assert reasons(sc) == []
+    assert len(sc.pipeline.windows) == 1  # routes in layer order: see test_streams_window
 
 
 def test_weights_ids_length_mismatch() -> None:
@@ -175,12 +229,22 @@ def test_weights_ids_length_mismatch() -> None:
 
     assert _layer_mutation(scenario(), drop_weight) == ["weights_ids_length_mismatch"]
 
+    def drop_weight_column(rows: dict[str, Any]) -> None:
+        rows["weights"] = rows["weights"][:, :-1]
+
+    assert _row_mutation(scenario(), drop_weight_column) == ["weights_ids_length_mismatch"]
+
 
 def test_rank_order_violation() -> None:
     def swap(layers: list[dict[str, Any]]) -> None:
         layers[1]["weights"].reverse()
 
     assert _layer_mutation(scenario(), swap) == ["rank_order_violation"]
+
+    def swap_row(rows: dict[str, Any]) -> None:
+        rows["weights"][1] = rows["weights"][1][::-1]
+
+    assert _row_mutation(scenario(), swap_row) == ["rank_order_violation"]
 
 
 def test_wrong_k() -> None:
@@ -190,20 +254,37 @@ def test_wrong_k() -> None:
 
     assert _layer_mutation(scenario(), drop_one) == ["wrong_k"]
 
+    def drop_column(rows: dict[str, Any]) -> None:
+        rows["ids"], rows["weights"] = rows["ids"][:, :-1], rows["weights"][:, :-1]
+
+    def declare_k(rows: dict[str, Any]) -> None:
+        rows["top_k"] = 3
+
+    assert _row_mutation(scenario(), drop_column) == ["wrong_k"]
+    assert _row_mutation(scenario(), declare_k) == ["wrong_k"]
+
 
 @pytest.mark.parametrize("bad_id", [64, -1])
 def test_expert_out_of_range(bad_id: int) -> None:
     def set_id(layers: list[dict[str, Any]]) -> None:
         layers[2]["expert_ids"][0] = bad_id
 
+    def set_row_id(rows: dict[str, Any]) -> None:
+        rows["ids"][2, 0] = bad_id  # -1 arrives as uint16 65535
+
     assert _layer_mutation(scenario(), set_id) == ["expert_id_out_of_range"]
+    assert _row_mutation(scenario(), set_row_id) == ["expert_id_out_of_range"]
 
 
 def test_duplicate_expert() -> None:
     def dup(layers: list[dict[str, Any]]) -> None:
         layers[0]["expert_ids"][1] = layers[0]["expert_ids"][0]
 
+    def dup_row(rows: dict[str, Any]) -> None:
+        rows["ids"][0, 1] = rows["ids"][0, 0]
+
     assert _layer_mutation(scenario(), dup) == ["duplicate_expert_id"]
+    assert _row_mutation(scenario(), dup_row) == ["duplicate_expert_id"]
 
 
 @pytest.mark.parametrize(
@@ -218,7 +299,27 @@ def test_bad_weight(weight: float, reason: str) -> None:
     def set_weight(layers: list[dict[str, Any]]) -> None:
         layers[3]["weights"][-1] = weight
 
+    def set_row_weight(rows: dict[str, Any]) -> None:
+        rows["weights"][3, -1] = weight
+
     assert _layer_mutation(scenario(), set_weight) == [reason]
+    assert _row_mutation(scenario(), set_row_weight) == [reason]
+
+
+def test_ids_a_window_cannot_carry_are_refused() -> None:
+    """Window.v1 stores captured ids as int16: a wider expert id is refused, not wrapped."""
+    wide = make_identity(layers=2, experts=WINDOW_ID_LIMIT + 100, top_k=2, name="wide")
+    sc = Scenario(LocalPipeline(), identity=wide)
+    sc.publish_identity()
+    record = first(sc, "observations")
+    record.update(pack_routes(np.array([[5, WINDOW_ID_LIMIT + 1], [1, 2]]),
+                              np.array([[0.6, 0.4], [0.7, 0.3]])))
+    assert refused(sc, "observations", record) == ["expert_id_out_of_range"]
+    assert "int16" in sc.pipeline.quarantined[0]["detail"]
+    record = to_v1(first(sc, "observations"))
+    record["layers"][0]["expert_ids"] = [WINDOW_ID_LIMIT, 3]
+    record["counter"] += 1000
+    assert refused(sc, "observations", record)[-1] == "expert_id_out_of_range"
 
 
 def test_bad_segments() -> None:

@@ -13,6 +13,7 @@ from streams.processors.pipeline import LocalPipeline, ProcessorConfig
 from streams.processors.split import SplitConfig
 from streams.processors.synthetic import Scenario, ThreadSpec, make_identity
 from streams.processors.window import WindowConfig, group_anchors, route_anchor_cap
+from streams.routes import pack_routes, route_arrays, to_v1
 
 SMALL = WindowConfig(
     context_length=64,
@@ -41,6 +42,7 @@ def run(
     window: WindowConfig = SMALL,
     identity: dict[str, Any] | None = None,
     spec: ThreadSpec = LONG,
+    rewrite: Any = None,
 ) -> tuple[Scenario, list[dict[str, Any]]]:
     runtime = 1.0 if split == "runtime_holdout" else 0.0
     config = ProcessorConfig(
@@ -52,8 +54,9 @@ def run(
     sc = Scenario(LocalPipeline(config), identity=identity)
     sc.publish_identity()
     messages = sc.messages(spec)
-    for m in messages:
-        sc.send(*m)
+    for i, (kind, key, record) in enumerate(messages):
+        wire = rewrite(i, record) if rewrite is not None and kind == "observations" else record
+        sc.send(kind, key, wire)
     assert sc.pipeline.quarantined == []
     return sc, messages
 
@@ -132,11 +135,37 @@ def test_runtime_holdout_windows_carry_the_captured_routes() -> None:
         weights = np.frombuffer(block["weights"], dtype="<f4").reshape(n, layers, k)
         for i, a in enumerate(w["anchor_positions"]):
             ordinal = w["first_token_ordinal"] + a
-            captured = routes[ordinal]["layers"]
-            assert ids[i].tolist() == [layer["expert_ids"] for layer in captured]
-            assert np.allclose(weights[i], [layer["weights"] for layer in captured])
+            captured = route_arrays(routes[ordinal]).in_layer_order()
+            assert np.array_equal(ids[i], captured.expert_ids)
+            assert np.array_equal(weights[i], captured.weights)
             seen.append(ordinal)
+        assert block["stages"] == [0] * block["layer_count"]
     assert seen == generated
+
+
+def _reordered(index: int, record: dict[str, Any]) -> dict[str, Any]:
+    """The same routes, rows written in a rotated layer order."""
+    arrays = route_arrays(record)
+    order = np.roll(np.arange(len(arrays.layers)), index % len(arrays.layers) + 1)
+    return {**record, **pack_routes(arrays.expert_ids[order], arrays.weights[order],
+                                    layers=order.tolist(), stages=arrays.stages[order].tolist())}
+
+
+@pytest.mark.parametrize(
+    "rewrite",
+    [
+        lambda i, r: to_v1(r),  # every observation as RouteObservation.v1
+        lambda i, r: to_v1(r) if i % 2 else r,  # v1 and v2 interleaved on one topic
+        _reordered,  # v2 rows in another order
+    ],
+    ids=["v1", "mixed", "v2-reordered"],
+)
+def test_windows_do_not_depend_on_the_observation_version_or_row_order(rewrite: Any) -> None:
+    identity = make_identity(layers=6, experts=64, top_k=4)
+    spec = ThreadSpec(owner="o", thread="t", turns=(("user", 10), ("assistant", 40)))
+    clean, _ = run("runtime_holdout", identity=identity, spec=spec)
+    other, _ = run("runtime_holdout", identity=identity, spec=spec, rewrite=rewrite)
+    assert clean.pipeline.windows and other.pipeline.windows == clean.pipeline.windows
 
 
 def test_full_geometry_window_fits_kafka_default_and_the_schema() -> None:

@@ -7,11 +7,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
 from flywheel.errors import ConfigError
 from schemas import exceptions as schema_errors
 from schemas.identity import with_identity_id
+from streams import routes
 from streams.exceptions import PublishValidationError
 from streams.validation import (
     REASONS,
@@ -280,3 +282,168 @@ def test_containers_must_be_lists() -> None:
     with pytest.raises(PublishValidationError) as info:
         check_obs(observation(layers=layers))
     assert info.value.reason == "wrong_type"
+
+
+# -- RouteObservation.v2: routes packed as uint16 ids / float32 weights ----------------
+
+
+def packed(**change: Any) -> dict[str, Any]:
+    """The valid observation with its routes packed (the v2 shape), ``change`` applied."""
+    record = routes.to_v2(observation())
+    record.update(change)
+    return record
+
+
+def rows(index: int, *, ids: list[int] | None = None, weights: list[float] | None = None
+         ) -> dict[str, Any]:
+    """Packed ``expert_ids`` / ``weights`` of the valid observation, row ``index`` replaced."""
+    arrays = routes.route_arrays(packed())
+    id_rows, w_rows = arrays.expert_ids.astype(np.int64), arrays.weights.astype(np.float64)
+    if ids is not None:
+        id_rows[index] = ids
+    if weights is not None:
+        w_rows[index] = weights
+    with np.errstate(over="ignore"):  # 1e39 becomes float32 inf, as a runtime would send it
+        weight_bytes = w_rows.astype("<f4").tobytes()
+    return {"expert_ids": id_rows.astype("<u2").tobytes(), "weights": weight_bytes}
+
+
+def _without(name: str) -> dict[str, Any]:
+    record = packed()
+    del record[name]
+    return record
+
+
+def _ordinals_v2(reason: str) -> None:
+    tracker = OrdinalTracker()
+    validate_observation(packed(token_ordinal=5), GEOMETRY, tracker=tracker)
+    ordinal = 5 if reason == "duplicate_ordinal" else 4
+    validate_observation(packed(token_ordinal=ordinal), GEOMETRY, tracker=tracker)
+
+
+_IDS, _WEIGHTS = packed()["expert_ids"], packed()["weights"]
+CASES_V2: dict[str, list[Callable[[], object]]] = {
+    "missing_field": [
+        lambda: check_obs(_without("expert_ids")),
+        lambda: check_obs(_without("top_k")),
+        lambda: check_obs(packed(stages=None)),
+        lambda: check_obs(packed(owner="")),
+    ],
+    "wrong_type": [
+        lambda: check_obs(packed(expert_ids=list(_IDS))),
+        lambda: check_obs(packed(weights=bytearray(_WEIGHTS))),
+        lambda: check_obs(packed(layers=[0, 1, 2, 3.0])),
+        lambda: check_obs(packed(stages=(0, 0, True, 0))),
+        lambda: check_obs(packed(top_k="4")),
+        lambda: check_obs(packed(token_ordinal="9")),
+    ],
+    "value_out_of_range": [
+        lambda: check_obs(packed(stages=[0, 0, -1, 0])),
+        lambda: check_obs(packed(stages=[0, 0, 2**31, 0])),
+        lambda: check_obs(packed(generation=-1)),
+    ],
+    "invalid_key": [lambda: check_obs(packed(owner="a/b"))],
+    "unknown_identity": [lambda: check_obs(packed(identity_id="f" * 64))],
+    "layer_count_mismatch": [
+        lambda: check_obs(packed(layers=[0, 1, 2])),
+        lambda: check_obs(packed(stages=[0, 0, 0])),
+    ],
+    "layer_out_of_range": [
+        lambda: check_obs(packed(layers=[0, 1, 2, LAYERS])),
+        lambda: check_obs(packed(layers=[-1, 1, 2, 3])),
+    ],
+    "duplicate_layer": [lambda: check_obs(packed(layers=[0, 1, 2, 0]))],
+    "wrong_k": [
+        lambda: check_obs(packed(top_k=K - 1)),
+        lambda: check_obs(packed(expert_ids=_IDS[:-2])),
+    ],
+    "weights_ids_length_mismatch": [lambda: check_obs(packed(weights=_WEIGHTS[:-4]))],
+    "expert_id_out_of_range": [
+        lambda: check_obs(packed(**rows(0, ids=[0, 1, 2, EXPERTS]))),
+        lambda: check_obs(packed(**rows(3, ids=[0, 1, 2, 65_535]))),
+    ],
+    "duplicate_expert_id": [lambda: check_obs(packed(**rows(2, ids=[5, 6, 5, 7])))],
+    "non_finite_weight": [
+        lambda: check_obs(packed(**rows(1, weights=[math.nan, 0.3, 0.2, 0.1]))),
+        lambda: check_obs(packed(**rows(1, weights=[math.inf, 0.3, 0.2, 0.1]))),
+        lambda: check_obs(packed(**rows(1, weights=[1e39, 0.3, 0.2, 0.1]))),
+        lambda: check_obs(packed(**rows(3, weights=[0.4, 0.3, -math.inf, 0.1]))),
+    ],
+    "negative_weight": [
+        lambda: check_obs(packed(**rows(1, weights=[0.4, 0.3, 0.2, -0.1]))),
+    ],
+    "rank_order_violation": [
+        lambda: check_obs(packed(**rows(1, weights=[0.3, 0.4, 0.2, 0.1]))),
+        lambda: check_obs(packed(**rows(3, weights=[0.4, 0.3, 0.2, 0.25]))),
+    ],
+    "token_id_out_of_range": [lambda: check_obs(packed(token_id=VOCAB))],
+    "ordinal_not_increasing": [lambda: _ordinals_v2("ordinal_not_increasing")],
+    "duplicate_ordinal": [lambda: _ordinals_v2("duplicate_ordinal")],
+}
+NOT_ABOUT_OBSERVATIONS = {
+    "identity_digest_mismatch", "segment_out_of_bounds", "segment_overlap",
+    "counter_regression", "schema_violation", "unknown_fingerprint", "undecodable",
+    "header_mismatch", "schema_resolution_failed",
+}
+"""Codes whose crafted cases above do not involve an observation's own fields."""
+
+
+def test_every_observation_reason_has_a_v2_case() -> None:
+    assert set(CASES_V2) == set(REASONS) - NOT_ABOUT_OBSERVATIONS
+    assert set(REASONS) >= routes.REASON_CODES
+
+
+@pytest.mark.parametrize(("reason", "index"),
+                         [(r, i) for r, cases in CASES_V2.items() for i in range(len(cases))])
+def test_crafted_v2_record_fails_with_its_reason(reason: str, index: int) -> None:
+    with pytest.raises(PublishValidationError) as info:
+        CASES_V2[reason][index]()
+    assert info.value.reason == reason
+    assert str(info.value).startswith(f"[{reason}]")
+
+
+def test_valid_v2_records_pass_and_errors_name_the_field_and_row() -> None:
+    check_obs(packed())
+    assert routes.is_packed(packed()) and not routes.is_packed(observation())
+    with pytest.raises(PublishValidationError, match="row 2") as info:
+        check_obs(packed(**rows(2, ids=[0, 1, 2, 99])))
+    assert info.value.field == "expert_ids"
+    with pytest.raises(PublishValidationError, match="row 1") as info:
+        check_obs(packed(**rows(1, weights=[0.1, 0.4, 0.2, 0.3])))
+    assert info.value.field == "weights"
+
+
+def test_v2_rows_in_any_order_and_numpy_ints_pass() -> None:
+    arrays = routes.route_arrays(packed())
+    order = [2, 0, 3, 1]
+    check_obs(packed(**routes.pack_routes(arrays.expert_ids[order], arrays.weights[order],
+                                          layers=order, stages=[0] * LAYERS)))
+    check_obs(packed(layers=[np.int64(i) for i in range(LAYERS)], top_k=np.int32(K)))
+
+
+def test_v2_rank_order_is_only_checked_for_monotone_weight_rules() -> None:
+    geometry = validate_identity(identity(weight_rule="sigmoid_with_bias_correction"))
+    validate_observation(packed(identity_id=geometry.identity_id,
+                                **rows(1, weights=[0.1, 0.4, 0.2, 0.3])), geometry)
+
+
+def test_v1_and_v2_shapes_carry_the_same_routes() -> None:
+    v1, v2 = routes.route_arrays(observation()), routes.route_arrays(packed())
+    assert np.array_equal(v1.expert_ids, v2.expert_ids)
+    assert np.array_equal(v1.weights, v2.weights)
+    assert routes.to_v2(routes.to_v1(packed())) == packed()
+    assert [r["expert_ids"] for r in routes.to_v1(packed())["layers"]] == [
+        r["expert_ids"] for r in observation()["layers"]]
+
+
+def test_pack_routes_refuses_what_uint16_cannot_hold() -> None:
+    with pytest.raises(PublishValidationError) as info:
+        routes.pack_routes(np.array([[1, 70_000]]), np.array([[0.6, 0.4]]))
+    assert info.value.reason == "expert_id_out_of_range"
+    for ids in (np.array([1, 2]), np.array([[1.0, 2.0]])):
+        with pytest.raises(PublishValidationError) as info:
+            routes.pack_routes(ids, np.array([[0.6, 0.4]]))
+        assert info.value.reason == "wrong_type"
+    with pytest.raises(PublishValidationError) as info:
+        routes.pack_routes(np.array([[1, 2]]), np.array([[0.6, 0.4, 0.0]]))
+    assert info.value.reason == "weights_ids_length_mismatch"
