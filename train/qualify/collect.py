@@ -1,0 +1,345 @@
+"""Build a :class:`~train.qualify.QualificationInputs` from real artefacts.
+
+:func:`collect_inputs` reads a sealed snapshot, a checkpoint and (optionally) a teacher,
+a rebuild report and a streams summary or the broker, runs the evaluator and the
+simulator, and returns the bundle plus one note per evidence piece saying what it was
+built from (or why it is missing). The pieces themselves are built by
+:mod:`train.qualify.collect_data` and :mod:`train.qualify.collect_model`.
+
+The optional TOML file (``flywheel qualify --config``) declares what is not measured::
+
+    [objective]          # ServiceObjective (default: hide-ssd-wait, >= 20% less wait)
+    [throughput]         # ThroughputEvidence (falsifier #10), when measured elsewhere
+    [economics]          # EconomicsEvidence (falsifier #6)
+    [authorization]      # Authorization (policy, approved, production_transcripts, ...)
+    [sim]                # SimConfig overrides (default: the illustrative deployment)
+    [sweep]              # bandwidths = [...] (bytes/s), budgets = [...]
+    [break_even]         # tau = { "1" = 1.0, "4" = 2.5 }  accepted tokens per block
+    [gates.offline]      # any QualificationConfig section: replay, integrity, offline,
+                         # decode, shadow, falsifiers
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flywheel.errors import ConfigError
+from train.qualify import collect_data as data
+from train.qualify import collect_model as model
+from train.qualify.config import QualificationConfig
+from train.qualify.errors import InputError
+from train.qualify.inputs import QualificationInputs
+from train.qualify.model_evidence import (
+    DecodeEvidence,
+    EconomicsEvidence,
+    OfflineEvidence,
+    ShadowEvidence,
+    ThroughputEvidence,
+)
+from train.qualify.objective import ServiceObjective
+from train.sim import SimConfig
+
+DEFAULT_OBJECTIVE = ServiceObjective(name="hide-ssd-wait", min_exposed_wait_reduction=0.2,
+                                     max_p95_regression=0.0, max_p99_regression=0.0,
+                                     evidence="simulator")
+SIM_NOTE = ("SimConfig is the illustrative Qwen4Exp-like deployment geometry and timing "
+            "(declared, not measured); expert_bytes comes from it because the tiny teacher's "
+            "own expert sizes are meaningless for SSD timing")
+DECODE_NOTE = (" Real-decode recall is the own-layer head's recall@top_k; timely recall counts "
+               "every P1 candidate list (own-layer and, when present, next-layer head) that "
+               "landed before its MoE in the simulator")
+_TABLES = ("objective", "throughput", "economics", "authorization", "sim", "sweep",
+           "break_even", "gates")
+
+
+@dataclass(frozen=True, kw_only=True)
+class QualifySettings:
+    """What the config file declares (defaults without one)."""
+
+    thresholds: QualificationConfig = field(default_factory=QualificationConfig)
+    objective: ServiceObjective = DEFAULT_OBJECTIVE
+    throughput: ThroughputEvidence | None = None
+    economics: EconomicsEvidence | None = None
+    authorization: dict[str, Any] | None = None
+    sim: SimConfig = field(default_factory=SimConfig)
+    bandwidths: tuple[float, ...] = model.SWEEP_BANDWIDTHS
+    budgets: tuple[int, ...] = model.SWEEP_BUDGETS
+    tau: dict[int, float] | None = None
+
+
+def _table(data_: Mapping[str, Any], name: str, where: str) -> dict[str, Any] | None:
+    value = data_.get(name)
+    if value is not None and not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: [{name}] must be a table")
+    return None if value is None else dict(value)
+
+
+def _tau(table: Mapping[str, Any] | None, where: str) -> dict[int, float] | None:
+    if table is None:
+        return None
+    raw = table.get("tau")
+    try:
+        if not isinstance(raw, Mapping):
+            raise TypeError(f"got {raw!r}")
+        return {int(k): float(v) for k, v in raw.items()}
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: [break_even] tau must map block sizes to expected "
+                          f'accepted tokens, e.g. tau = {{ "4" = 2.5 }} ({exc})') from exc
+
+
+def _sweep(table: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    if table is None:
+        return {}
+    unknown = sorted(set(table) - {"bandwidths", "budgets"})
+    if unknown:
+        raise ConfigError(f"{where}: [sweep] has unknown key(s) {unknown}")
+    out: dict[str, Any] = {}
+    try:
+        if "bandwidths" in table:
+            out["bandwidths"] = tuple(float(b) for b in table["bandwidths"])
+        if "budgets" in table:
+            out["budgets"] = tuple(int(b) for b in table["budgets"])
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: [sweep] bandwidths/budgets must be lists of numbers") from exc
+    if any(b <= 0 for b in out.get("bandwidths", (1,))) or any(b < 1 for b in
+                                                                 out.get("budgets", (1,))):
+        raise ConfigError(f"{where}: [sweep] bandwidths must be > 0 and budgets >= 1")
+    return out
+
+
+def settings_from_mapping(raw: Mapping[str, Any], where: str = "config") -> QualifySettings:
+    """:class:`QualifySettings` from the parsed TOML (see the module doc)."""
+    from train.config import from_mapping  # imports torch: only when a config is given
+
+    unknown = sorted(set(raw) - set(_TABLES))
+    if unknown:
+        raise ConfigError(f"{where}: unknown table(s) {unknown}; known: {', '.join(_TABLES)}")
+    t = {name: _table(raw, name, where) for name in _TABLES}
+    out: dict[str, Any] = {"authorization": t["authorization"], "tau": _tau(t["break_even"],
+                                                                           where)}
+    if t["objective"] is not None:
+        t["objective"] = {"name": DEFAULT_OBJECTIVE.name, **t["objective"]}
+    for name, key, cls in (("gates", "thresholds", QualificationConfig),
+                           ("objective", "objective", ServiceObjective),
+                           ("throughput", "throughput", ThroughputEvidence),
+                           ("economics", "economics", EconomicsEvidence),
+                           ("sim", "sim", SimConfig)):
+        table = t[name]
+        if table is not None:
+            out[key] = from_mapping(cls, table, f"{where}: [{name}]")
+    out.update(_sweep(t["sweep"], where))
+    return QualifySettings(**out)
+
+
+def load_settings(path: Path | None) -> QualifySettings:
+    """The defaults, or what ``path`` (TOML) declares."""
+    if path is None:
+        return QualifySettings()
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    return settings_from_mapping(raw, str(path))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectRequest:
+    """The artefacts one qualification run is built from."""
+
+    snapshot: Path
+    checkpoint: Path
+    teacher: Path | None = None
+    rebuild_report: Path | None = None
+    streams_summary: Path | None = None
+    bootstrap: str | None = None
+    prefix: str | None = None
+    settings: QualifySettings = field(default_factory=QualifySettings)
+    progress: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Collected:
+    """The input bundle, what each piece was built from, and how long each step took."""
+
+    inputs: QualificationInputs
+    notes: dict[str, str]
+    timings_s: dict[str, float]
+
+
+def checkpoint_lineage(lineage: Mapping[str, Any]) -> tuple[str, ...]:
+    """The checkpoint id, then its parents' ids (``parent``: an id, a lineage, a list)."""
+    out = [str(lineage["checkpoint_id"])]
+    pending = [lineage.get("parent")]
+    while pending:
+        parent = pending.pop(0)
+        if isinstance(parent, str) and parent:
+            out.append(parent)
+        elif isinstance(parent, Mapping) and parent.get("checkpoint_id"):
+            out.append(str(parent["checkpoint_id"]))
+            pending.append(parent.get("parent"))
+        elif isinstance(parent, list):
+            pending.extend(parent)
+    return tuple(out)
+
+
+def kafka_streams_summary(bootstrap: str, prefix: str) -> dict[str, Any]:
+    """``summarize_topics`` plus the records on the capture topics (high minus low
+    watermark per partition: every record the processors could have read)."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    from streams.broker import probe_metadata
+    from streams.processors.inspect import summarize_topics
+    from streams.processors.topology import StreamTopics
+
+    if not probe_metadata(bootstrap, 5.0):
+        raise InputError(f"no Kafka broker answers at {bootstrap}; start it (`flywheel broker "
+                         "up`), pass --streams-summary FILE instead, or drop --bootstrap-servers")
+    summary = summarize_topics(bootstrap, prefix=prefix)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "flywheel-qualify",
+                         "enable.auto.commit": False})
+    topics: dict[str, int] = {}
+    try:
+        for topic in StreamTopics.from_prefix(prefix).capture_kinds().values():
+            meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if meta is None or meta.error is not None:
+                continue
+            marks = [consumer.get_watermark_offsets(TopicPartition(topic, p), 10)
+                     for p in meta.partitions]
+            topics[topic] = sum(high - low for low, high in marks)
+    except KafkaException as exc:
+        raise InputError(f"cannot read capture-topic offsets from {bootstrap}: {exc}") from exc
+    finally:
+        consumer.close()
+    summary["capture"] = {"topics": topics, "records": sum(topics.values())}
+    return summary
+
+
+def _streams_summary(request: CollectRequest, info: data.SnapshotInfo,
+                     notes: dict[str, str]) -> dict[str, Any] | None:
+    if request.streams_summary is not None:
+        notes["streams"] = f"streams summary file {request.streams_summary}"
+        return dict(data.read_json(request.streams_summary, "streams summary"))
+    if request.bootstrap:
+        prefix = request.prefix if request.prefix is not None else str(
+            (info.manifest.get("source") or {}).get("prefix") or "")
+        notes["streams"] = (f"read from the broker at {request.bootstrap} (prefix {prefix!r}); "
+                            "the counts cover the topics' whole history, not only this "
+                            "snapshot's epoch")
+        return kafka_streams_summary(request.bootstrap, prefix)
+    notes["streams"] = ("no streams summary: pass --streams-summary FILE (`flywheel streams "
+                        "inspect --json`) or --bootstrap-servers")
+    return None
+
+
+def _data_pieces(request: CollectRequest, info: data.SnapshotInfo,
+                 notes: dict[str, str]) -> dict[str, Any]:
+    summary = _streams_summary(request, info, notes)
+    fail_closed = None if summary is None else data.fail_closed_evidence(summary)
+    near = None if summary is None else data.near_duplicates_evidence(summary)
+    if summary is not None and fail_closed is None:
+        notes["fail_closed"] = ("the streams summary does not say how many capture records "
+                                "were seen (capture.records); read it from the broker")
+    authorization = data.authorization_evidence(info, request.settings.authorization)
+    determinism = None
+    if request.rebuild_report is not None:
+        determinism = data.determinism_evidence(
+            data.read_json(request.rebuild_report, "rebuild report"), info.snapshot_id)
+    notes["determinism"] = (f"rebuild report {request.rebuild_report}" if determinism
+                            else "no --rebuild-report given: determinism not measured")
+    notes["authorization"] = ("declared in [authorization]" if request.settings.authorization
+                              else f"runtime {info.identity.get('runtime_name')!r}: "
+                              + ("synthetic by construction" if authorization else
+                                 "nothing records that its threads were synthetic; declare "
+                                 "[authorization] in the config"))
+    notes["coverage"] = "; ".join(f"{k}: {v}" for k, v in data.COVERAGE_MEANING.items())
+    return {"parity": data.parity_evidence(info), "determinism": determinism,
+            "fail_closed": fail_closed,
+            "integrity": data.integrity_evidence(info, near_duplicates=near,
+                                                 authorization=authorization)}
+
+
+def _shadow(request: CollectRequest, info: data.SnapshotInfo, loaded: Any,
+            experts: int, top_k: int, notes: dict[str, str]) -> ShadowEvidence | None:
+    rows = model.read_holdout(info)
+    if rows is None:
+        notes["shadow_io"] = "the snapshot has no runtime_holdout rows: no decode trace"
+        return None
+    s = request.settings
+    budgets = model.sweep_budgets(top_k, experts, s.budgets)
+    own, nxt = model.sidecar_ranked(loaded, rows, max(budgets))
+    trace = model.decode_trace(rows, experts)
+    order = (f"{rows.tokens} runtime_holdout tokens of {len(rows.threads)} threads, one "
+             "sequence per thread in first-appearance order, anchors by token ordinal, one "
+             "token per step; cache carries over between threads")
+    heads = "own-layer head at boundary l" + (" + next-layer head (l+1) at boundary l"
+                                               if nxt is not None else "")
+    notes["shadow_io"] = f"{order}; P1 predictions: {heads}; {SIM_NOTE}"
+    return model.shadow_evidence(
+        trace, model.ranked_predictions(own, nxt), s.sim, budget=top_k, budgets=budgets,
+        bandwidths=s.bandwidths, tau=s.tau, oracle_lead=1 if nxt is not None else 0,
+        notes={"note": SIM_NOTE, "trace": order, "predictions": heads})
+
+
+def _decode(offline: OfflineEvidence, shadow: ShadowEvidence | None, top_k: int,
+            exact: bool) -> DecodeEvidence:
+    timely = None if shadow is None else shadow.metrics.get("timely_recall")
+    decode = DecodeEvidence.from_offline(offline, budget=top_k, timely_recall=timely)
+    return dataclasses.replace(decode, captures_regenerated=not exact)
+
+
+def _model_pieces(request: CollectRequest, info: data.SnapshotInfo, parity: Any,
+                  notes: dict[str, str], timings: dict[str, float]) -> dict[str, Any]:
+    from train.checkpoint import load_checkpoint
+
+    top_k, experts = int(info.manifest["geometry"]["top_k"]), int(info.identity["expert_count"])
+    started = time.perf_counter()
+    offline, report = model.offline_evidence(info.directory, request.checkpoint,
+                                             teacher=request.teacher, top_k=top_k,
+                                             progress=request.progress)
+    timings["evaluate"] = time.perf_counter() - started
+    skipped = "; ".join(f"{k}: {v}" for k, v in sorted(report.get("skipped", {}).items()))
+    notes["offline"] = ("train.evaluate on " + ", ".join(report["snapshot"]["splits"])
+                        + (f" (skipped {skipped})" if skipped else ""))
+    loaded = load_checkpoint(request.checkpoint)
+    started = time.perf_counter()
+    shadow = _shadow(request, info, loaded, experts, top_k, notes)
+    timings["simulate"] = time.perf_counter() - started
+    notes["decode"] = model.holdout_label_note(info, parity) + DECODE_NOTE
+    return {"offline": offline, "shadow_io": shadow,
+            "decode": _decode(offline, shadow, top_k, model.parity_is_exact(parity)),
+            "lineage": checkpoint_lineage(loaded.lineage)}
+
+
+def collect_inputs(request: CollectRequest) -> Collected:
+    """The qualification bundle for ``request`` (see the module doc)."""
+    notes: dict[str, str] = {}
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    info = data.open_snapshot(request.snapshot)
+    pieces = _data_pieces(request, info, notes)
+    parity = pieces["parity"]
+    if parity is not None:
+        label = model.holdout_label_note(info, parity)
+        parity = dataclasses.replace(parity, details={**parity.details,
+                                                      "runtime_holdout_labels": label})
+        pieces["parity"] = parity
+    timings["data"] = time.perf_counter() - started
+    found = _model_pieces(request, info, parity, notes, timings)
+    s = request.settings
+    notes["break_even"] = ("tau(B) declared in [break_even]" if s.tau else "not measurable: "
+                           "no speculative acceptance data yet (declare [break_even] tau)")
+    inputs = QualificationInputs(
+        snapshot_id=info.snapshot_id, checkpoint_lineage=found["lineage"],
+        identity=data.identity_evidence(info), geometry=data.geometry_evidence(info),
+        expert_bytes=s.sim.expert_bytes, offline=found["offline"], decode=found["decode"],
+        shadow_io=found["shadow_io"], objective=s.objective, throughput=s.throughput,
+        economics=s.economics, **pieces)
+    return Collected(inputs=inputs, notes=notes, timings_s=timings)

@@ -1,0 +1,125 @@
+"""``flywheel qualify``: Gates 1-6 and the ten falsifiers on real artefacts.
+
+::
+
+    flywheel qualify --snapshot DATA/epoch=0 --checkpoint ckpt/ --out report/ \\
+        [--teacher DIR] [--config qualify.toml] [--rebuild-report rebuild.json] \\
+        [--streams-summary inspect.json | --bootstrap-servers HOST:PORT [--prefix P]]
+
+Builds the input bundle with :func:`train.qualify.collect.collect_inputs`, runs
+:func:`train.qualify.qualify` and writes ``report.json``, ``report.html``, the PNGs and
+``collection.json`` (what each evidence piece was built from, and the step timings).
+Prints the gate and falsifier verdicts and the report path. Exit status 0 whenever the
+report was written, whatever the verdicts; 2 on an error, with a message saying what to
+do. torch is imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from flywheel.errors import FlywheelError
+
+COLLECTION_FILE = "collection.json"
+
+
+def qualify_command(
+    snapshot: Path = typer.Option(..., "--snapshot", help="Sealed epoch directory."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint directory or file."),
+    out: Path = typer.Option(..., "--out", help="Report directory (created if needed)."),
+    teacher: Path | None = typer.Option(None, "--teacher", help="The snapshot's teacher: "
+                                        "enables the native_gate control."),
+    config: Path | None = typer.Option(None, "--config", help="TOML: [objective], [gates.*], "
+                                       "[sim], [sweep], [break_even], [throughput], ..."),
+    rebuild_report: Path | None = typer.Option(None, "--rebuild-report",
+                                               help="JSON of `flywheel rebuild --json`."),
+    streams_summary: Path | None = typer.Option(None, "--streams-summary",
+                                                help="JSON of `flywheel streams inspect "
+                                                "--json` (with capture.records)."),
+    bootstrap: str | None = typer.Option(None, "--bootstrap-servers", help="Read the streams "
+                                         "counts from this broker."),
+    prefix: str | None = typer.Option(None, "--prefix", help="Topic prefix (default: the "
+                                      "snapshot's recorded source prefix)."),
+    progress: bool = typer.Option(False, "--progress/--no-progress", help="Progress bars."),
+) -> None:
+    """Qualify a checkpoint on a snapshot: six gates, ten falsifiers, a report."""
+    try:
+        outcome, seconds = _run(
+            snapshot=snapshot, checkpoint=checkpoint, out=out, teacher=teacher, config=config,
+            rebuild_report=rebuild_report, streams_summary=streams_summary,
+            bootstrap=bootstrap, prefix=prefix, progress=progress)
+    except FlywheelError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    print_verdicts(outcome)
+    typer.echo(f"report: {outcome.report_html} (json: {outcome.report_json}); "
+               f"evidence sources: {out / COLLECTION_FILE}; {seconds:.1f} s")
+
+
+def _run(*, snapshot: Path, checkpoint: Path, out: Path, teacher: Path | None,
+         config: Path | None, rebuild_report: Path | None, streams_summary: Path | None,
+         bootstrap: str | None, prefix: str | None, progress: bool) -> tuple[Any, float]:
+    from train.qualify import qualify
+    from train.qualify.collect import CollectRequest, collect_inputs, load_settings
+    from train.qualify.errors import InputError
+
+    if streams_summary is not None and bootstrap:
+        raise InputError("give --streams-summary or --bootstrap-servers, not both")
+    started = time.perf_counter()
+    settings = load_settings(config)
+    collected = collect_inputs(CollectRequest(
+        snapshot=snapshot, checkpoint=checkpoint, teacher=teacher,
+        rebuild_report=rebuild_report, streams_summary=streams_summary, bootstrap=bootstrap,
+        prefix=prefix, settings=settings, progress=progress))
+    report_started = time.perf_counter()
+    outcome = qualify(collected.inputs, out, settings.thresholds)
+    timings = {**collected.timings_s, "report": time.perf_counter() - report_started,
+               "total": time.perf_counter() - started}
+    _write_collection(out, collected.notes, timings)
+    return outcome, timings["total"]
+
+
+def _write_collection(out: Path, notes: dict[str, str], timings: dict[str, float]) -> None:
+    from train.qualify.errors import ReportError
+
+    body = {"schema": "flywheel.qualify.collection.v1", "sources": dict(sorted(notes.items())),
+            "timings_s": {k: round(v, 3) for k, v in sorted(timings.items())}}
+    try:
+        (out / COLLECTION_FILE).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n",
+                                           encoding="utf-8")
+    except OSError as exc:
+        raise ReportError(f"cannot write {out / COLLECTION_FILE}: {exc}") from exc
+
+
+def _short(text: str, width: int = 110) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def print_verdicts(outcome: Any) -> None:
+    """Gate and falsifier verdicts as two tables, then the decision."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from train.qualify import decision
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 150))
+    gates = Table(title="Qualification gates")
+    for column in ("gate", "name", "verdict", "headline"):
+        gates.add_column(column)
+    for v in outcome.verdicts:
+        gates.add_row(str(v.gate), v.name, v.status, _short(v.headline))
+    falsifiers = Table(title="Falsifiers")
+    for column in ("#", "verdict", "why"):
+        falsifiers.add_column(column)
+    for f in outcome.falsifiers:
+        falsifiers.add_row(str(f.number), f.status, _short(f.reason))
+    console.print(gates)
+    console.print(falsifiers)
+    console.print(decision(outcome.verdicts, outcome.falsifiers)["summary"])
