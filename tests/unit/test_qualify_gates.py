@@ -174,13 +174,23 @@ def test_gate2_fails_on_thread_overlap() -> None:
 
 def test_gate2_fails_on_upstream_owner_overlap_unless_allowed() -> None:
     def share(i: dict[str, Any]) -> None:
-        i["overlaps"] = [{"kind": "owner", "splits": ["train", "temporal_holdout"],
+        i["overlaps"] = [{"kind": "owner", "splits": ["train", "validation"],
                           "ids": ["o-9"], "count": 4}]
     inputs = _integrity(share)
     verdict = gate2_integrity(inputs, CFG.integrity)
     assert verdict.status == FAIL and "owners shared" in verdict.headline
     allowed = gate2_integrity(inputs, IntegrityGateConfig(allow_owner_overlap=True))
     assert allowed.status == PASS
+
+
+def test_gate2_allows_owners_shared_with_a_per_thread_holdout() -> None:
+    def share(i: dict[str, Any]) -> None:
+        i["overlaps"] = [{"kind": "owner", "splits": ["train", "temporal_holdout"],
+                          "ids": ["o-9"], "count": 4}]
+    inputs = _integrity(share)
+    assert gate2_integrity(inputs, CFG.integrity).status == PASS
+    strict = IntegrityGateConfig(owner_disjoint_pairs=(("train", "temporal_holdout"),))
+    assert gate2_integrity(inputs, strict).status == FAIL
 
 
 def test_gate2_fails_on_identity_mismatch() -> None:

@@ -64,6 +64,11 @@ class IntegrityGateConfig:
 
     allow_owner_overlap: bool = False
     """Accept an owner present in two splits (threads may never be shared)."""
+    owner_disjoint_pairs: tuple[tuple[str, str], ...] = (("train", "validation"),)
+    """Split pairs that may not share an owner. The split policy puts owners, stickily,
+    in train or validation; holdouts are chosen per thread (a newer or stress-tagged
+    thread of a train owner is the point of a temporal or stress holdout), so owners
+    shared with a holdout are reported but allowed."""
     coverage_dimensions: tuple[str, ...] = ("domain", "language", "prompt_length", "tool_calls")
     """Coverage dimensions every split should report; a missing one is listed as not
     measured (it does not block the gate)."""
@@ -73,6 +78,11 @@ class IntegrityGateConfig:
     def __post_init__(self) -> None:
         _flag("IntegrityGateConfig", "allow_owner_overlap", self.allow_owner_overlap)
         _flag("IntegrityGateConfig", "require_authorization", self.require_authorization)
+        if not isinstance(self.owner_disjoint_pairs, tuple) or not all(
+                isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                for p in self.owner_disjoint_pairs):
+            raise ConfigError("IntegrityGateConfig.owner_disjoint_pairs must be a tuple of "
+                              f"(split, split) pairs, got {self.owner_disjoint_pairs!r}")
         if not isinstance(self.coverage_dimensions, tuple) or not all(
                 isinstance(d, str) and d for d in self.coverage_dimensions):
             raise ConfigError("IntegrityGateConfig.coverage_dimensions must be a tuple of "

@@ -138,8 +138,17 @@ def gate1_replay(inputs: QualificationInputs, config: ReplayGateConfig) -> GateV
 def _overlap_checks(integrity: IntegrityEvidence, config: IntegrityGateConfig) -> list[Check]:
     overlaps = integrity.all_overlaps()
     checks = []
+    strict = {frozenset(pair) for pair in config.owner_disjoint_pairs}
     for kind in ("thread", "owner"):
         found = [o for o in overlaps if o.kind == kind and o.size]
+        if kind == "owner":
+            informative = [o for o in found if frozenset(o.splits) not in strict]
+            found = [o for o in found if frozenset(o.splits) in strict]
+            if informative:
+                listing = "; ".join(f"{a}/{b}: {o.size}" for o in informative
+                                    for a, b in [o.splits])
+                checks.append(measured("owner_holdout_overlap", True, "owners shared with a "
+                                       f"per-thread holdout (allowed by policy): {listing}"))
         if not found:
             checks.append(measured(f"{kind}_disjoint", True,
                                    f"no {kind} is shared between splits"))
