@@ -34,6 +34,7 @@ def _mount_subapps() -> None:
     from streams.cli import broker_app, topics_app
     from streams.processors.cli import streams_app
     from train.cli import evaluate_command, train_command
+    from train.qualify_cli import qualify_command
 
     app.add_typer(broker_app, name="broker", help="Run the embedded single-node Kafka (KRaft).")
     app.add_typer(topics_app, name="topics", help="Create and describe the topic catalogue.")
@@ -47,6 +48,7 @@ def _mount_subapps() -> None:
     app.command("rebuild")(rebuild_command)
     app.command("train")(train_command)
     app.command("evaluate")(evaluate_command)
+    app.command("qualify")(qualify_command)
 
 
 @app.callback()

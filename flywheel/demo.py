@@ -8,6 +8,7 @@ themselves to :data:`STAGES`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ class DemoContext:
     threads: int
     snapshot_dir: Path | None = None
     temporal_cut_ms: int | None = None
+    checkpoint_dir: Path | None = None
     results: dict[str, Any] = field(default_factory=dict)
 
 
@@ -71,7 +73,10 @@ def _stage_capture(ctx: DemoContext) -> None:
     from replay.capture_cli import _print_summary, run_capture
 
     config = CaptureConfig(mode="forced", seed=ctx.epoch, interleave=4)
-    threads = load_threads(None, ctx.threads, seed=ctx.epoch)
+    # Each epoch captures new threads of the same owners: thread ids carry the epoch so
+    # they never collide with (already closed) threads of earlier epochs.
+    threads = (dataclasses.replace(t, thread_id=f"e{ctx.epoch:03d}-{t.thread_id}")
+               for t in load_threads(None, ctx.threads, seed=ctx.epoch))
     started_ms = time.time() * 1000
     summary = run_capture(teacher_dir=ctx.teacher_dir, threads=threads, config=config,
                           bootstrap=ctx.bootstrap, expected=ctx.threads)
@@ -147,12 +152,62 @@ def _wait_for_dataset(ctx: DemoContext, worker: subprocess.Popen[bytes]) -> None
         time.sleep(1)
 
 
+def _print_lines(tag: str, lines: list[str]) -> None:
+    shown = [line for line in lines if line.strip() and not line.startswith(("20", "[", "WARN"))]
+    print(f"[{tag}]")
+    for line in shown:
+        print("   ", line)
+
+
+def _stage_train(ctx: DemoContext) -> None:
+    ctx.checkpoint_dir = ctx.run_dir / "checkpoint"
+    steps = os.environ.get("FLYWHEEL_DEMO_TRAIN_STEPS", "600")
+    lines = _flywheel("train", "--snapshot", str(ctx.snapshot_dir), "--out",
+                      str(ctx.checkpoint_dir), "--max-steps", steps, "--no-progress",
+                      log_name="train", ctx=ctx)
+    _print_lines("train", lines[-6:])
+
+
+def _stage_evaluate(ctx: DemoContext) -> None:
+    out = ctx.run_dir / "evaluation.json"
+    lines = _flywheel("evaluate", "--snapshot", str(ctx.snapshot_dir), "--checkpoint",
+                      str(ctx.checkpoint_dir), "--teacher", str(ctx.teacher_dir), "--out",
+                      str(out), log_name="evaluate", ctx=ctx)
+    ctx.results["evaluation"] = str(out)
+    _print_lines("evaluate", lines)
+
+
+QUALIFY_CONFIG = """\
+# The demo's threads are generated offline by replay.synthetic: no production transcript.
+[authorization]
+policy = "synthetic-threads"
+approved = true
+production_transcripts = false
+deletion_supported = true
+"""
+
+
+def _stage_qualify(ctx: DemoContext) -> None:
+    config = ctx.run_dir / "qualify.toml"
+    config.write_text(QUALIFY_CONFIG)
+    report_dir = ctx.run_dir / "report"
+    lines = _flywheel("qualify", "--snapshot", str(ctx.snapshot_dir), "--checkpoint",
+                      str(ctx.checkpoint_dir), "--teacher", str(ctx.teacher_dir), "--config",
+                      str(config), "--bootstrap-servers", ctx.bootstrap, "--out",
+                      str(report_dir), log_name="qualify", ctx=ctx)
+    ctx.results["report"] = str(report_dir / "report.html")
+    _print_lines("qualify", lines)
+
+
 STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("broker", _stage_broker),
     ("teacher", _stage_teacher),
     ("capture", _stage_capture),
     ("streams", _stage_streams),
     ("replay", _stage_replay),
+    ("train", _stage_train),
+    ("evaluate", _stage_evaluate),
+    ("qualify", _stage_qualify),
 ]
 
 
@@ -181,6 +236,8 @@ def run_demo(*, threads: int = 32) -> DemoContext:
     (ctx.run_dir / "demo.json").write_text(json.dumps(ctx.results, indent=2, default=str))
     print(f"[demo] epoch {epoch} done in {ctx.results['wall_seconds']} s; "
           f"details in {ctx.run_dir / 'demo.json'}")
+    if "report" in ctx.results:
+        print(f"[demo] report: {ctx.results['report']}")
     return ctx
 
 
