@@ -42,6 +42,7 @@ class DemoContext:
     snapshot_dir: Path | None = None
     temporal_cut_ms: int | None = None
     checkpoint_dir: Path | None = None
+    rebuild_report: Path | None = None
     results: dict[str, Any] = field(default_factory=dict)
 
 
@@ -152,6 +153,18 @@ def _wait_for_dataset(ctx: DemoContext, worker: subprocess.Popen[bytes]) -> None
         time.sleep(1)
 
 
+def _stage_rebuild(ctx: DemoContext) -> None:
+    out = ctx.run_dir / "rebuild"
+    lines = _flywheel("rebuild", "--snapshot", str(ctx.snapshot_dir), "--out", str(out),
+                      "--teacher", str(ctx.teacher_dir), "--json", log_name="rebuild", ctx=ctx)
+    start = next(i for i, line in enumerate(lines) if line.startswith("{"))
+    report = json.loads("\n".join(lines[start:]))
+    ctx.rebuild_report = ctx.run_dir / "rebuild.json"
+    ctx.rebuild_report.write_text(json.dumps(report, indent=2))
+    print(f"[rebuild] shards regenerated from the window topics into {out}: "
+          f"{'byte-identical' if report.get('identical') else 'DIFFERENT'}")
+
+
 def _print_lines(tag: str, lines: list[str]) -> None:
     shown = [line for line in lines if line.strip() and not line.startswith(("20", "[", "WARN"))]
     print(f"[{tag}]")
@@ -194,7 +207,8 @@ def _stage_qualify(ctx: DemoContext) -> None:
     lines = _flywheel("qualify", "--snapshot", str(ctx.snapshot_dir), "--checkpoint",
                       str(ctx.checkpoint_dir), "--teacher", str(ctx.teacher_dir), "--config",
                       str(config), "--bootstrap-servers", ctx.bootstrap, "--out",
-                      str(report_dir), log_name="qualify", ctx=ctx)
+                      str(report_dir), "--rebuild-report", str(ctx.rebuild_report),
+                      log_name="qualify", ctx=ctx)
     ctx.results["report"] = str(report_dir / "report.html")
     _print_lines("qualify", lines)
 
@@ -205,6 +219,7 @@ STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("capture", _stage_capture),
     ("streams", _stage_streams),
     ("replay", _stage_replay),
+    ("rebuild", _stage_rebuild),
     ("train", _stage_train),
     ("evaluate", _stage_evaluate),
     ("qualify", _stage_qualify),
