@@ -14,7 +14,8 @@ from train.qualify.fmt import fmt_bytes, fmt_num
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;
 max-width:72rem;padding:0 1rem;color:#1d2330;line-height:1.45}
-h1{margin-bottom:.2rem}h2{border-bottom:1px solid #d6dae3;padding-bottom:.2rem;margin-top:2rem}
+h1{margin-bottom:.2rem;overflow-wrap:anywhere}
+h2{border-bottom:1px solid #d6dae3;padding-bottom:.2rem;margin-top:2rem}
 table{border-collapse:collapse;margin:.6rem 0;font-size:.85rem}
 th,td{border:1px solid #d6dae3;padding:.25rem .5rem;text-align:left;vertical-align:top}
 th{background:#f2f4f8}td.num{text-align:right;font-variant-numeric:tabular-nums}

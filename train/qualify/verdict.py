@@ -88,7 +88,7 @@ def _reasons(checks: list[Check]) -> list[str]:
     optional = [f"(optional, not measured) {c.detail}" for c in checks
                 if c.status == NOT_MEASURABLE and not c.required]
     passed = [c.detail for c in checks if c.status == PASS]
-    return failed + missing + optional + passed
+    return failed + missing + passed + optional
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,7 +102,8 @@ class GateVerdict:
     status: str
     """``pass``, ``fail`` or ``not_measurable``."""
     reasons: list[str]
-    """One line each, the decisive ones first (failures, then what was missing)."""
+    """One line each, the decisive ones first: failures, what was missing, passes,
+    then optional checks that were not measured."""
     figures: dict[str, Any] = field(default_factory=dict)
     """Every number the verdict used, as JSON types."""
     checks: list[Check] = field(default_factory=list)
