@@ -9,13 +9,11 @@ message on stderr and exit status 2; anything else is a bug and keeps its traceb
 from __future__ import annotations
 
 import logging
-import os
-import sys
 
 import typer
 
 from flywheel import __version__
-from flywheel.errors import FlywheelError
+from flywheel.runner import offline_environment, run_app
 
 app = typer.Typer(
     name="flywheel",
@@ -68,28 +66,9 @@ def version() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    offline_environment()
     _mount_subapps()
-    try:
-        # Without standalone mode click returns an Exit's code instead of exiting.
-        sys.exit(app(args=argv, standalone_mode=False) or 0)
-    except FlywheelError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        sys.exit(2)
-    except (typer.Abort, KeyboardInterrupt):
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # click usage errors come through here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    run_app(app, argv)
 
 
 if __name__ == "__main__":

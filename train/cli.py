@@ -18,13 +18,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from flywheel.errors import FlywheelError
+from flywheel.runner import offline_environment, run_app
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +141,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m train.cli`` (one process per torchrun rank)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    offline_environment()
     main_rank = int(os.environ.get("RANK", "0")) == 0
     logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -151,16 +149,7 @@ def main(argv: list[str] | None = None) -> None:
                       pretty_exceptions_enable=False)
     app.command("train")(train_command)
     app.command("evaluate")(evaluate_command)
-    try:
-        sys.exit(app(args=argv, standalone_mode=False) or 0)
-    except FlywheelError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        sys.exit(2)
-    except (typer.Abort, KeyboardInterrupt):
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+    run_app(app, argv)
 
 
 if __name__ == "__main__":
