@@ -61,22 +61,28 @@ def main() -> None:
         "oracle_one_token_early": oracle_predictions(
             trace, priority=2, lead_boundaries=trace.num_layers + 1),
     }
-    report: dict[str, object] = {"tokens": args.tokens, "layers": trace.num_layers,
-                                 "top_k": trace.top_k, "expert_bytes": config.expert_bytes}
+    context = {"tokens": args.tokens, "layers": trace.num_layers, "top_k": trace.top_k,
+               "expert_bytes": config.expert_bytes}
     for name, predictions in predictors.items():
         started = time.perf_counter()
         metrics = summarize(simulate(trace, predictions, config))
         wall = time.perf_counter() - started
-        report[name] = {
-            "sim_wall_s": round(wall, 3),
-            "replayed_tokens_per_wall_s": round(args.tokens / wall, 1),
-            "predictions": len(predictions),
-            **{key: metrics[key] for key in (
-                "tokens_per_s", "exposed_wait_s", "timely_recall", "recall",
-                "byte_amplification_vs_topk", "hidden_fraction", "useful_prefetch_ratio",
-                "p0_starvation_attempts", "evictions_by_prefetch")},
-        }
-    print(json.dumps(report, indent=2))
+        emit("replayed_tokens_per_wall_s", round(args.tokens / wall, 1), "tokens/s",
+             predictor=name, predictions=len(predictions), **context)
+        for key, unit in FIGURES:
+            emit(key, metrics[key], unit, predictor=name, **context)
+
+
+FIGURES = (("tokens_per_s", "tokens/s (simulated)"), ("exposed_wait_s", "s"),
+           ("timely_recall", "ratio"), ("recall", "ratio"),
+           ("byte_amplification_vs_topk", "ratio"), ("hidden_fraction", "ratio"),
+           ("useful_prefetch_ratio", "ratio"), ("p0_starvation_attempts", "count"),
+           ("evictions_by_prefetch", "count"))
+
+
+def emit(figure: str, value: object, unit: str, **extra: object) -> None:
+    print(json.dumps({"bench": "sim", "figure": figure, "value": value, "unit": unit,
+                      **extra}), flush=True)
 
 
 if __name__ == "__main__":
