@@ -146,13 +146,16 @@ def rebuild_command(
     tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer directory."),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="Source read timeout."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    from_capture: bool = typer.Option(
+        False, "--from-capture", help="Also regenerate the windows from the capture topics "
+        "through the stream processors, require the same ids and digests, replay those."),
 ) -> None:
     """Replay the window topics up to the snapshot's offsets; require identical shards."""
     from consumers.rebuild import RebuildConfig, rebuild_snapshot
 
     report = rebuild_snapshot(RebuildConfig(
         snapshot=snapshot, out=out, teacher=teacher, bootstrap=bootstrap_servers(bootstrap),
-        tokenizer_dir=tokenizer, timeout_s=timeout_s))
+        tokenizer_dir=tokenizer, timeout_s=timeout_s, from_capture=from_capture))
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
         return
@@ -160,3 +163,6 @@ def rebuild_command(
     typer.echo(f"  byte-identical to snapshot {report['snapshot_id']}: {report['identical']}")
     typer.echo(f"  rebuilt snapshot id {report['rebuilt_snapshot_id']}"
                f"{'' if report['snapshot_id_match'] else ' (differs: writer versions changed)'}")
+    if from_capture:
+        typer.echo(f"  windows regenerated from capture topics: "
+                   f"{report['capture_windows_regenerated']}")

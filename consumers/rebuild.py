@@ -16,12 +16,19 @@ at-least-once delivery may repeat windows. Window-topic offsets, hence block bou
 and shard names, are therefore not a function of the capture topics. The window topics
 keep data forever (``retention.ms=-1``) precisely so snapshots are rebuilt from them.
 
+Optional, with ``--from-capture`` (:mod:`consumers.capture_check`): the capture topics
+are first run through the stream processors' in-memory chain; every window record of the
+snapshot must be regenerated with the same window id and content digest, and the replay
+then uses those FRESH windows, in the recorded window-topic offset order. Topic order
+still comes from the window topics, for the reason above.
+
 Nothing is published to Kafka: records refused again are only counted.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +65,8 @@ class RebuildConfig:
         bootstrap: Kafka bootstrap servers holding the snapshot's window topics.
         tokenizer_dir: tokenizer directory (default: the teacher's).
         timeout_s: give up when no source record arrives for this long.
+        from_capture: also regenerate the windows from the capture topics, require them
+            to match the snapshot's, and replay the regenerated ones.
     """
 
     snapshot: Path
@@ -66,6 +75,7 @@ class RebuildConfig:
     bootstrap: str
     tokenizer_dir: Path | None = None
     timeout_s: float = 120.0
+    from_capture: bool = False
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -103,8 +113,42 @@ def _load(config: RebuildConfig, manifest: dict[str, Any], teacher: Any) -> Any:
     return bundle
 
 
+def _window_ranges(manifest: dict[str, Any]) -> dict[tuple[str, int], tuple[int, int]]:
+    boundary, _ = _boundary(manifest)
+    return {(t, p): (0, boundary.end_of(t, p)) for t, parts in boundary.end.items()
+            for p in parts}
+
+
+def _capture_check(config: RebuildConfig, manifest: dict[str, Any]) -> Any:
+    from consumers.capture_check import check_windows, regenerate
+
+    prefix = manifest["source"].get("prefix")
+    if prefix is None:
+        raise RebuildError("--from-capture needs the topic prefix, and the snapshot's manifest "
+                           "records none under source.prefix")
+    fresh = regenerate(config.bootstrap, prefix, timeout_s=config.timeout_s)
+    check = check_windows(config.bootstrap, _window_ranges(manifest), fresh,
+                          timeout_s=config.timeout_s)
+    check.raise_on_failure(manifest["snapshot_id"])
+    return check
+
+
+def _classify(msg: Any, split: str, settings: BlockSettings, bundle: Any, check: Any,
+              fresh: Mapping[str, bytes] | None) -> Any:
+    """Classify one window record; with ``fresh``, classify its regenerated copy instead."""
+    def run(value: bytes | None) -> Any:
+        return classify(value, msg.headers(), msg.key(), split=split,
+                        identity_id=settings.identity_id, vocab_size=bundle.vocab_size,
+                        check=check)
+
+    verdict = run(msg.value())
+    if fresh is None or verdict.window is None:
+        return verdict
+    return run(fresh.get(verdict.window["window_id"], msg.value()))
+
+
 def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: Path,
-            stats: Stats) -> None:
+            stats: Stats, fresh: Mapping[str, bytes] | None = None) -> None:
     det = manifest["determinism"]
     boundary, splits = _boundary(manifest)
     settings = BlockSettings(
@@ -120,9 +164,7 @@ def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: 
     for msg in read_ranges(config.bootstrap, ranges, timeout_s=config.timeout_s,
                            error=RebuildError):
         plog = logs[(msg.topic(), msg.partition())]
-        verdict = classify(msg.value(), msg.headers(), msg.key(), split=plog.split,
-                           identity_id=settings.identity_id, vocab_size=bundle.vocab_size,
-                           check=check)
+        verdict = _classify(msg, plog.split, settings, bundle, check, fresh)
         if msg.offset() < plog.base:
             if verdict.accepted and verdict.window is not None:
                 plog.written_ids.add(verdict.window["window_id"])
@@ -154,9 +196,11 @@ def rebuild_snapshot(config: RebuildConfig, *, teacher: Any = None) -> dict[str,
     target = epoch_dir(out, manifest["epoch"])
     if target.exists():
         raise RebuildError(f"{target} already exists; choose an empty --out directory")
+    capture = _capture_check(config, manifest) if config.from_capture else None
     bundle = _load(config, manifest, teacher)
     stats = Stats()
-    _replay(config, manifest, bundle, out, stats)
+    _replay(config, manifest, bundle, out, stats,
+            None if capture is None else capture.fresh.encoded)
     boundary, splits = _boundary(manifest)
     dataset = {"identity": manifest["identity"], "determinism": manifest["determinism"],
                "writer": writer_versions()}
@@ -173,7 +217,7 @@ def rebuild_snapshot(config: RebuildConfig, *, teacher: Any = None) -> dict[str,
               "shards": len(rebuilt["shards"]), "rows": rebuilt["totals"]["rows"],
               "identical": not diffs, "differences": diffs, "out": str(target),
               "snapshot_id_match": manifest["snapshot_id"] == rebuilt["snapshot_id"],
-              "stats": stats.as_dict()}
+              "stats": stats.as_dict(), **({} if capture is None else capture.report())}
     if diffs:
         drift = {k: (v, writer_versions().get(k)) for k, v in manifest["writer"].items()
                  if writer_versions().get(k) != v}
