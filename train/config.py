@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 import types
 import typing
 from collections.abc import Mapping
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from flywheel.configfile import read_toml
 from flywheel.errors import ConfigError
 from train.losses import LossConfig
 from train.metrics import EVALUATION_SPLITS, TRAIN_SPLIT
@@ -252,13 +252,7 @@ def load_config(path: Path | None) -> TrainConfig:
     """The defaults, overridden by a TOML file when ``path`` is given."""
     if path is None:
         return TrainConfig()
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    return from_mapping(TrainConfig, data, str(path))
+    return from_mapping(TrainConfig, read_toml(path), str(path))
 
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:

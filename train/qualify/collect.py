@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flywheel.configfile import read_toml
 from flywheel.errors import ConfigError
 from train.qualify import collect_data as data
 from train.qualify import collect_model as model
@@ -141,13 +141,7 @@ def load_settings(path: Path | None) -> QualifySettings:
     """The defaults, or what ``path`` (TOML) declares."""
     if path is None:
         return QualifySettings()
-    try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    return settings_from_mapping(raw, str(path))
+    return settings_from_mapping(read_toml(path), str(path))
 
 
 @dataclass(frozen=True, kw_only=True)
