@@ -1,49 +1,50 @@
 """``flywheel rebuild --from-capture``: regenerate the snapshot's windows from the capture topics.
 
-An optional, additive check on top of :mod:`consumers.rebuild`. It reads the three
-capture topics (identities, transcripts, observations, with the dataset's topic prefix)
-from offset 0 up to their CURRENT end offsets, runs them through the stream processors'
-in-memory chain (:class:`streams.processors.pipeline.LocalPipeline`, with the stream
-worker's default configuration), and requires every record of the snapshot's window
-topics (offset 0 up to the manifest's end offsets) to be regenerated with the same
-``window_id`` and ``content_digest``. The rebuild then replays the fresh windows in the
-recorded window-topic offset order, so the shards come from fresh stream output.
+An additive check on top of :mod:`consumers.rebuild`, driven by what the seal recorded in
+the manifest's ``source.capture``:
 
-Only ids and digests are compared, never window-topic ORDER: that order follows thread
-completion and the dedup agent's input order in the faust worker (see the rebuild
-module's docstring). The in-memory chain sees identities first, then transcripts and
-observations in partition-interleaved read order, and finally an idle tick past the idle
-timeout, so threads the worker completed on idle are completed here too. Near-duplicate
-decisions are first-come: if two snapshot threads are near-duplicates and the worker saw
-them in the other order, the kept one differs and the check reports a missing window.
+* ``end``: the capture topics' end offsets, read right after the window topics' ends;
+  only capture records below them are read, so later capture never changes a rebuild;
+* ``streams_runs``: every streams worker start (:mod:`streams.processors.runs`) with its
+  full processor configuration and the capture offsets it started from. They cut the
+  capture topics into segments, and each segment runs through the stream processors'
+  in-memory chain (:class:`streams.processors.pipeline.LocalPipeline`) with its own
+  configuration, the state carried over, as the restarted worker carried its tables.
+
+Completed threads reach the split and dedup stage in the order the worker's dedup agent
+read them from its threads topic (``<app id>-threads-v1``, kept forever): near-duplicate
+decisions are first-come, and that order followed timing in the worker. Everything else
+is computed afresh. Then every record of the snapshot's window topics (offset 0 up to
+the manifest's end offsets) must be regenerated with the same ``window_id`` and
+``content_digest``, and the replay uses those fresh windows in the recorded window-topic
+offset order: at-least-once delivery may repeat a window on the topic, so which offset
+holds which window is taken from the topic, never recomputed.
+
+Capture records are read identities first, then transcripts and observations in
+partition-interleaved order (the order within a partition is the topic's), with the
+records' own timestamps as processing time, and a last idle tick past the idle timeout
+completes the threads the worker completed on idle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import json
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.exceptions import RebuildError
 from consumers.intake import WINDOW_SCHEMA
-from consumers.kafka_io import end_offsets, read_ranges
+from consumers.kafka_io import read_ranges
 from schemas import codec
 from schemas.exceptions import SchemaError
-from streams.processors.cli import processor_config
-from streams.processors.pipeline import LocalPipeline, ProcessorConfig
+from streams.processors.inspect import read_topic
+from streams.processors.pipeline import LocalPipeline
+from streams.processors.runs import StreamsRun, StreamsRunError
+from streams.processors.topology import StreamTopics
 
-# The stream worker's command-line defaults (``flywheel streams worker``).
-WORKER_DEFAULTS: dict[str, Any] = {
-    "salt": "hebrus-flywheel-split-v1", "validation_fraction": 0.1, "temporal_cut_ms": None,
-    "stress_rate": 0.5, "runtime_holdout_fraction": 0.05, "near_threshold": 0.8,
-    "idle_timeout_s": 300.0, "context_length": 2048, "route_context_length": 8192,
-}
 _SHOWN = 10
-
-
-def default_processor_config() -> ProcessorConfig:
-    """The configuration a ``flywheel streams worker`` without flags runs with."""
-    return processor_config(**WORKER_DEFAULTS)
+Ranges = dict[tuple[str, int], tuple[int, int]]
 
 
 @dataclass
@@ -51,7 +52,8 @@ class FreshWindows:
     """Windows regenerated from the capture topics, by window id, with their encodings."""
 
     capture_end_offsets: dict[str, dict[int, int]]
-    config_digest: str
+    config_digests: set[str]
+    segments: int = 0
     windows: dict[str, dict[str, Any]] = field(default_factory=dict)
     encoded: dict[str, bytes] = field(default_factory=dict)
     conflicting: list[str] = field(default_factory=list)
@@ -67,32 +69,127 @@ class FreshWindows:
         self.encoded[wid] = codec.encode_entry(codec.default_registry().get("Window"), window)
 
 
-def _capture_messages(bootstrap: str, topics: Mapping[str, str],
-                      ends: Mapping[str, Mapping[int, int]], timeout_s: float) -> Iterator[Any]:
+@dataclass(frozen=True)
+class Segment:
+    """Capture offsets ``ranges`` processed by one streams configuration."""
+
+    run: StreamsRun
+    ranges: Ranges
+
+
+def recorded_runs(capture: Mapping[str, Any]) -> list[StreamsRun]:
+    """The manifest's streams runs, all of one app id (RebuildError otherwise)."""
+    try:
+        runs = [StreamsRun.from_json(r) for r in capture.get("streams_runs", [])]
+    except StreamsRunError as exc:
+        raise RebuildError(f"the manifest's streams runs are unreadable: {exc}") from exc
+    apps = sorted({r.app_id for r in runs})
+    if len(apps) != 1:
+        raise RebuildError(
+            "--from-capture needs the streams runs of exactly one worker group, the manifest "
+            f"records {apps or 'none'}; windows of several groups (or of workers older than "
+            "run records) cannot be regenerated — rebuild without --from-capture"
+        )
+    return runs
+
+
+def segments(runs: Sequence[StreamsRun], end: Mapping[str, Mapping[int, int]]) -> list[Segment]:
+    """Cut ``[0, end)`` of every capture partition into one segment per configuration.
+
+    Consecutive runs with the same configuration form one segment, which starts where
+    its first run started (the first segment at 0: a group's first run starts where
+    nothing was committed); a run that started past ``end`` gets an empty segment."""
+    merged = [r for i, r in enumerate(runs) if i == 0 or r.config_id != runs[i - 1].config_id]
+    starts = [{(t, int(p)): 0 if i == 0 else _start(run, t, p)
+               for t, parts in end.items() for p in parts} for i, run in enumerate(merged)]
+    _check_no_reset(runs, [tp for tp in starts[0]])
+    out = []
+    for i, run in enumerate(merged):
+        ranges: Ranges = {}
+        for (topic, p), first in starts[i].items():
+            stop = int(end[topic][p])
+            last = stop if i + 1 == len(merged) else min(stop, starts[i + 1][(topic, p)])
+            ranges[(topic, p)] = (min(first, stop), last)
+        out.append(Segment(run=run, ranges=ranges))
+    return out
+
+
+def _check_no_reset(runs: Sequence[StreamsRun], partitions: Sequence[tuple[str, int]]) -> None:
+    """A configuration change must start at or after everything any earlier run started
+    from; else the group's offsets were reset and the owner of those records is unknown."""
+    reached = {tp: 0 for tp in partitions}
+    for i, run in enumerate(runs):
+        if i and run.config_id != runs[i - 1].config_id:
+            back = [tp for tp in partitions if _start(run, *tp) < reached[tp]]
+            if back:
+                (topic, p) = back[0]
+                raise RebuildError(
+                    f"streams run {run.run_id} starts {topic}[{p}] at {_start(run, topic, p)}, "
+                    f"before an earlier run of another configuration (at {reached[back[0]]}): "
+                    "the group's offsets were reset between configurations, so which one "
+                    "processed those records is unknown; rebuild without --from-capture"
+                )
+        for tp in partitions:
+            reached[tp] = max(reached[tp], _start(run, *tp))
+
+
+def _start(run: StreamsRun, topic: str, partition: int) -> int:
+    return int(run.capture_start.get(topic, {}).get(int(partition), 0))
+
+
+def release_order(bootstrap: str, app_id: str, prefix: str) -> list[str]:
+    """Thread generation ids in the order the worker group's dedup agent read them."""
+    if not app_id.startswith(prefix):
+        raise RebuildError(f"streams app {app_id} does not use the topic prefix {prefix!r}")
+    topic = StreamTopics.from_prefix(prefix, app_id[len(prefix):]).threads
+    order = []
+    for msg in read_topic(bootstrap, topic):
+        try:
+            order.append(str(json.loads(msg.value() or b"")["iid"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RebuildError(f"{topic}@{msg.offset()} is not a thread summary ({exc}); the "
+                               "streams internal topic is corrupt") from exc
+    return order
+
+
+def _messages(bootstrap: str, topics: Mapping[str, str], ranges: Ranges,
+              timeout_s: float) -> Iterator[tuple[str, Any]]:
     by_name = {name: kind for kind, name in topics.items()}
     for group in (("identities",), ("transcripts", "observations")):
-        ranges = {(topics[k], p): (0, end) for k in group for p, end in ends[topics[k]].items()}
-        for msg in read_ranges(bootstrap, ranges, timeout_s=timeout_s, error=RebuildError):
+        names = {topics[k] for k in group}
+        part = {tp: r for tp, r in ranges.items() if tp[0] in names}
+        for msg in read_ranges(bootstrap, part, timeout_s=timeout_s, error=RebuildError):
             yield by_name[msg.topic()], msg
 
 
-def regenerate(bootstrap: str, prefix: str, *, timeout_s: float = 120.0,
-               config: ProcessorConfig | None = None) -> FreshWindows:
-    """Run the capture topics (0 .. current end) through the in-memory stream chain."""
-    pipeline = LocalPipeline(config or default_processor_config(), prefix=prefix)
-    ends = end_offsets(bootstrap, pipeline.topics.values(), error=RebuildError)
+def regenerate(bootstrap: str, prefix: str, capture: Mapping[str, Any], *,
+               timeout_s: float = 120.0) -> FreshWindows:
+    """Run the recorded capture offsets through the in-memory stream chain (module doc)."""
+    runs = recorded_runs(capture)
+    end = {str(t): {int(p): int(o) for p, o in parts.items()}
+           for t, parts in capture.get("end", {}).items()}
+    cuts = segments(runs, end)
+    pipeline = LocalPipeline(cuts[0].run.processor_config(), prefix=prefix,
+                             release_order=release_order(bootstrap, runs[0].app_id, prefix))
+    unknown = set(end) - set(pipeline.topics.values())
+    if unknown:
+        raise RebuildError(f"the manifest's capture offsets name {sorted(unknown)}, not the "
+                           f"capture topics of prefix {prefix!r}")
     last_ms, partitions = 0, set()
-    for kind, msg in _capture_messages(bootstrap, pipeline.topics, ends, timeout_s):
-        now_ms = max(0, int(msg.timestamp()[1]))
-        last_ms = max(last_ms, now_ms)
-        partitions.add(int(msg.partition()))
-        pipeline.feed(kind, int(msg.partition()), int(msg.offset()), msg.key(), msg.value(),
-                      list(msg.headers() or []), now_ms=now_ms)
+    for cut in cuts:
+        pipeline.reconfigure(cut.run.processor_config())
+        for kind, msg in _messages(bootstrap, pipeline.topics, cut.ranges, timeout_s):
+            now_ms = max(0, int(msg.timestamp()[1]))
+            last_ms = max(last_ms, now_ms)
+            partitions.add(int(msg.partition()))
+            pipeline.feed(kind, int(msg.partition()), int(msg.offset()), msg.key(), msg.value(),
+                          list(msg.headers() or []), now_ms=now_ms)
     idle_ms = pipeline.config.assemble.idle_timeout_ms
     for partition in sorted(partitions):
         pipeline.tick(partition, last_ms + idle_ms + 1)
-    fresh = FreshWindows(capture_end_offsets={t: dict(v) for t, v in ends.items()},
-                         config_digest=pipeline.config.window.digest())
+    pipeline.flush()
+    fresh = FreshWindows(capture_end_offsets=end, segments=len(cuts),
+                         config_digests={c.run.processor_config().window.digest() for c in cuts})
     for window in pipeline.windows:
         fresh.add(window)
     return fresh
@@ -127,7 +224,7 @@ class CaptureCheck:
             return
         wid = window["window_id"]
         fresh = self.fresh.windows.get(wid)
-        if window.get("config_digest") != self.fresh.config_digest:
+        if window.get("config_digest") not in self.fresh.config_digests:
             self.other_config.add(str(window.get("config_digest")))
         if fresh is None:
             self.missing.append(wid)
@@ -141,7 +238,8 @@ class CaptureCheck:
         return {
             "capture_end_offsets": {t: {str(p): o for p, o in v.items()}
                                     for t, v in self.fresh.capture_end_offsets.items()},
-            "capture_config_digest": self.fresh.config_digest,
+            "capture_window_config_digests": sorted(self.fresh.config_digests),
+            "capture_segments": self.fresh.segments,
             "capture_windows_fresh": len(self.fresh.windows),
             "capture_windows_regenerated": self.regenerated,
             "capture_windows_bytes_identical": self.bytes_identical,
@@ -156,16 +254,15 @@ class CaptureCheck:
         hint = ""
         if self.other_config:
             hint = (" The snapshot's windows carry window config digests "
-                    f"{sorted(self.other_config)}, the default stream worker's is "
-                    f"{self.fresh.config_digest}: they were produced with non-default "
-                    "windowing flags.")
+                    f"{sorted(self.other_config)} that no recorded streams run has "
+                    f"({sorted(self.fresh.config_digests)}): a worker ran without a run "
+                    "record.")
         raise RebuildError(
             f"--from-capture: {len(missing)} window(s) of snapshot {snapshot_id} are not "
             f"regenerated from the capture topics (first: {missing[:_SHOWN]}) and "
             f"{len(bad)} are regenerated with a different content digest (first: "
-            f"{bad[:_SHOWN]}).{hint} Capture data may have been truncated, the stream "
-            "worker may have run another config or code version, or near-duplicate "
-            "decisions may depend on arrival order; no shards were written"
+            f"{bad[:_SHOWN]}).{hint} Capture data may have been truncated, or the stream "
+            "worker ran another code version; no shards were written"
         )
 
 

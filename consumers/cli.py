@@ -148,6 +148,7 @@ def rebuild_command(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     from_capture: bool = typer.Option(
         False, "--from-capture", help="Also regenerate the windows from the capture topics "
+        "(up to the offsets recorded at seal, with every recorded streams configuration) "
         "through the stream processors, require the same ids and digests, replay those."),
 ) -> None:
     """Replay the window topics up to the snapshot's offsets; require identical shards."""
@@ -165,4 +166,5 @@ def rebuild_command(
                f"{'' if report['snapshot_id_match'] else ' (differs: writer versions changed)'}")
     if from_capture:
         typer.echo(f"  windows regenerated from capture topics: "
-                   f"{report['capture_windows_regenerated']}")
+                   f"{report['capture_windows_regenerated']} "
+                   f"({report['capture_segments']} streams configuration segment(s))")

@@ -7,8 +7,10 @@ one order. Kinds:
 * ``seal_intent`` {epoch, intent_id, expires_at_ms}: a seal is about to read the end
   offsets. Workers stop closing open-epoch blocks until the boundary arrives (or the
   intent expires).
-* ``epoch_boundary`` {epoch, intent_id, start, end}: the per-partition offset range of
-  the epoch. The FIRST boundary of an epoch wins; later ones are ignored (and reported).
+* ``epoch_boundary`` {epoch, intent_id, start, end, capture_end}: the per-partition
+  offset range of the epoch over the window topics, and the capture topics' end
+  offsets read just after. The FIRST boundary of an epoch wins; later ones are ignored
+  (and reported).
 * ``epoch_sealed`` {epoch, snapshot_id, manifest}: the manifest was written.
 
 Why the intent. ``seal`` reads the end offsets W at some instant and publishes them
@@ -58,7 +60,8 @@ def intent_record(epoch: int, ttl_s: float) -> dict[str, Any]:
 
 def boundary_record(boundary: EpochBoundary, intent_id: str) -> dict[str, Any]:
     return {"kind": "epoch_boundary", "epoch": boundary.epoch, "intent_id": intent_id,
-            "start": offsets_json(boundary.start), "end": offsets_json(boundary.end)}
+            "start": offsets_json(boundary.start), "end": offsets_json(boundary.end),
+            "capture_end": offsets_json(boundary.capture_end)}
 
 
 def sealed_record(epoch: int, snapshot_id: str, manifest: str) -> dict[str, Any]:
@@ -121,7 +124,8 @@ class ControlState:
 def _boundary(offset: int, record: Mapping[str, Any]) -> EpochBoundary:
     try:
         return EpochBoundary(epoch=record["epoch"], start=freeze_offsets(record["start"]),
-                             end=freeze_offsets(record["end"]))
+                             end=freeze_offsets(record["end"]),
+                             capture_end=freeze_offsets(record.get("capture_end", {})))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ControlError(
             f"epoch boundary at control offset {offset} is malformed ({exc}); the control "

@@ -46,11 +46,18 @@ def offsets_json(offsets: Offsets) -> dict[str, dict[str, int]]:
 
 @dataclass(frozen=True, kw_only=True)
 class EpochBoundary:
-    """The offset range of one sealed epoch, per window topic partition."""
+    """The offset range of one sealed epoch, per window topic partition.
+
+    ``capture_end`` holds the capture topics' end offsets, read right after ``end``:
+    every window below ``end`` was cut from capture records below ``capture_end``
+    (``flywheel rebuild --from-capture`` regenerates the windows from them). Empty for
+    boundaries recorded before it existed.
+    """
 
     epoch: int
     start: Offsets = field(hash=False)
     end: Offsets = field(hash=False)
+    capture_end: Offsets = field(hash=False, default_factory=lambda: MappingProxyType({}))
 
     def start_of(self, topic: str, partition: int) -> int:
         return self.start.get(topic, {}).get(partition, 0)

@@ -8,19 +8,16 @@ manifest's start/end offsets, the same batches, engine options, torch thread cou
 Parquet writer settings. The result must be byte-identical: every shard's SHA-256 and
 the snapshot id itself are compared, and any difference raises :class:`RebuildError`.
 
-What it does not cover: re-running the stream processors from the capture topics. Their
-windows are deterministic (ids and content digests depend only on the thread and the
-windowing config) but the ORDER in which they reach the window topics is not: it follows
-thread completion, idle ticks (wall clock) and the single dedup agent's input order, and
-at-least-once delivery may repeat windows. Window-topic offsets, hence block boundaries
-and shard names, are therefore not a function of the capture topics. The window topics
-keep data forever (``retention.ms=-1``) precisely so snapshots are rebuilt from them.
-
-Optional, with ``--from-capture`` (:mod:`consumers.capture_check`): the capture topics
-are first run through the stream processors' in-memory chain; every window record of the
-snapshot must be regenerated with the same window id and content digest, and the replay
-then uses those FRESH windows, in the recorded window-topic offset order. Topic order
-still comes from the window topics, for the reason above.
+With ``--from-capture`` (:mod:`consumers.capture_check`) the stream processing is
+fresh too: the capture topics, up to the offsets the seal recorded, run through the
+stream processors' in-memory chain with the configuration of every recorded streams
+run; every window record of the snapshot must be regenerated with the same window id
+and content digest, and the replay then uses those FRESH windows. Which window-topic
+offset holds which window still comes from the window topics: windows are
+deterministic (ids and content digests depend only on the thread and the
+configuration) but at-least-once delivery may repeat a window on the topic, so offsets,
+hence block boundaries and shard names, are not a function of the capture topics. The
+window topics keep data forever (``retention.ms=-1``) for that reason.
 
 Nothing is published to Kafka: records refused again are only counted.
 """
@@ -65,8 +62,9 @@ class RebuildConfig:
         bootstrap: Kafka bootstrap servers holding the snapshot's window topics.
         tokenizer_dir: tokenizer directory (default: the teacher's).
         timeout_s: give up when no source record arrives for this long.
-        from_capture: also regenerate the windows from the capture topics, require them
-            to match the snapshot's, and replay the regenerated ones.
+        from_capture: also regenerate the windows from the capture topics (up to the
+            recorded capture offsets, with the recorded streams configurations), require
+            them to match the snapshot's, and replay the regenerated ones.
     """
 
     snapshot: Path
@@ -122,11 +120,14 @@ def _window_ranges(manifest: dict[str, Any]) -> dict[tuple[str, int], tuple[int,
 def _capture_check(config: RebuildConfig, manifest: dict[str, Any]) -> Any:
     from consumers.capture_check import check_windows, regenerate
 
-    prefix = manifest["source"].get("prefix")
-    if prefix is None:
-        raise RebuildError("--from-capture needs the topic prefix, and the snapshot's manifest "
-                           "records none under source.prefix")
-    fresh = regenerate(config.bootstrap, prefix, timeout_s=config.timeout_s)
+    prefix, capture = manifest["source"].get("prefix"), manifest["source"].get("capture")
+    if prefix is None or not capture or not capture.get("end"):
+        raise RebuildError(
+            "--from-capture needs the topic prefix and the capture offsets and streams runs "
+            "recorded at seal time (manifest source.prefix and source.capture); this snapshot "
+            "was sealed without them — rebuild it from the window topics (drop --from-capture)"
+        )
+    fresh = regenerate(config.bootstrap, prefix, capture, timeout_s=config.timeout_s)
     check = check_windows(config.bootstrap, _window_ranges(manifest), fresh,
                           timeout_s=config.timeout_s)
     check.raise_on_failure(manifest["snapshot_id"])

@@ -4,8 +4,9 @@ Steps (each is safe to repeat; re-running a seal resumes where it stopped):
 
 1. Epochs are sealed in order. If epoch N's boundary is already on the control topic it
    is reused; otherwise a ``seal_intent`` is published, the end offsets of every window
-   topic partition are read, and an ``epoch_boundary`` with ``start`` (= epoch N-1's
-   end, 0 for epoch 0) and ``end`` is published. The first boundary of an epoch wins.
+   topic partition are read, then those of the capture topics, and an
+   ``epoch_boundary`` with ``start`` (= epoch N-1's end, 0 for epoch 0), ``end`` and
+   ``capture_end`` is published. The first boundary of an epoch wins.
 2. Wait until the replay workers' group has committed every partition up to ``end``:
    workers commit only after a shard is durable, so then every shard of the epoch is on
    disk. Times out with the lagging partitions named.
@@ -14,7 +15,10 @@ Steps (each is safe to repeat; re-running a seal resumes where it stopped):
    ``runtime_holdout`` shards) and refuse a non-authoritative identity unless
    ``--override-parity REASON`` is given (the reason goes into the manifest).
 4. Write ``epoch=N/manifest.json`` atomically, make the epoch read-only, and publish an
-   ``epoch_sealed`` record with the snapshot id.
+   ``epoch_sealed`` record with the snapshot id. The manifest's ``source.capture`` holds
+   ``capture_end`` and every streams run recorded so far (:mod:`streams.processors.runs`:
+   each worker start's full configuration and capture start offsets), which is what
+   ``flywheel rebuild --from-capture`` needs to run the stream processors again.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from consumers.control import (
     sealed_record,
 )
 from consumers.dataset import read_dataset
-from consumers.epochs import EpochBoundary, freeze_offsets
+from consumers.epochs import EpochBoundary, freeze_offsets, offsets_json
 from consumers.exceptions import ManifestError, SealError
 from consumers.holdout import HOLDOUT_SPLIT, holdout_parity
 from consumers.kafka_io import committed_offsets, end_offsets
@@ -49,7 +53,9 @@ from consumers.manifest import (
 )
 from consumers.shards import epoch_dir
 from flywheel.errors import ConfigError
-from streams.topics import CONTROL_TOPIC, SPLITS, window_topic
+from streams.processors.pipeline import capture_topics
+from streams.processors.runs import StreamsRunError, read_runs
+from streams.topics import CONTROL_TOPIC, SPLITS, STREAMS_RUNS_TOPIC, window_topic
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +121,8 @@ def record_boundary(channel: ControlChannel, config: SealConfig, prefix: str) ->
     intent = intent_record(config.epoch, config.intent_ttl_s)
     channel.publish(intent)
     ends = end_offsets(config.bootstrap, _topics(prefix), error=SealError)
+    # After the window ends: every window below them came from capture records below these.
+    capture_ends = end_offsets(config.bootstrap, capture_topics(prefix).values(), error=SealError)
     previous = state.ordered()[-1] if state.ordered() else None
     start = {t: {p: previous.end_of(t, p) if previous else 0 for p in parts}
              for t, parts in ends.items()}
@@ -124,7 +132,7 @@ def record_boundary(channel: ControlChannel, config: SealConfig, prefix: str) ->
                 raise SealError(f"{t}[{p}] ends at {end}, before epoch start {start[t][p]}; "
                                 "the topic was truncated or recreated")
     boundary = EpochBoundary(epoch=config.epoch, start=freeze_offsets(start),
-                             end=freeze_offsets(ends))
+                             end=freeze_offsets(ends), capture_end=freeze_offsets(capture_ends))
     channel.publish(boundary_record(boundary, intent["intent_id"]))
     return _settled(channel.sync(), config.epoch)
 
@@ -198,6 +206,16 @@ def check_policy(parity: dict[str, Any], override: str | None, identity_id: str)
     )
 
 
+def capture_source(config: SealConfig, prefix: str, boundary: EpochBoundary) -> dict[str, Any]:
+    """``source.capture`` of the manifest: capture end offsets and the streams runs."""
+    try:
+        runs = read_runs(config.bootstrap, prefix + STREAMS_RUNS_TOPIC)
+    except StreamsRunError as exc:
+        raise SealError(f"cannot read the streams runs: {exc}") from exc
+    return {"end": offsets_json(boundary.capture_end),
+            "streams_runs": [run.to_json() for run in runs]}
+
+
 def _previous_snapshot(root: Path, epoch: int) -> str | None:
     if epoch == 0:
         return None
@@ -225,8 +243,10 @@ def seal_epoch(config: SealConfig) -> SealResult:
         check_ranges(root, boundary)
         parity = resolve_parity(config, root, boundary, dataset)
         check_policy(parity, config.override_parity, dataset["identity"]["identity_id"])
+        source = {**dataset["source"], "capture": capture_source(config, prefix, boundary)}
         manifest = build_manifest(
-            epoch=config.epoch, dataset=dataset, boundary=boundary, splits_by_topic=_topics(prefix),
+            epoch=config.epoch, dataset={**dataset, "source": source}, boundary=boundary,
+            splits_by_topic=_topics(prefix),
             shards=describe_shards(root, config.epoch), parity=parity,
             parity_override=config.override_parity,
             previous_snapshot=_previous_snapshot(root, config.epoch))

@@ -156,12 +156,15 @@ def _wait_for_dataset(ctx: DemoContext, worker: subprocess.Popen[bytes]) -> None
 def _stage_rebuild(ctx: DemoContext) -> None:
     out = ctx.run_dir / "rebuild"
     lines = _flywheel("rebuild", "--snapshot", str(ctx.snapshot_dir), "--out", str(out),
-                      "--teacher", str(ctx.teacher_dir), "--json", log_name="rebuild", ctx=ctx)
+                      "--teacher", str(ctx.teacher_dir), "--from-capture", "--json",
+                      log_name="rebuild", ctx=ctx)
     start = next(i for i, line in enumerate(lines) if line.startswith("{"))
     report = json.loads("\n".join(lines[start:]))
     ctx.rebuild_report = ctx.run_dir / "rebuild.json"
     ctx.rebuild_report.write_text(json.dumps(report, indent=2))
-    print(f"[rebuild] shards regenerated from the window topics into {out}: "
+    print(f"[rebuild] {report['capture_windows_regenerated']} windows regenerated from the "
+          f"capture topics ({report['capture_segments']} streams configuration segment(s)), "
+          f"replayed into {out}: "
           f"{'byte-identical' if report.get('identical') else 'DIFFERENT'}")
 
 

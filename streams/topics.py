@@ -1,8 +1,8 @@
 """The topic catalogue: every Kafka topic the flywheel uses, and idempotent creation.
 
 Topics are named ``flywheel.<stage>.<name>.v<N>`` and keyed by ``owner/thread`` (the
-identities topic is keyed by identity id). Capture, quarantine, window and control
-topics keep their data forever (``retention.ms=-1``) because snapshots must be
+identities topic is keyed by identity id). Capture, quarantine, window, control and
+streams-run topics keep their data forever (``retention.ms=-1``) because snapshots must be
 rebuildable by replaying them; the identities topic is compacted.
 
 Integration tests use :func:`catalogue` with a unique ``prefix`` so that each run gets
@@ -40,6 +40,7 @@ TRANSCRIPTS_TOPIC = "flywheel.capture.transcripts.v1"
 OBSERVATIONS_TOPIC = "flywheel.capture.observations.v1"
 QUARANTINE_TOPIC = "flywheel.quarantine.records.v1"
 CONTROL_TOPIC = "flywheel.control.epochs.v1"
+STREAMS_RUNS_TOPIC = "flywheel.streams.runs.v1"
 SPLITS: tuple[str, ...] = (
     "train",
     "validation",
@@ -195,6 +196,12 @@ CATALOGUE: tuple[TopicSpec, ...] = (
         partitions=1,
         key="epoch id",
         doc="Epoch seal control records (seal requests and sealed manifests).",
+    ),
+    TopicSpec(
+        name=STREAMS_RUNS_TOPIC,
+        partitions=1,
+        key="streams app id",
+        doc="One record per streams worker start: its full config and capture start offsets.",
     ),
 )
 

@@ -56,6 +56,7 @@ from streams.processors.common import StageCounters
 from streams.processors.dedup import DedupStage
 from streams.processors.identities import IdentityBook
 from streams.processors.pipeline import ProcessorConfig
+from streams.processors.runs import start_run
 from streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
 from streams.processors.window import WindowStage, window_key
 
@@ -157,6 +158,10 @@ class StreamsWorker:
             self.topics,
             app_id=config.full_app_id,
             tables={CAPTURE_TABLE: None, DEDUP_TABLE: 1},
+        )
+        self.streams_run = start_run(
+            config.bootstrap, self.topics.runs, app_id=config.full_app_id,
+            config=config.processors, capture_topics=self.topics.capture_kinds().values(),
         )
         self.counters = StageCounters()
         self.identities = IdentityBook(bootstrap=config.bootstrap, topic=self.topics.identities)

@@ -1,21 +1,34 @@
 """The processor chain in one process, over dicts: validate → assemble → split → dedup → window.
 
 The faust worker runs the same stage objects, connected through Kafka topics. This
-in-process chain is what the unit tests and ``bench/streams.py`` drive: feed it
-capture messages in any interleaving and read back windows, decisions, quarantine
-records and counters.
+in-process chain is what the unit tests, ``bench/streams.py`` and ``flywheel rebuild
+--from-capture`` drive: feed it capture messages in any interleaving and read back
+windows, decisions, quarantine records and counters.
+
+Two things let it repeat what a worker group did, for rebuilds:
+
+* :meth:`LocalPipeline.reconfigure` swaps every stage's configuration while keeping the
+  state, as a worker restarted with other flags does (its tables are restored);
+* ``release_order`` (thread generation ids, ``iid``) makes completed threads reach the
+  split and dedup stage in that order, the order the worker's single dedup agent read
+  them from its threads topic. Near-duplicate decisions are first-come, and in a worker
+  that order follows thread completion across partitions, i.e. timing; given the
+  recorded order the chain takes the same decisions. A generation that completes before
+  its turn waits; :meth:`LocalPipeline.flush` releases what is left (recorded order
+  first, then completion order).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from flywheel.errors import ConfigError
 from streams.processors.assemble import AssembleConfig
 from streams.processors.capture import QUARANTINE, SUMMARY, CaptureStage, Emit
-from streams.processors.common import StageCounters
+from streams.processors.common import StageCounters, canonical_json, sha256_hex
 from streams.processors.dedup import DedupConfig, DedupStage
 from streams.processors.split import SplitConfig
 from streams.processors.validate import ValidateConfig
@@ -55,6 +68,49 @@ class ProcessorConfig:
                 raise ConfigError(f"ProcessorConfig.{name} must be a {cls.__name__}")
 
 
+_STAGE_TYPES: dict[str, type] = {
+    "validate": ValidateConfig, "assemble": AssembleConfig, "split": SplitConfig,
+    "dedup": DedupConfig, "window": WindowConfig,
+}
+
+
+def config_to_json(config: ProcessorConfig) -> dict[str, Any]:
+    """A JSON-ready copy of every stage's configuration (tuples become lists)."""
+    return json_ready(dataclasses.asdict(config))
+
+
+def json_ready(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    return value
+
+
+def config_from_json(data: Mapping[str, Any]) -> ProcessorConfig:
+    """The inverse of :func:`config_to_json`; ConfigError names an unknown or bad field."""
+    if not isinstance(data, Mapping) or set(data) - set(_STAGE_TYPES):
+        raise ConfigError(
+            f"a processor config has the stages {sorted(_STAGE_TYPES)}, got "
+            f"{sorted(data) if isinstance(data, Mapping) else type(data).__name__}"
+        )
+    stages: dict[str, Any] = {}
+    for name, stage in data.items():
+        cls = _STAGE_TYPES[name]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(stage) - set(fields) if isinstance(stage, Mapping) else {"<not a mapping>"}
+        if unknown:
+            raise ConfigError(f"ProcessorConfig.{name} has unknown fields {sorted(unknown)}; "
+                              "it was written by another code version")
+        stages[name] = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in stage.items()})
+    return ProcessorConfig(**stages)
+
+
+def config_id(config: ProcessorConfig) -> str:
+    """SHA-256 of the canonical JSON of :func:`config_to_json`: names one configuration."""
+    return sha256_hex(canonical_json(config_to_json(config)))
+
+
 def capture_topics(prefix: str = "") -> dict[str, str]:
     """Capture topic kind → topic name (with an optional test prefix)."""
     return {
@@ -64,16 +120,39 @@ def capture_topics(prefix: str = "") -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class _Stages:
+    """The dedup and window stages (hence configs) in force when a generation completed."""
+
+    dedup: DedupStage
+    window: WindowStage
+
+
 class LocalPipeline:
     """All stages chained in memory; outputs accumulate in lists."""
 
-    def __init__(self, config: ProcessorConfig | None = None, *, prefix: str = "") -> None:
-        self.config = config or ProcessorConfig()
+    def __init__(
+        self, config: ProcessorConfig | None = None, *, prefix: str = "",
+        release_order: Sequence[str] | None = None,
+    ) -> None:
         self.topics = capture_topics(prefix)
         self.counters = StageCounters()
         self.capture_store: dict[str, Any] = {}
         self.dedup_store: dict[str, Any] = {}
         self.identities: dict[str, RouteGeometry | None] = {}
+        self.windows: list[dict[str, Any]] = []
+        self.decisions: list[dict[str, Any]] = []
+        self.quarantined: list[dict[str, Any]] = []
+        self._order_list = list(dict.fromkeys(release_order or ()))
+        self._order = {iid: i for i, iid in enumerate(self._order_list)}
+        self._next_release = 0
+        self._waiting: dict[str, tuple[dict[str, Any], _Stages]] = {}
+        self._last_dedup: DedupStage | None = None
+        self.reconfigure(config or ProcessorConfig())
+
+    def reconfigure(self, config: ProcessorConfig) -> None:
+        """Run later records with ``config``, keeping all state (a restarted worker)."""
+        self.config = config
         self.capture = CaptureStage(
             topics=self.topics,
             store=self.capture_store,
@@ -92,9 +171,7 @@ class LocalPipeline:
         self.window = WindowStage(
             config=self.config.window, store=self.capture_store, counters=self.counters
         )
-        self.windows: list[dict[str, Any]] = []
-        self.decisions: list[dict[str, Any]] = []
-        self.quarantined: list[dict[str, Any]] = []
+        self._stages = _Stages(self.dedup, self.window)
 
     def feed(
         self,
@@ -132,10 +209,38 @@ class LocalPipeline:
             if emit.kind == QUARANTINE:
                 self.quarantined.append(emit.value)
             elif emit.kind == SUMMARY:
-                decision = self.dedup.process(emit.value)
-                self.decisions.append(decision)
-                self.windows.extend(self.window.windows_for(decision))
-                self.window.finish(decision)
+                self._arrive(emit.value)
+
+    def _arrive(self, summary: dict[str, Any]) -> None:
+        if not self._order:
+            self._decide(summary, self._stages)
+            return
+        self._waiting.setdefault(summary["iid"], (summary, self._stages))
+        while (self._next_release < len(self._order_list)
+               and self._order_list[self._next_release] in self._waiting):
+            self._decide(*self._waiting.pop(self._order_list[self._next_release]))
+            self._next_release += 1
+
+    def flush(self) -> None:
+        """Decide every completed generation still waiting for its turn (see the module doc)."""
+        rank = len(self._order)
+        waiting = sorted(self._waiting.items(), key=lambda kv: self._order.get(kv[0], rank))
+        self._waiting.clear()
+        self._next_release = rank
+        for _, (summary, stages) in waiting:
+            self._decide(summary, stages)
+
+    def _decide(self, summary: dict[str, Any], stages: _Stages) -> None:
+        if stages.dedup is not self._last_dedup:
+            # Another configuration's stage: its in-memory index misses the decisions
+            # taken since it last ran; rebuild it from the shared store, as a worker
+            # restarted with other flags does.
+            stages.dedup.reset()
+            self._last_dedup = stages.dedup
+        decision = stages.dedup.process(summary)
+        self.decisions.append(decision)
+        self.windows.extend(stages.window.windows_for(decision))
+        stages.window.finish(decision)
 
     def windows_by_split(self) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {}

@@ -22,6 +22,7 @@ from streams.topics import (
     OBSERVATIONS_TOPIC,
     QUARANTINE_TOPIC,
     SPLITS,
+    STREAMS_RUNS_TOPIC,
     TRANSCRIPTS_TOPIC,
     TopicSpec,
     create_topics,
@@ -42,6 +43,7 @@ class StreamTopics:
     observations: str
     identities: str
     quarantine: str
+    runs: str
     windows: dict[str, str]
     threads: str
     decisions: str
@@ -56,6 +58,7 @@ class StreamTopics:
             observations=prefix + OBSERVATIONS_TOPIC,
             identities=prefix + IDENTITIES_TOPIC,
             quarantine=prefix + QUARANTINE_TOPIC,
+            runs=prefix + STREAMS_RUNS_TOPIC,
             windows={s: prefix + window_topic(s) for s in SPLITS},
             threads=f"{app}-threads-v1",
             decisions=f"{app}-decisions-v1",
@@ -75,6 +78,7 @@ class StreamTopics:
             self.observations,
             self.identities,
             self.quarantine,
+            self.runs,
             *self.windows.values(),
         ]
 

@@ -1,14 +1,18 @@
 """``flywheel rebuild --from-capture`` over the whole chain on the real broker.
 
 Synthetic threads are decoded by the real teacher and published by the real capture
-path; the stream worker (a subprocess, default flags, exiting when idle) cuts them into
-windows; a replay worker writes shards and epoch 0 is sealed. The rebuild then re-runs
-the capture topics through the in-memory stream chain, finds every sealed window again
-(same id, same content digest) and replays the fresh windows into byte-identical shards.
+path; the stream worker (a subprocess exiting when idle) cuts them into windows, in two
+runs with different configurations (the second sends every new thread to the temporal
+holdout); a replay worker writes shards and epoch 0 is sealed; then more threads are
+captured. The rebuild re-runs the capture topics up to the recorded offsets through the
+in-memory stream chain, one segment per run configuration, finds every sealed window
+again (same id, same content digest) and replays the fresh windows into byte-identical
+shards.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Iterator
@@ -20,7 +24,7 @@ import pytest
 
 from consumers.capture_check import check_windows, regenerate
 from consumers.exceptions import RebuildError
-from consumers.kafka_io import read_ranges
+from consumers.kafka_io import end_offsets, read_ranges
 from consumers.rebuild import RebuildConfig, rebuild_snapshot
 from consumers.seal import SealConfig, SealResult, seal_epoch
 from consumers.shards import ShardConfig
@@ -30,13 +34,16 @@ from replay.capture import CaptureConfig
 from replay.capture_cli import run_capture
 from replay.synthetic import generate_threads
 from schemas import codec
-from streams.processors.harness import WorkerProcess
+from streams.processors.harness import WorkerProcess, wait_until
+from streams.processors.runs import group_members, read_runs
 from streams.processors.topology import StreamTopics
-from streams.topics import catalogue
+from streams.topics import OBSERVATIONS_TOPIC, STREAMS_RUNS_TOPIC, catalogue
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP_ID = "flywheel-streams"
+# The second streams run: every new thread that is no runtime holdout is temporal.
+SECOND_RUN = {"temporal_cut_ms": 0, "runtime_holdout_fraction": 0.0}
 
 
 @dataclass
@@ -55,18 +62,27 @@ def _track_stream_topics(topic_factory: Any, prefix: str) -> None:
                          f"{full_app}-dedup-state-changelog", f"{full_app}-__assignor-__leader"])
 
 
-def _run_streams(bootstrap: str, prefix: str, tmp: Path) -> None:
+def _run_streams(bootstrap: str, prefix: str, tmp: Path, flags: dict[str, Any],
+                 name: str) -> None:
     worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID,
-                           log_path=tmp / "streams.log", home=tmp / "home",
+                           log_path=tmp / f"{name}.log", home=tmp / "home", flags=flags,
                            extra=["--idle-exit-s", "6"]).start()
     try:
         if worker.proc is not None:
             worker.proc.wait(timeout=120)
     finally:
         worker.stop()
-    log = (tmp / "streams.log").read_text(encoding="utf-8", errors="replace")
+    log = (tmp / f"{name}.log").read_text(encoding="utf-8", errors="replace")
     if worker.proc is None or worker.proc.returncode != 0:
         pytest.fail(f"stream worker failed:\n{log[-3000:]}")
+
+
+def _capture(bootstrap: str, prefix: str, teacher_dir: Path, seed: int) -> None:
+    threads = [dataclasses.replace(t, thread_id=f"s{seed}-{t.thread_id}")
+               for t in generate_threads(4, seed=seed)]
+    run_capture(teacher_dir=teacher_dir, threads=threads,
+                config=CaptureConfig(mode="forced", interleave=2), bootstrap=bootstrap,
+                topic_prefix=prefix, create_topics=False)
 
 
 def _replay_and_seal(bootstrap: str, prefix: str, teacher_dir: Path, teacher: Any,
@@ -94,13 +110,14 @@ def chain(topic_factory: Any, teacher_dir: Path,
     topic_factory.create(catalogue(prefix))
     _track_stream_topics(topic_factory, prefix)
     tmp = tmp_path_factory.mktemp("from-capture")
-    run_capture(teacher_dir=teacher_dir, threads=list(generate_threads(4, seed=11)),
-                config=CaptureConfig(mode="forced", interleave=2), bootstrap=bootstrap,
-                topic_prefix=prefix, create_topics=False)
-    _run_streams(bootstrap, prefix, tmp)
+    _capture(bootstrap, prefix, teacher_dir, seed=11)
+    _run_streams(bootstrap, prefix, tmp, {}, "streams-1")
+    _capture(bootstrap, prefix, teacher_dir, seed=12)
+    _run_streams(bootstrap, prefix, tmp, SECOND_RUN, "streams-2")
     teacher = load_teacher(teacher_dir)
     root = tmp / "dataset"
     sealed = _replay_and_seal(bootstrap, prefix, teacher_dir, teacher, root)
+    _capture(bootstrap, prefix, teacher_dir, seed=13)  # after the seal: not in the epoch
     yield Chain(bootstrap=bootstrap, prefix=prefix, teacher_dir=teacher_dir, teacher=teacher,
                 sealed=sealed)
     for dirpath, _, _ in os.walk(root):
@@ -122,11 +139,28 @@ def test_rebuild_from_capture_regenerates_every_window_and_identical_shards(
     assert report["capture_windows_missing"] == []
     assert report["capture_windows_digest_mismatch"] == []
     assert report["capture_windows_regenerated"] == records
+    assert report["capture_segments"] == 2
     ends = report["capture_end_offsets"]
     assert set(ends) == {chain.prefix + f"flywheel.capture.{k}.v1"
                          for k in ("identities", "transcripts", "observations")}
     assert all(sum(parts.values()) > 0 for parts in ends.values())
+    recorded = manifest["source"]["capture"]["end"]
+    assert {t: {int(p): o for p, o in v.items()} for t, v in ends.items()} == {
+        t: {int(p): o for p, o in v.items()} for t, v in recorded.items()}
+    now = end_offsets(chain.bootstrap, ends)
+    assert sum(map(sum, (v.values() for v in now.values()))) > sum(
+        map(sum, (v.values() for v in recorded.values()))), "capture after the seal is unread"
     assert verify_snapshot(Path(report["out"]))["snapshot_id"] == chain.sealed.snapshot_id
+
+
+def test_both_stream_configurations_are_recorded_and_shape_the_snapshot(chain: Chain) -> None:
+    runs = chain.sealed.manifest["source"]["capture"]["streams_runs"]
+    assert [r["config"]["split"]["temporal_cut_ms"] for r in runs] == [None, 0]
+    assert runs[0]["config_id"] != runs[1]["config_id"]
+    assert sum(runs[1]["capture_start"][chain.prefix + OBSERVATIONS_TOPIC].values()) > 0
+    windows = {s: v["windows"] for s, v in chain.sealed.manifest["splits"].items()}
+    assert windows.get("temporal_holdout", 0) > 0, windows  # the second run's threads
+    assert sum(windows.values()) > windows.get("temporal_holdout", 0), windows  # the first's
 
 
 def test_a_window_the_capture_topics_do_not_regenerate_is_reported(chain: Chain) -> None:
@@ -135,9 +169,35 @@ def test_a_window_the_capture_topics_do_not_regenerate_is_reported(chain: Chain)
               for p, r in v["partitions"].items()}
     first = next(read_ranges(chain.bootstrap, ranges, timeout_s=60))
     dropped = codec.decode(first.value())[1]["window_id"]
-    fresh = regenerate(chain.bootstrap, chain.prefix)
+    fresh = regenerate(chain.bootstrap, chain.prefix, manifest["source"]["capture"])
     del fresh.windows[dropped], fresh.encoded[dropped]
     check = check_windows(chain.bootstrap, ranges, fresh, timeout_s=60)
     assert check.report()["capture_windows_missing"] == [dropped]
     with pytest.raises(RebuildError, match="not regenerated from the capture topics"):
         check.raise_on_failure(manifest["snapshot_id"])
+
+
+def test_a_worker_with_another_config_refuses_to_join_a_running_group(
+    topic_factory: Any, tmp_path: Path,
+) -> None:
+    bootstrap, prefix = topic_factory.bootstrap, f"{topic_factory.prefix}cfg."
+    topic_factory.create(catalogue(prefix))
+    _track_stream_topics(topic_factory, prefix)
+
+    def worker(name: str, flags: dict[str, Any]) -> WorkerProcess:
+        return WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID, flags=flags,
+                             log_path=tmp_path / f"{name}.log", home=tmp_path / name)
+
+    first = worker("first", {}).start()
+    try:
+        wait_until(lambda: group_members(bootstrap, prefix + APP_ID) > 0, timeout_s=90,
+                   what="the first worker joining its group")
+        other = worker("other", {"validation_fraction": 0.5}).start()
+        assert other.proc is not None and other.proc.wait(timeout=90) != 0
+        log = (tmp_path / "other.log").read_text(encoding="utf-8", errors="replace")
+        assert "workers of one group run one configuration" in log, log[-2000:]
+        assert first.alive()
+    finally:
+        first.stop()
+    runs = read_runs(bootstrap, prefix + STREAMS_RUNS_TOPIC, app_id=prefix + APP_ID)
+    assert len(runs) == 1 and runs[0].capture_start  # the refused worker recorded nothing

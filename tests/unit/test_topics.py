@@ -15,6 +15,7 @@ from streams.topics import (
     OBSERVATIONS_TOPIC,
     QUARANTINE_TOPIC,
     SPLITS,
+    STREAMS_RUNS_TOPIC,
     TOPIC_NAME_RE,
     TRANSCRIPTS_TOPIC,
     TopicSpec,
@@ -68,8 +69,10 @@ def test_catalogue_contents() -> None:
         OBSERVATIONS_TOPIC,
         QUARANTINE_TOPIC,
         CONTROL_TOPIC,
+        STREAMS_RUNS_TOPIC,
         *(window_topic(split) for split in SPLITS),
     }
+    assert spec_for(STREAMS_RUNS_TOPIC).partitions == 1
     assert all(TOPIC_NAME_RE.match(n) for n in names)
     assert SPLITS == (
         "train",
