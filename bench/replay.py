@@ -13,12 +13,15 @@ tokenized with the teacher's tokenizer), at each window length W:
 (c) a bare forward: ``model(input_ids)`` exactly as written (full logits, default
     cache), and the leaner ``use_cache=False, logits_to_keep=1`` call replay itself makes.
 
-(b) runs one window per forward and with the default batch budget (on a CPU,
-``batched_mm`` gathers expert weights per (token, expert), so bigger batches are not
-faster), and, for comparison only, on a ``grouped_mm`` copy of the teacher: faster on a
-CPU, but its labels depend on the batch, so the engine does not use it (see
-``replay/prefill.py``). (b) and (c) are the fastest of ``--repeats`` interleaved runs,
-(a) one run (it is slow); the mismatch count compares (a) with each (b).
+(b) runs one window per forward and with a large batch budget on the default
+``tiled_mm`` experts (:mod:`replay.experts`), and, for comparison only, one window per
+forward on a ``batched_mm`` copy of the teacher (the previous default: batch-invariant
+too, but it copies expert weights per (token, expert) pair) and on a ``grouped_mm`` copy
+(fast, but its labels depend on the batch, so the engine does not use it; see
+``replay/prefill.py``). The comparison copies' labels are checked against (a) too,
+though (a) ran on ``tiled_mm``: their rounding differs, so a few flips are expected. (b)
+and (c) are the fastest of ``--repeats`` interleaved runs, (a) one run (it is slow); the
+mismatch count compares (a) with each (b).
 
 Ratios: (b)/(a) in labels/s; (b)/(c) as replay labels/s over ``L x`` forward tokens/s,
 i.e. how close replay gets to the forward it is built on. Then bytes per (token, layer)
@@ -175,16 +178,18 @@ def bench_length(teacher: Teacher, replayers: dict[str, PrefillReplayer],
     return labels[next(iter(replayers))]
 
 
-def make_replayers(teacher: Teacher, length: int, grouped: Teacher | None
+def make_replayers(teacher: Teacher, length: int, others: dict[str, Teacher]
                    ) -> dict[str, PrefillReplayer]:
+    impl = teacher.model.config._experts_implementation
     base = PrefillReplayer(teacher, ReplayConfig(max_batch_tokens=8192))
     one = ReplayConfig(max_batch_tokens=length)
-    out = {"batched_mm, one window per forward": PrefillReplayer(teacher, one,
-                                                                  identity=base.identity),
-           "batched_mm, max_batch_tokens=8192": base}
-    if grouped is not None:
-        out["grouped_mm (NOT batch-invariant), one window per forward"] = PrefillReplayer(
-            grouped, one, identity=base.identity)
+    out = {f"{impl}, one window per forward": PrefillReplayer(teacher, one,
+                                                               identity=base.identity),
+           f"{impl}, max_batch_tokens=8192": base}
+    for name, other in others.items():
+        label = f"{name}{' (NOT batch-invariant)' if name == 'grouped_mm' else ''}"
+        out[f"{label}, one window per forward"] = PrefillReplayer(other, one,
+                                                                   identity=base.identity)
     return out
 
 
@@ -259,8 +264,8 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=2, help="windows per length")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--repeats", type=int, default=3, help="best-of-N for (b) and (c)")
-    parser.add_argument("--no-grouped", action="store_true",
-                        help="skip the grouped_mm replay variant")
+    parser.add_argument("--compare", nargs="*", default=["batched_mm", "grouped_mm"],
+                        help="other experts implementations to replay with, for comparison")
     parser.add_argument("--preset", default="tiny-qwen3-next-48l", choices=sorted(PRESETS))
     parser.add_argument("--teacher", type=Path, help="reuse this teacher directory")
     parser.add_argument("--workdir", type=Path, help="scratch directory (default: a temp dir)")
@@ -277,14 +282,14 @@ def main() -> None:
              experts=geometry.expert_count, top_k=geometry.top_k, hidden=geometry.hidden_size,
              experts_implementation=teacher.model.config._experts_implementation)
         replayer = PrefillReplayer(teacher, ReplayConfig())
-        grouped = None if args.no_grouped else load_teacher(
-            teacher_dir, experts_implementation="grouped_mm")
+        others = {name: load_teacher(teacher_dir, experts_implementation=name)
+                  for name in args.compare}
         stream = corpus_tokens(teacher.path)
         warm = histories(stream, 1, 32)
         run_decode(teacher, warm), run_replay(replayer, windows_for(replayer, warm))
         labels: list[WindowLabels] = []
         for length in args.lengths:
-            labels += bench_length(teacher, make_replayers(teacher, length, grouped),
+            labels += bench_length(teacher, make_replayers(teacher, length, others),
                                    histories(stream, args.windows, length),
                                    geometry.routed_layer_count, args.repeats)
         label_bytes(labels, geometry.routed_layer_count, geometry.top_k, workdir)

@@ -177,11 +177,16 @@ def check_contract(contract: dict[str, Any]) -> FeatureProjection:
 
 @dataclass(eq=False)
 class AnchorCapture:
-    """Router logits and pre-attention states of the anchor rows, one entry per slot."""
+    """Router logits, executed expert ids and pre-attention states of the anchor rows,
+    one entry per slot. ``ids`` holds what the gate returned as its selected experts
+    (transformers 5.x gates return ``(logits, weights, ids)``); they are the label only
+    where the gate executes the declared tie-break
+    (:func:`replay.adapters.install_exact_routing`)."""
 
     rows_N: torch.Tensor
     expert_count: int
     logits: dict[int, torch.Tensor] = field(default_factory=dict)
+    ids: dict[int, torch.Tensor] = field(default_factory=dict)
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def gate_hook(self, slot: int) -> Any:
@@ -189,6 +194,9 @@ class AnchorCapture:
             logits = output[0] if isinstance(output, tuple) else output
             flat = logits.reshape(-1, self.expert_count)
             self.logits[slot] = flat.index_select(0, self.rows_N)
+            if isinstance(output, tuple) and len(output) == 3:
+                ids = output[2]
+                self.ids[slot] = ids.reshape(-1, ids.shape[-1]).index_select(0, self.rows_N)
 
         return hook
 
@@ -212,6 +220,14 @@ class AnchorCapture:
         logits = torch.stack([self.logits[s] for s in range(layers)], dim=1)
         hidden = torch.stack([self.hidden[s] for s in range(layers)], dim=1)
         return logits, hidden
+
+    def executed_ids(self, layers: int) -> torch.Tensor | None:
+        """``ids_NLK`` the gates selected, or None if a gate did not return them."""
+        import torch
+
+        if len(self.ids) != layers:
+            return None
+        return torch.stack([self.ids[s] for s in range(layers)], dim=1)
 
 
 @contextmanager

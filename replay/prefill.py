@@ -30,9 +30,13 @@ Batching (why it is built this way):
   window further (to a longer batch-mate) reorders its attention sums. Both moved router
   logits by ~1e-6. With one padded length per window, every label and feature is
   bit-identical whatever the batch composition and order (tested), given the teacher's
-  default ``batched_mm`` experts (each (token, expert) product computed alone;
-  ``grouped_mm`` is ~5x faster on CPU but its per-expert GEMMs depend on how many tokens
-  share an expert, i.e. on the batch) and a fixed torch thread count.
+  default ``tiled_mm`` experts (:mod:`replay.experts`: every (token, expert) product at
+  one fixed tile shape; ``batched_mm`` is invariant too but copies weights per pair,
+  ``grouped_mm``'s per-expert GEMMs depend on how many tokens share an expert, i.e. on
+  the batch) and a fixed torch thread count.
+- The labels are the experts the gates EXECUTED (the declared tie-break installed by
+  :func:`replay.adapters.install_exact_routing`), taken at the anchor rows; weights and
+  the boundary margin are computed from the same logits.
 - Buckets are cut into batches of ``max_batch_tokens // padded_length`` rows (at least
   one); ``sort_by_length`` runs the buckets shortest first.
 
@@ -60,7 +64,7 @@ from replay.exceptions import (
     WindowIdentityError,
 )
 from replay.features import FEATURE_DTYPES, FeatureProjection, capture_anchor_rows
-from replay.routing import TIE_BREAK_RULE, router_margin
+from replay.routing import TIE_BREAK_RULE, margin_beside, topk_weights
 from replay.teacher import DTYPES
 
 if TYPE_CHECKING:
@@ -82,9 +86,10 @@ class ReplayConfig:
         projection_seed: seed of the fixed projection H -> D (:mod:`replay.features`).
         feature_dtype: storage dtype of the features, ``float16`` or ``float32``.
         max_batch_tokens: budget of one forward: rows * padded length stays within it
-            (a single longer window still runs, alone). Small by default: on a CPU the
-            ``batched_mm`` experts gather weights per (token, expert), so more tokens per
-            forward run SLOWER per token (bench/replay.py); raise it on accelerators.
+            (a single longer window still runs, alone). Measured on a 2-core CPU
+            (bench/replay.py, 48 routed layers): two 256-token windows per forward beat
+            one by ~12%, but two 1024-token windows per forward were ~13% slower than one,
+            so the default stays at 1024 tokens; raise it on accelerators.
         pad_multiple: a window is right-padded to the next multiple of this and batched
             only with windows of the same padded length (see the module doc: this keeps
             labels independent of batch composition); larger values batch more.
@@ -322,21 +327,28 @@ class PrefillReplayer:
             rows.append(torch.from_numpy(item.anchors_A) + b * length)
         return ids_BT, mask_BT, positions_BT, torch.cat(rows)
 
-    def _forward(self, batch: Sequence[_Prepared]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward; ``(logits_NLE, hidden_NLH)`` at the anchor rows of ``batch``."""
+    def _forward(self, batch: Sequence[_Prepared]) -> tuple[torch.Tensor, ...]:
+        """One forward; ``(logits_NLE, hidden_NLH, ids_NLK)`` at the anchor rows of ``batch``.
+
+        With exact routing installed the gates' own selection IS the label (the same
+        rule on the same logits), so it is taken as executed instead of ranked again."""
         ids_BT, mask_BT, positions_BT, rows_N = self._inputs(batch)
-        model = self.teacher.model
+        model, layers = self.teacher.model, self.teacher.geometry.routed_layer_count
         with torch.inference_mode(), capture_anchor_rows(self.teacher, rows_N) as capture:
             masks = attention_masks(model, mask_BT, positions_BT)
             model(input_ids=ids_BT, attention_mask=masks, position_ids=positions_BT,
                   use_cache=False, logits_to_keep=1)
-            return capture.stacked(self.teacher.geometry.routed_layer_count)
+            logits_NLE, hidden_NLH = capture.stacked(layers)
+            ids_NLK = capture.executed_ids(layers) if self.teacher.exact_tie_break else None
+            if ids_NLK is None:
+                ids_NLK = self.teacher.route(logits_NLE)[0]
+            return logits_NLE, hidden_NLH, ids_NLK
 
     def _run_batch(self, batch: Sequence[_Prepared]) -> list[WindowLabels]:
-        logits_NLE, hidden_NLH = self._forward(batch)
+        logits_NLE, hidden_NLH, ids_NLK = self._forward(batch)
         with torch.inference_mode():
-            ids_NLK, weights_NLK = self.teacher.route(logits_NLE)
-            margins_NL = router_margin(logits_NLE, self.teacher.geometry.top_k)
+            weights_NLK = topk_weights(logits_NLE, ids_NLK, self.teacher.geometry.weight_rule)
+            margins_NL = margin_beside(logits_NLE, ids_NLK)
             hidden32_NLH = hidden_NLH.to(torch.float32)
             features_NLD = hidden32_NLH @ self._projection_HD
         features = features_NLD.numpy().astype(FEATURE_DTYPES[self.config.feature_dtype])

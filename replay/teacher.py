@@ -63,11 +63,12 @@ if TYPE_CHECKING:
 MANIFEST_FILE = "flywheel_teacher.json"
 MANIFEST_FORMAT = "hebrus-flywheel-teacher/v1"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# batched_mm evaluates each (token, expert) product independently of the other tokens in
-# the batch, so prefill and single-token decode take the same arithmetic per row; it is
-# also the fastest of eager/grouped_mm/batched_mm for single-token decode on CPU.
-DEFAULT_EXPERTS_IMPLEMENTATION = "batched_mm"
-EXPERTS_IMPLEMENTATIONS = ("batched_mm", "grouped_mm", "eager")
+# tiled_mm (replay.experts) computes every (token, expert) pair at one fixed tile shape,
+# independently of the other tokens in the batch, so prefill and single-token decode
+# take the same arithmetic per row; unlike batched_mm it gathers expert weights once per
+# tile, not once per pair, which makes prefill replay about 5x faster on a CPU.
+DEFAULT_EXPERTS_IMPLEMENTATION = "tiled_mm"
+EXPERTS_IMPLEMENTATIONS = ("batched_mm", "grouped_mm", "eager", "tiled_mm")
 _INT_FIELDS = (
     "num_hidden_layers", "full_attention_interval", "hidden_size", "num_experts",
     "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
@@ -354,6 +355,9 @@ def _load_model(
 ) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
+    from replay.experts import register
+
+    register()
     try:
         with _quiet_progress():
             return AutoModelForCausalLM.from_pretrained(

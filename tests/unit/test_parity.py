@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from flywheel.errors import ConfigError
 from replay.decode import DecodeRuntime
 from replay.exceptions import ParityError
+from replay.features import AnchorCapture
 from replay.parity import ParityConfig, ParityResult, captured_routes, run_parity
 from replay.parity_cli import format_table, parity_command, read_window_file, write_window_file
 from replay.prefill import PrefillReplayer, ReplayConfig
@@ -145,6 +146,8 @@ def test_reversed_tie_break_is_caught(teacher_dir: Path, monkeypatch: pytest.Mon
         ids = (experts - 1 - order[..., :k]).contiguous()
         return ids, topk_weights(logits, ids, tied.geometry.weight_rule)
 
+    # labels ranked by the route rule, not taken from the (lower-id-first) gates
+    monkeypatch.setattr(AnchorCapture, "executed_ids", lambda _self, _layers: None)
     monkeypatch.setattr(tied, "route", reversed_route)
     result = run_parity(replayer, windows)
     assert not result.authoritative and result.mismatch_rate == 1.0

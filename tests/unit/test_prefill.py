@@ -211,5 +211,5 @@ def test_replay_contract_pins_the_feature_projection(replayer: PrefillReplayer) 
     contract = replayer.replay_contract()
     assert contract["identity_id"] == replayer.identity_id
     assert contract["feature_contract"]["projection_digest"] == replayer.projection.digest
-    assert contract["experts_implementation"] == "batched_mm"
+    assert contract["experts_implementation"] == "tiled_mm"
     assert contract["replay_config"]["pad_multiple"] == 64

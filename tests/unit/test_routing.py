@@ -13,6 +13,8 @@ from replay.routing import (
     TIE_BREAK_RULE,
     WEIGHT_SOFTMAX_TOPK,
     WEIGHT_SOFTMAX_TOPK_RENORMALIZED,
+    all_finite,
+    margin_beside,
     rank_experts,
     router_margin,
     topk_with_tie_break,
@@ -92,6 +94,25 @@ def test_router_margin_is_gap_between_last_selected_and_first_rejected() -> None
     margin_T = router_margin(logits_TE, 2)
     torch.testing.assert_close(margin_T, torch.tensor([0.5, 0.0]))
     assert math.isinf(float(router_margin(logits_TE, 5)[0]))
+
+
+def test_margin_beside_known_ids_equals_router_margin_bitwise() -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits_TLE = torch.randn(40, 3, 512, generator=gen)
+    logits_TLE[:5] = torch.randint(0, 4, (5, 3, 512), generator=gen).float()  # many ties
+    ids_TLK, _ = topk_with_tie_break(logits_TLE, 10)
+    assert torch.equal(margin_beside(logits_TLE, ids_TLK), router_margin(logits_TLE, 10))
+    everyone = rank_experts(logits_TLE[:2])
+    assert torch.isinf(margin_beside(logits_TLE[:2], everyone)).all()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_all_finite_finds_any_nan_or_infinity(bad: float) -> None:
+    values = torch.randn(300, 512)
+    assert all_finite(values) and all_finite(torch.empty(0))
+    values[123, 45] = bad
+    assert not all_finite(values)
+    assert not all_finite(values.to(torch.bfloat16))
 
 
 @pytest.mark.parametrize(
