@@ -65,7 +65,8 @@ def read_ranges(bootstrap: str, ranges: Mapping[tuple[str, int], tuple[int, int]
                 error: type[ConsumersError] = ConsumersError) -> Iterator[Any]:
     """Every message with ``start <= offset < end`` per (topic, partition), in partition order.
 
-    Messages of different partitions interleave. Raises ``error`` when a range is not
+    Messages of different partitions interleave. A range is done at the first offset at
+    or past its end, so compacted gaps never stall it. Raises ``error`` when a range is not
     complete within ``timeout_s`` of the last message received.
     """
     pending = {tp: r for tp, r in ranges.items() if r[1] > r[0]}
@@ -88,10 +89,13 @@ def read_ranges(bootstrap: str, ranges: Mapping[tuple[str, int], tuple[int, int]
                     raise error(f"fatal Kafka error while reading: {err}")
                 continue
             key = (str(msg.topic()), int(msg.partition() or 0))
-            if offset is None or key not in pending or offset >= pending[key][1]:
+            if offset is None or key not in pending:
                 continue
             deadline = time.monotonic() + timeout_s
-            yield msg
+            if offset < pending[key][1]:
+                yield msg
+            # Offsets arrive in order, so once one reaches the end nothing below it is
+            # left (on a compacted topic the records just below the end may be gone).
             if offset + 1 >= pending[key][1]:
                 del pending[key]
                 consumer.pause([TopicPartition(*key)])

@@ -187,6 +187,7 @@ class AnchorCapture:
     expert_count: int
     logits: dict[int, torch.Tensor] = field(default_factory=dict)
     ids: dict[int, torch.Tensor] = field(default_factory=dict)
+    weights: dict[int, torch.Tensor] = field(default_factory=dict)
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def gate_hook(self, slot: int) -> Any:
@@ -195,8 +196,10 @@ class AnchorCapture:
             flat = logits.reshape(-1, self.expert_count)
             self.logits[slot] = flat.index_select(0, self.rows_N)
             if isinstance(output, tuple) and len(output) == 3:
-                ids = output[2]
-                self.ids[slot] = ids.reshape(-1, ids.shape[-1]).index_select(0, self.rows_N)
+                weights, ids = output[1], output[2]
+                k = ids.shape[-1]
+                self.ids[slot] = ids.reshape(-1, k).index_select(0, self.rows_N)
+                self.weights[slot] = weights.reshape(-1, k).index_select(0, self.rows_N)
 
         return hook
 
@@ -221,13 +224,15 @@ class AnchorCapture:
         hidden = torch.stack([self.hidden[s] for s in range(layers)], dim=1)
         return logits, hidden
 
-    def executed_ids(self, layers: int) -> torch.Tensor | None:
-        """``ids_NLK`` the gates selected, or None if a gate did not return them."""
+    def executed(self, layers: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(ids_NLK, weights_NLK)`` the gates selected and applied, or None if a gate
+        did not return them."""
         import torch
 
         if len(self.ids) != layers:
             return None
-        return torch.stack([self.ids[s] for s in range(layers)], dim=1)
+        return (torch.stack([self.ids[s] for s in range(layers)], dim=1),
+                torch.stack([self.weights[s] for s in range(layers)], dim=1))
 
 
 @contextmanager

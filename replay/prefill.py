@@ -328,10 +328,12 @@ class PrefillReplayer:
         return ids_BT, mask_BT, positions_BT, torch.cat(rows)
 
     def _forward(self, batch: Sequence[_Prepared]) -> tuple[torch.Tensor, ...]:
-        """One forward; ``(logits_NLE, hidden_NLH, ids_NLK)`` at the anchor rows of ``batch``.
+        """One forward; ``(logits_NLE, hidden_NLH, ids_NLK, weights_NLK)`` at the anchor
+        rows of ``batch``.
 
         With exact routing installed the gates' own selection IS the label (the same
-        rule on the same logits), so it is taken as executed instead of ranked again."""
+        rule on the same logits), so it is taken as executed instead of ranked again; so
+        are the weights where the gate kept them in float32 (the label dtype)."""
         ids_BT, mask_BT, positions_BT, rows_N = self._inputs(batch)
         model, layers = self.teacher.model, self.teacher.geometry.routed_layer_count
         with torch.inference_mode(), capture_anchor_rows(self.teacher, rows_N) as capture:
@@ -339,15 +341,17 @@ class PrefillReplayer:
             model(input_ids=ids_BT, attention_mask=masks, position_ids=positions_BT,
                   use_cache=False, logits_to_keep=1)
             logits_NLE, hidden_NLH = capture.stacked(layers)
-            ids_NLK = capture.executed_ids(layers) if self.teacher.exact_tie_break else None
-            if ids_NLK is None:
-                ids_NLK = self.teacher.route(logits_NLE)[0]
-            return logits_NLE, hidden_NLH, ids_NLK
+            executed = capture.executed(layers) if self.teacher.exact_tie_break else None
+            if executed is None:
+                return (logits_NLE, hidden_NLH, *self.teacher.route(logits_NLE))
+            ids_NLK, weights_NLK = executed
+            if weights_NLK.dtype != torch.float32:
+                weights_NLK = topk_weights(logits_NLE, ids_NLK, self.teacher.geometry.weight_rule)
+            return logits_NLE, hidden_NLH, ids_NLK, weights_NLK
 
     def _run_batch(self, batch: Sequence[_Prepared]) -> list[WindowLabels]:
-        logits_NLE, hidden_NLH, ids_NLK = self._forward(batch)
+        logits_NLE, hidden_NLH, ids_NLK, weights_NLK = self._forward(batch)
         with torch.inference_mode():
-            weights_NLK = topk_weights(logits_NLE, ids_NLK, self.teacher.geometry.weight_rule)
             margins_NL = margin_beside(logits_NLE, ids_NLK)
             hidden32_NLH = hidden_NLH.to(torch.float32)
             features_NLD = hidden32_NLH @ self._projection_HD

@@ -147,7 +147,7 @@ def test_reversed_tie_break_is_caught(teacher_dir: Path, monkeypatch: pytest.Mon
         return ids, topk_weights(logits, ids, tied.geometry.weight_rule)
 
     # labels ranked by the route rule, not taken from the (lower-id-first) gates
-    monkeypatch.setattr(AnchorCapture, "executed_ids", lambda _self, _layers: None)
+    monkeypatch.setattr(AnchorCapture, "executed", lambda _self, _layers: None)
     monkeypatch.setattr(tied, "route", reversed_route)
     result = run_parity(replayer, windows)
     assert not result.authoritative and result.mismatch_rate == 1.0

@@ -14,6 +14,7 @@ import torch
 
 from flywheel.errors import ConfigError
 from replay.exceptions import WindowFormatError, WindowIdentityError
+from replay.features import AnchorCapture
 from replay.prefill import (
     PrefillReplayer,
     ReplayConfig,
@@ -123,6 +124,16 @@ def test_labels_match_a_plain_unpadded_prefill(
         expected = replayer.projection.reduce(plain.hidden_BTLH[0, anchors].numpy())
         np.testing.assert_allclose(labels.features_ALD.astype(np.float32),
                                    expected.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def test_executed_routes_equal_the_route_rule_on_the_captured_logits(
+    monkeypatch: pytest.MonkeyPatch, replayer: PrefillReplayer, windows: list[dict[str, Any]]
+) -> None:
+    """Labels taken from the gates are, bit for bit, the rule applied to the same logits."""
+    executed = replayer.replay(windows)
+    monkeypatch.setattr(AnchorCapture, "executed", lambda _self, _layers: None)
+    for a, b in zip(executed, replayer.replay(windows), strict=True):
+        assert_same_labels(a, b)
 
 
 def test_positions_are_thread_ordinals_and_trailing_tokens_are_ignored(
