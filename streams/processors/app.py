@@ -15,6 +15,9 @@ Topology (``N`` = partitions of the capture topics, 4 in the catalogue)::
 Tables are faust tables (memory store) backed by compacted changelog topics
 ``<app id>-<table>-changelog``, restored on start. Decisions go to the partition the
 thread was read from, so the window agent finds the thread in its own table partition.
+Before consuming anything, each worker records its full configuration and the group's
+capture start offsets on ``flywheel.streams.runs.v1`` (:mod:`streams.processors.runs`),
+so a rebuild can run the stream processors again with the configurations that ran.
 
 Delivery guarantee (at-least-once, deterministic output)
 --------------------------------------------------------
