@@ -347,6 +347,20 @@ class StreamsWorker:
             os.kill(os.getpid(), signal.SIGTERM)
 
     async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
+        # Hold the flow until faust has sought the stream partitions back to their
+        # committed offsets. faust (0.15) sends this signal first thing in
+        # Recovery.on_recovery_completed, then resumes the stream partitions, awaits the
+        # seek and only then calls app.flow_control.resume(), which *clears* every agent
+        # queue. Flow control is active again since the changelog restore, so records
+        # fetched during the seek went into those queues and were dropped unprocessed,
+        # though the consumer counted them as read (faust issue #596); its commit then
+        # stepped over a single unacked offset at the head, so the record was lost for
+        # good and its thread never completed. Suspended, the conductor keeps fetched
+        # records until faust resumes the flow, and the clear finds nothing to drop.
+        # Every path that goes on after this signal ends in flow_control.resume(); one
+        # that returns early does so because another rebalance started, whose recovery
+        # resumes the flow.
+        self.app.flow_control.suspend()
         self.dedup.reset()
         self._last_input = time.monotonic()
 

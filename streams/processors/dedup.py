@@ -266,9 +266,14 @@ class DedupStage:
         skey = SPLIT_PREFIX + thread_key(summary["owner"], summary["thread"])
         sticky = self.store.get(skey)
         if sticky is not None:
+            if sticky.get("iid") == summary["iid"]:
+                # this generation chose the split itself and its decision record was lost
+                # (a crash between the two state writes): decide as the first time, so a
+                # repeated window keeps its split_rule and content digest
+                return sticky["split"], sticky["rule"]
             return sticky["split"], "sticky_thread"
         chosen = assign_split(summary, self.split_config)
-        self.store[skey] = {"split": chosen.split, "rule": chosen.rule}
+        self.store[skey] = {"split": chosen.split, "rule": chosen.rule, "iid": summary["iid"]}
         return chosen.split, chosen.rule
 
     def _record(

@@ -113,10 +113,6 @@ def log_tail(worker: WorkerProcess) -> str:
     return worker.log_path.read_text(errors="replace")[-3000:]
 
 
-# Known liveness flake, an open bug: in 1 of 5 fresh CI runs the worker started after
-# the third kill -9 stopped making progress (its counters froze, nothing logged) until
-# the 240 s timeout. One rerun keeps CI usable until the stall is understood.
-@pytest.mark.flaky(reruns=1)
 def test_kill9_restarts_lose_nothing_and_repeat_identical_windows(
     topic_factory: Any, tmp_path: Path
 ) -> None:

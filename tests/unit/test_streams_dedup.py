@@ -112,6 +112,19 @@ def test_decisions_are_recorded_and_repeated() -> None:
     assert s.counters.get("dedup", "repeated_summaries") == 1
 
 
+def test_decision_lost_after_its_split_was_stored_is_made_again_identically() -> None:
+    """A crash may keep the sticky split but lose the decision record written after it."""
+    config = SplitConfig(runtime_holdout_fraction=0.0, stress_rate=0.0)
+    first = DedupStage(split_config=config, dedup_config=CONFIG, store={})
+    s = summary("a-0", "a", tokens(1))
+    decision = first.process(s)
+    kept = {k: v for k, v in first.store.items() if k.startswith("s\x1f")}
+    again = DedupStage(split_config=config, dedup_config=CONFIG, store=kept).process(s)
+    assert again == decision and again["split_rule"] != "sticky_thread"
+    later = first.process(summary("a-1", "a", tokens(2), thread="a-0"))
+    assert later["split"] == decision["split"] and later["split_rule"] == "sticky_thread"
+
+
 def test_index_is_rebuilt_from_the_store() -> None:
     s = stage({"a": "train", "v": "validation"})
     decide(s, "a", tokens(1))
