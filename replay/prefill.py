@@ -35,8 +35,9 @@ Batching (why it is built this way):
   ``grouped_mm``'s per-expert GEMMs depend on how many tokens share an expert, i.e. on
   the batch) and a fixed torch thread count.
 - The labels are the experts the gates EXECUTED (the declared tie-break installed by
-  :func:`replay.adapters.install_exact_routing`), taken at the anchor rows; weights and
-  the boundary margin are computed from the same logits.
+  :func:`replay.adapters.install_exact_routing`) with the float32 weights they applied
+  (bit-identical to the rule on the same logits, tested), taken at the anchor rows; the
+  boundary margin comes from those logits.
 - Buckets are cut into batches of ``max_batch_tokens // padded_length`` rows (at least
   one); ``sort_by_length`` runs the buckets shortest first.
 

@@ -21,6 +21,7 @@ Two things let it repeat what a worker group did, for rebuilds:
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,11 @@ from streams.processors.validate import ValidateConfig
 from streams.processors.window import WindowConfig, WindowStage
 from streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
 from streams.validation import RouteGeometry
+
+_STAGE_TYPES: dict[str, type] = {
+    "validate": ValidateConfig, "assemble": AssembleConfig, "split": SplitConfig,
+    "dedup": DedupConfig, "window": WindowConfig,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,35 +62,15 @@ class ProcessorConfig:
     window: WindowConfig = field(default_factory=WindowConfig)
 
     def __post_init__(self) -> None:
-        expected = {
-            "validate": ValidateConfig,
-            "assemble": AssembleConfig,
-            "split": SplitConfig,
-            "dedup": DedupConfig,
-            "window": WindowConfig,
-        }
-        for name, cls in expected.items():
+        for name, cls in _STAGE_TYPES.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"ProcessorConfig.{name} must be a {cls.__name__}")
 
 
-_STAGE_TYPES: dict[str, type] = {
-    "validate": ValidateConfig, "assemble": AssembleConfig, "split": SplitConfig,
-    "dedup": DedupConfig, "window": WindowConfig,
-}
-
-
 def config_to_json(config: ProcessorConfig) -> dict[str, Any]:
     """A JSON-ready copy of every stage's configuration (tuples become lists)."""
-    return json_ready(dataclasses.asdict(config))
-
-
-def json_ready(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): json_ready(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_ready(v) for v in value]
-    return value
+    data: dict[str, Any] = json.loads(canonical_json(dataclasses.asdict(config)))
+    return data
 
 
 def config_from_json(data: Mapping[str, Any]) -> ProcessorConfig:
