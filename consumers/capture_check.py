@@ -102,7 +102,7 @@ def segments(runs: Sequence[StreamsRun], end: Mapping[str, Mapping[int, int]]) -
     merged = [r for i, r in enumerate(runs) if i == 0 or r.config_id != runs[i - 1].config_id]
     starts = [{(t, int(p)): 0 if i == 0 else _start(run, t, p)
                for t, parts in end.items() for p in parts} for i, run in enumerate(merged)]
-    _check_no_reset(runs, [tp for tp in starts[0]])
+    _check_no_reset(runs, list(starts[0]))
     out = []
     for i, run in enumerate(merged):
         ranges: Ranges = {}
@@ -169,15 +169,16 @@ def regenerate(bootstrap: str, prefix: str, capture: Mapping[str, Any], *,
     end = {str(t): {int(p): int(o) for p, o in parts.items()}
            for t, parts in capture.get("end", {}).items()}
     cuts = segments(runs, end)
-    pipeline = LocalPipeline(cuts[0].run.processor_config(), prefix=prefix,
+    pipeline = LocalPipeline(prefix=prefix,
                              release_order=release_order(bootstrap, runs[0].app_id, prefix))
     unknown = set(end) - set(pipeline.topics.values())
     if unknown:
         raise RebuildError(f"the manifest's capture offsets name {sorted(unknown)}, not the "
                            f"capture topics of prefix {prefix!r}")
+    configs = [cut.run.processor_config() for cut in cuts]
     last_ms, partitions = 0, set()
-    for cut in cuts:
-        pipeline.reconfigure(cut.run.processor_config())
+    for cut, config in zip(cuts, configs, strict=True):
+        pipeline.reconfigure(config)
         for kind, msg in _messages(bootstrap, pipeline.topics, cut.ranges, timeout_s):
             now_ms = max(0, int(msg.timestamp()[1]))
             last_ms = max(last_ms, now_ms)
@@ -189,7 +190,7 @@ def regenerate(bootstrap: str, prefix: str, capture: Mapping[str, Any], *,
         pipeline.tick(partition, last_ms + idle_ms + 1)
     pipeline.flush()
     fresh = FreshWindows(capture_end_offsets=end, segments=len(cuts),
-                         config_digests={c.run.processor_config().window.digest() for c in cuts})
+                         config_digests={c.window.digest() for c in configs})
     for window in pipeline.windows:
         fresh.add(window)
     return fresh
