@@ -27,7 +27,7 @@ broker-down:
 	-$(BIN)/flywheel broker down
 
 demo: broker-up
-	$(BIN)/python -m flywheel.demo
+	$(BIN)/python -m hebrus_flywheel.demo
 
 test: broker-up
 	$(BIN)/python -m pytest -q tests
@@ -40,10 +40,13 @@ test-integration: broker-up
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy flywheel schemas streams replay consumers train
+	# import-linter and mypy read packages from disk: give them the installed layout.
+	$(BIN)/python tools/lint_tree.py .lint
+	cd .lint && PYTHONPATH=$(CURDIR)/.lint $(CURDIR)/$(BIN)/lint-imports --config $(CURDIR)/pyproject.toml
+	cd .lint && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p hebrus_flywheel
 
 bench: broker-up
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean: broker-down
-	rm -rf $(VENV) .flywheel demo-out
+	rm -rf $(VENV) .flywheel demo-out .lint

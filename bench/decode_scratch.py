@@ -25,8 +25,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from replay.decode import DecodedTurn, DecodeRuntime, SamplingConfig
-from replay.teacher import Teacher, init_teacher, load_teacher
+from hebrus_flywheel.replay.decode import DecodedTurn, DecodeRuntime, SamplingConfig
+from hebrus_flywheel.replay.teacher import Teacher, init_teacher, load_teacher
 
 
 def _dir_bytes(path: Path) -> int:

@@ -36,11 +36,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
 
-from flywheel.settings import bootstrap_servers
-from schemas.identity import with_identity_id
-from streams.publisher import PublisherConfig, RuntimePublisher
-from streams.routes import pack_routes
-from streams.topics import TopicSpec, create_topics, delete_topics
+from hebrus_flywheel.core.identity import with_identity_id
+from hebrus_flywheel.core.settings import bootstrap_servers
+from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
+from hebrus_flywheel.streams.routes import pack_routes
+from hebrus_flywheel.streams.topics import TopicSpec, create_topics, delete_topics
 
 LAYERS, TOP_K, EXPERTS = 48, 10, 512
 DESIGN_NOTE_BYTES_PER_TOKEN = 3840  # 10 × (4 B id + 4 B weight) × 48 layers
@@ -110,11 +110,11 @@ def bench_publisher(bootstrap: str, records: int) -> None:
 def bench_capture(bootstrap: str, preset: str, threads: int) -> None:
     import torch
 
-    from replay.capture import CaptureConfig
-    from replay.capture_cli import run_capture
-    from replay.synthetic import generate_threads
-    from replay.teacher import init_teacher
-    from streams.topics import catalogue
+    from hebrus_flywheel.replay.capture import CaptureConfig
+    from hebrus_flywheel.replay.capture_cli import run_capture
+    from hebrus_flywheel.replay.synthetic import generate_threads
+    from hebrus_flywheel.replay.teacher import init_teacher
+    from hebrus_flywheel.streams.topics import catalogue
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     prefix = f"bench-{uuid.uuid4().hex[:8]}."

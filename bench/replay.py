@@ -59,9 +59,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _HERE]
 
-from replay.decode import DecodeRuntime  # noqa: E402
-from replay.prefill import PrefillReplayer, ReplayConfig, WindowLabels  # noqa: E402
-from replay.teacher import PRESETS, Teacher, init_teacher, load_teacher  # noqa: E402
+from hebrus_flywheel.replay.decode import DecodeRuntime  # noqa: E402
+from hebrus_flywheel.replay.prefill import PrefillReplayer, ReplayConfig, WindowLabels  # noqa: E402
+from hebrus_flywheel.replay.teacher import PRESETS, Teacher, init_teacher, load_teacher  # noqa: E402
 
 DESIGN_NOTE_BYTES_PER_LABEL = 80  # 10 x (4-byte id + 4-byte weight)
 PREFIX = 1
@@ -73,8 +73,8 @@ def emit(figure: str, value: float | int | str, unit: str, **extra: Any) -> None
 
 
 def corpus_tokens(teacher_dir: Path) -> np.ndarray:
-    from replay.synthetic import corpus_texts
-    from replay.tokenizer import load_tokenizer
+    from hebrus_flywheel.replay.synthetic import corpus_texts
+    from hebrus_flywheel.replay.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(teacher_dir).tokenizer
     ids: list[int] = []
@@ -194,7 +194,7 @@ def make_replayers(teacher: Teacher, length: int, others: dict[str, Teacher]
 
 
 def _pack(labels: list[WindowLabels], layers: int, top_k: int, encoding: str) -> Any:
-    from consumers.labels import ShardGeometry, SourceRef, pack_rows
+    from hebrus_flywheel.consumers.labels import ShardGeometry, SourceRef, pack_rows
 
     geometry = ShardGeometry(layers=layers, top_k=top_k,
                              feature_dim=int(labels[0].features_ALD.shape[-1]),
@@ -205,7 +205,7 @@ def _pack(labels: list[WindowLabels], layers: int, top_k: int, encoding: str) ->
 
 
 def _write_consumers(table: Any, root: Path, name: str) -> int:
-    from consumers.shards import ShardConfig, write_shard
+    from hebrus_flywheel.consumers.shards import ShardConfig, write_shard
 
     return write_shard(root, f"{name}.parquet", table, ShardConfig(), windows=1).bytes
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from train.sim import (
+from hebrus_flywheel.train.sim import (
     DecodeTrace,
     PredictionSet,
     SimConfig,

@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from fastavro import schemaless_reader
 
-from flywheel.settings import bootstrap_servers
-from schemas.registry import HEADER_SIZE, default_registry
-from streams.processors.harness import (
+from hebrus_flywheel.core.settings import bootstrap_servers
+from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
+from hebrus_flywheel.streams.processors.harness import (
     WorkerProcess,
     produce,
     producer,
@@ -48,16 +48,16 @@ from streams.processors.harness import (
     wait_until,
     worker_processor_config,
 )
-from streams.processors.pipeline import LocalPipeline
-from streams.processors.synthetic import (
+from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
+from hebrus_flywheel.streams.processors.synthetic import (
     ProducerClock,
     identity_message,
     make_identity,
     random_specs,
     thread_messages,
 )
-from streams.processors.topology import StreamTopics
-from streams.topics import catalogue, create_topics, delete_topics, describe_topics
+from hebrus_flywheel.streams.processors.topology import StreamTopics
+from hebrus_flywheel.streams.topics import catalogue, create_topics, delete_topics, describe_topics
 
 FLAGS = {"runtime_holdout_fraction": 0.2}
 

@@ -48,7 +48,7 @@ def emit(figure: str, value: float, unit: str, **extra: Any) -> None:
 
 
 def build(root: Path, args: argparse.Namespace) -> Any:
-    from train.testing import PlantedConfig, write_planted_snapshot
+    from hebrus_flywheel.train.testing import PlantedConfig, write_planted_snapshot
 
     config = PlantedConfig(threads={"train": args.threads, "validation": 2},
                            tokens_per_thread=args.tokens, anchors_per_window=8,
@@ -64,7 +64,7 @@ def build(root: Path, args: argparse.Namespace) -> Any:
 
 def loader_rate(trainer: Any, args: argparse.Namespace) -> tuple[float, list[Any]]:
     """Rows/s of the training stream alone, and the first batches (for the trainer)."""
-    from train.data import make_loader
+    from hebrus_flywheel.train.data import make_loader
 
     loader = iter(make_loader(trainer.stream("train", train=True), num_workers=args.workers))
     kept = [next(loader) for _ in range(2)]  # warm-up: workers started, first shards read
@@ -90,7 +90,7 @@ def trainer_rate(trainer: Any, batches: list[Any], steps: int) -> float:
 
 
 def end_to_end_rate(trainer: Any, args: argparse.Namespace) -> float:
-    from train.data import make_loader
+    from hebrus_flywheel.train.data import make_loader
 
     loader = iter(make_loader(trainer.stream("train", train=True), num_workers=args.workers))
     trainer.step(next(loader), 0)
@@ -123,10 +123,10 @@ def main() -> None:
     args = parse()
     import torch
 
-    from train import ddp
-    from train.config import DataOptions, TrainConfig
-    from train.data import Snapshot
-    from train.trainer import Trainer
+    from hebrus_flywheel.train import ddp
+    from hebrus_flywheel.train.config import DataOptions, TrainConfig
+    from hebrus_flywheel.train.data import Snapshot
+    from hebrus_flywheel.train.trainer import Trainer
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)

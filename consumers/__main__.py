@@ -13,8 +13,8 @@ import sys
 import click
 import typer
 
-from consumers.cli import rebuild_command, replay_app, seal_command, verify_command
-from flywheel.errors import FlywheelError
+from hebrus_flywheel.consumers.cli import rebuild_command, replay_app, seal_command, verify_command
+from hebrus_flywheel.core.errors import FlywheelError
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 app.add_typer(replay_app, name="replay")

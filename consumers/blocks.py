@@ -17,13 +17,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from consumers import faults
-from consumers.epochs import Block
-from consumers.exceptions import ShardError, WorkerError
-from consumers.intake import Accepted
-from consumers.labels import ShardGeometry, SourceRef, pack_rows, shard_metadata
-from consumers.shards import ShardConfig, ShardInfo, ShardName, shard_relpath, write_shard
-from consumers.stats import Stats
+from hebrus_flywheel.consumers import faults
+from hebrus_flywheel.consumers.epochs import Block
+from hebrus_flywheel.consumers.exceptions import ShardError, WorkerError
+from hebrus_flywheel.consumers.intake import Accepted
+from hebrus_flywheel.consumers.labels import ShardGeometry, SourceRef, pack_rows, shard_metadata
+from hebrus_flywheel.consumers.shards import (
+    ShardConfig,
+    ShardInfo,
+    ShardName,
+    shard_relpath,
+    write_shard,
+)
+from hebrus_flywheel.consumers.stats import Stats
 
 log = logging.getLogger(__name__)
 

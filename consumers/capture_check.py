@@ -33,15 +33,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.exceptions import RebuildError
-from consumers.intake import WINDOW_SCHEMA
-from consumers.kafka_io import read_ranges
-from schemas import codec
-from schemas.exceptions import SchemaError
-from streams.processors.inspect import read_topic
-from streams.processors.pipeline import LocalPipeline
-from streams.processors.runs import StreamsRun, StreamsRunError
-from streams.processors.topology import StreamTopics
+from hebrus_flywheel.consumers.exceptions import RebuildError
+from hebrus_flywheel.consumers.intake import WINDOW_SCHEMA
+from hebrus_flywheel.consumers.kafka_io import read_ranges
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.schemas.exceptions import SchemaError
+from hebrus_flywheel.streams.processors.inspect import read_topic
+from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
+from hebrus_flywheel.streams.processors.runs import StreamsRun, StreamsRunError
+from hebrus_flywheel.streams.processors.topology import StreamTopics
 
 _SHOWN = 10
 Ranges = dict[tuple[str, int], tuple[int, int]]

@@ -15,8 +15,8 @@ from typing import Any
 
 import typer
 
-from flywheel.errors import ConfigError
-from flywheel.settings import bootstrap_servers
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.settings import bootstrap_servers
 
 replay_app = typer.Typer(help="Replay windows through the frozen teacher into shards.",
                          no_args_is_help=True)
@@ -65,8 +65,8 @@ def worker_command(
                                             help="Kafka group session timeout."),
 ) -> None:
     """Consume the window topics, replay windows in prefill, write Parquet shards."""
-    from consumers.shards import ShardConfig
-    from consumers.worker import ReplayWorker, ReplayWorkerConfig
+    from hebrus_flywheel.consumers.shards import ShardConfig
+    from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
 
     config = ReplayWorkerConfig(
         teacher=teacher, dataset=dataset, bootstrap=bootstrap_servers(bootstrap), prefix=prefix,
@@ -98,7 +98,7 @@ def seal_command(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest summary as JSON."),
 ) -> None:
     """Record the epoch boundary, wait for the workers, write the manifest, make it read-only."""
-    from consumers.seal import SealConfig, seal_epoch
+    from hebrus_flywheel.consumers.seal import SealConfig, seal_epoch
 
     result = seal_epoch(SealConfig(dataset=dataset, epoch=epoch,
                                    bootstrap=bootstrap_servers(bootstrap), parity_file=parity,
@@ -128,7 +128,7 @@ def verify_command(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Check every shard's bytes and SHA-256 and that no file is missing or extra."""
-    from consumers.verify import verify_snapshot
+    from hebrus_flywheel.consumers.verify import verify_snapshot
 
     report = verify_snapshot(snapshot, expected_id=snapshot_id)
     if as_json:
@@ -152,7 +152,7 @@ def rebuild_command(
         "through the stream processors, require the same ids and digests, replay those."),
 ) -> None:
     """Replay the window topics up to the snapshot's offsets; require identical shards."""
-    from consumers.rebuild import RebuildConfig, rebuild_snapshot
+    from hebrus_flywheel.consumers.rebuild import RebuildConfig, rebuild_snapshot
 
     report = rebuild_snapshot(RebuildConfig(
         snapshot=snapshot, out=out, teacher=teacher, bootstrap=bootstrap_servers(bootstrap),

@@ -34,8 +34,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
-from consumers.epochs import EpochBoundary, freeze_offsets, offsets_json
-from consumers.exceptions import ControlError
+from hebrus_flywheel.consumers.epochs import EpochBoundary, freeze_offsets, offsets_json
+from hebrus_flywheel.consumers.exceptions import ControlError
 
 log = logging.getLogger(__name__)
 

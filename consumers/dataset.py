@@ -24,8 +24,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from consumers.exceptions import DatasetError
-from consumers.shards import STAGING_DIR, ShardName, fsync_path, iter_shards, read_window_ids
+from hebrus_flywheel.consumers.exceptions import DatasetError
+from hebrus_flywheel.consumers.shards import (
+    STAGING_DIR,
+    ShardName,
+    fsync_path,
+    iter_shards,
+    read_window_ids,
+)
 
 DATASET_FILE = "dataset.json"
 DATASET_FORMAT = "hebrus-flywheel-dataset/v1"

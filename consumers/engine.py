@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flywheel.errors import ConfigError
+from hebrus_flywheel.core.errors import ConfigError
 
 
 @dataclass(eq=False)
@@ -46,9 +46,9 @@ def load_engine(*, teacher_dir: Path | None, dtype: str, replay_options: Mapping
     """Load (or reuse ``teacher``), set torch threads, build ``PrefillReplayer``."""
     import torch
 
-    from replay.prefill import PrefillReplayer, ReplayConfig
-    from replay.runtime_identity import build_runtime_identity
-    from replay.teacher import load_teacher
+    from hebrus_flywheel.replay.prefill import PrefillReplayer, ReplayConfig
+    from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
+    from hebrus_flywheel.replay.teacher import load_teacher
 
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
@@ -91,7 +91,7 @@ def determinism_record(*, shard: Any, batch_windows: int, bundle: EngineBundle, 
 
 def window_check(engine: Any) -> Callable[[Any], tuple[str, str] | None]:
     """``engine.check_window`` as ``window -> (reason, detail) | None`` for intake."""
-    from replay.exceptions import WindowError
+    from hebrus_flywheel.replay.exceptions import WindowError
 
     def check(window: Any) -> tuple[str, str] | None:
         try:

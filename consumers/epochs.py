@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from consumers.exceptions import ControlError
+from hebrus_flywheel.consumers.exceptions import ControlError
 
 Offsets = Mapping[str, Mapping[int, int]]
 """topic -> partition -> offset."""

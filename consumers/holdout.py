@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from consumers.epochs import EpochBoundary
-from consumers.exceptions import SealError
-from consumers.kafka_io import read_ranges
-from consumers.labels import U8_MAX_ABS_ERROR, dequantize_weights_u8
-from consumers.shards import iter_shards
-from schemas import codec
-from schemas.exceptions import SchemaError
+from hebrus_flywheel.consumers.epochs import EpochBoundary
+from hebrus_flywheel.consumers.exceptions import SealError
+from hebrus_flywheel.consumers.kafka_io import read_ranges
+from hebrus_flywheel.consumers.labels import U8_MAX_ABS_ERROR, dequantize_weights_u8
+from hebrus_flywheel.consumers.shards import iter_shards
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.schemas.exceptions import SchemaError
 
 HOLDOUT_SPLIT = "runtime_holdout"
 _TOLERANCE = {"weights_u8": U8_MAX_ABS_ERROR + 1e-4, "weights_f16": 2.0**-11 + 1e-4}
@@ -84,7 +84,7 @@ def _captured_windows(bootstrap: str, topic: str, boundary: EpochBoundary) -> li
 def holdout_parity(bootstrap: str, topic: str, root: Path, boundary: EpochBoundary,
                    identity: Mapping[str, Any]) -> dict[str, Any]:
     """The parity gate's result over the epoch's stored runtime_holdout labels (JSON-ready)."""
-    from replay.parity import ParityAccumulator, ParityConfig, skip_reason
+    from hebrus_flywheel.replay.parity import ParityAccumulator, ParityConfig, skip_reason
 
     stored: dict[str, StoredLabels] = {}
     weight_column = "weights_u8"

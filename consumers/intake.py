@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.epochs import Block, EpochPlan
-from consumers.exceptions import WorkerError
-from consumers.labels import SourceRef
-from schemas import codec
-from schemas.exceptions import SchemaError
+from hebrus_flywheel.consumers.epochs import Block, EpochPlan
+from hebrus_flywheel.consumers.exceptions import WorkerError
+from hebrus_flywheel.consumers.labels import SourceRef
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.schemas.exceptions import SchemaError
 
 WINDOW_SCHEMA = "hebrus.flywheel.v1.Window"
 QUARANTINE_STAGE = "replay"

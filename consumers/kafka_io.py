@@ -10,7 +10,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from consumers.exceptions import ConsumersError
+from hebrus_flywheel.consumers.exceptions import ConsumersError
 
 _LOGGER = logging.getLogger("consumers.librdkafka")
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from consumers.exceptions import ShardError
+from hebrus_flywheel.consumers.exceptions import ShardError
 
 SHARD_FORMAT = "hebrus-flywheel-shard/v1"
 WEIGHT_ENCODINGS: tuple[str, ...] = ("uint8", "float16")

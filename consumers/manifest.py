@@ -23,11 +23,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from consumers.dataset import canonical_json, write_json_atomic
-from consumers.epochs import EpochBoundary, offsets_json
-from consumers.exceptions import ManifestError, SealError
-from consumers.labels import U8_MAX_ABS_ERROR
-from consumers.shards import STAGING_DIR, ShardName, iter_shards, sha256_file, shard_summary
+from hebrus_flywheel.consumers.dataset import canonical_json, write_json_atomic
+from hebrus_flywheel.consumers.epochs import EpochBoundary, offsets_json
+from hebrus_flywheel.consumers.exceptions import ManifestError, SealError
+from hebrus_flywheel.consumers.labels import U8_MAX_ABS_ERROR
+from hebrus_flywheel.consumers.shards import (
+    STAGING_DIR,
+    ShardName,
+    iter_shards,
+    sha256_file,
+    shard_summary,
+)
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "hebrus-flywheel-snapshot/v1"

@@ -30,23 +30,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from consumers.blocks import BlockSettings, close_block
-from consumers.dataset import config_digest, writer_versions
-from consumers.engine import load_engine, window_check
-from consumers.epochs import EpochBoundary, EpochPlan, freeze_offsets
-from consumers.exceptions import RebuildError
-from consumers.intake import PartitionLog, classify
-from consumers.kafka_io import read_ranges
-from consumers.manifest import (
+from hebrus_flywheel.consumers.blocks import BlockSettings, close_block
+from hebrus_flywheel.consumers.dataset import config_digest, writer_versions
+from hebrus_flywheel.consumers.engine import load_engine, window_check
+from hebrus_flywheel.consumers.epochs import EpochBoundary, EpochPlan, freeze_offsets
+from hebrus_flywheel.consumers.exceptions import RebuildError
+from hebrus_flywheel.consumers.intake import PartitionLog, classify
+from hebrus_flywheel.consumers.kafka_io import read_ranges
+from hebrus_flywheel.consumers.manifest import (
     build_manifest,
     describe_shards,
     load_manifest,
     make_read_only,
     write_manifest,
 )
-from consumers.shards import ShardConfig, epoch_dir
-from consumers.stats import Stats
-from flywheel.errors import ConfigError
+from hebrus_flywheel.consumers.shards import ShardConfig, epoch_dir
+from hebrus_flywheel.consumers.stats import Stats
+from hebrus_flywheel.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def _window_ranges(manifest: dict[str, Any]) -> dict[tuple[str, int], tuple[int,
 
 
 def _capture_check(config: RebuildConfig, manifest: dict[str, Any]) -> Any:
-    from consumers.capture_check import check_windows, regenerate
+    from hebrus_flywheel.consumers.capture_check import check_windows, regenerate
 
     prefix, capture = manifest["source"].get("prefix"), manifest["source"].get("capture")
     if prefix is None or not capture or not capture.get("end"):

@@ -30,19 +30,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from consumers.control import (
+from hebrus_flywheel.consumers.control import (
     ControlChannel,
     ControlState,
     boundary_record,
     intent_record,
     sealed_record,
 )
-from consumers.dataset import read_dataset
-from consumers.epochs import EpochBoundary, freeze_offsets, offsets_json
-from consumers.exceptions import ManifestError, SealError
-from consumers.holdout import HOLDOUT_SPLIT, holdout_parity
-from consumers.kafka_io import committed_offsets, end_offsets
-from consumers.manifest import (
+from hebrus_flywheel.consumers.dataset import read_dataset
+from hebrus_flywheel.consumers.epochs import EpochBoundary, freeze_offsets, offsets_json
+from hebrus_flywheel.consumers.exceptions import ManifestError, SealError
+from hebrus_flywheel.consumers.holdout import HOLDOUT_SPLIT, holdout_parity
+from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets
+from hebrus_flywheel.consumers.manifest import (
     MANIFEST_FILE,
     build_manifest,
     check_ranges,
@@ -51,11 +51,11 @@ from consumers.manifest import (
     make_read_only,
     write_manifest,
 )
-from consumers.shards import epoch_dir
-from flywheel.errors import ConfigError
-from streams.processors.pipeline import capture_topics
-from streams.processors.runs import StreamsRunError, read_runs
-from streams.topics import CONTROL_TOPIC, SPLITS, STREAMS_RUNS_TOPIC, window_topic
+from hebrus_flywheel.consumers.shards import epoch_dir
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.processors.pipeline import capture_topics
+from hebrus_flywheel.streams.processors.runs import StreamsRunError, read_runs
+from hebrus_flywheel.streams.topics import CONTROL_TOPIC, SPLITS, STREAMS_RUNS_TOPIC, window_topic
 
 log = logging.getLogger(__name__)
 

@@ -39,10 +39,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from consumers import faults
-from consumers.exceptions import ShardError
-from consumers.labels import SORT_COLUMNS, read_shard_metadata
-from flywheel.errors import ConfigError
+from hebrus_flywheel.consumers import faults
+from hebrus_flywheel.consumers.exceptions import ShardError
+from hebrus_flywheel.consumers.labels import SORT_COLUMNS, read_shard_metadata
+from hebrus_flywheel.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from consumers.exceptions import ConsumersError
-from consumers.faults import FAULT_ENV
-from schemas import codec
-from streams.processors.window import content_digest
-from streams.topics import window_topic
+from hebrus_flywheel.consumers.exceptions import ConsumersError
+from hebrus_flywheel.consumers.faults import FAULT_ENV
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams.processors.window import content_digest
+from hebrus_flywheel.streams.topics import window_topic
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "replay" / "data"
 
@@ -38,7 +38,7 @@ CORPUS_FILES = ("prose_en.txt", "code_python.txt")
 
 def corpus_token_ids(tokenizer_dir: Path, *, files: Sequence[str] = CORPUS_FILES) -> list[int]:
     """Real token ids of the project's text corpus under the teacher's tokenizer."""
-    from replay.tokenizer import load_tokenizer
+    from hebrus_flywheel.replay.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
     text = "\n".join((DATA_DIR / name).read_text(encoding="utf-8") for name in files)
@@ -124,7 +124,7 @@ def holdout_window(teacher: Any, tokens: Sequence[int], *, identity_id: str, own
     prefill of the rest, as the reference runtime does; their native top-k become the
     window's captured ``routes`` (the parity gate's decode truth).
     """
-    from replay.decode import DecodeRuntime
+    from hebrus_flywheel.replay.decode import DecodeRuntime
 
     tokens = [int(t) for t in tokens]
     cut = len(tokens) - anchors
@@ -163,7 +163,7 @@ def synthetic_labels(wid: str, anchors: int, *, seed: int = 0, first: int = 0, l
     """A real ``replay.prefill.WindowLabels`` holding synthetic router output (no model run)."""
     import numpy as np
 
-    from replay.prefill import WindowLabels
+    from hebrus_flywheel.replay.prefill import WindowLabels
 
     rng = np.random.default_rng(seed)
     ids, weights, margins = router_labels(rng, anchors, layers)

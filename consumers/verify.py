@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from consumers.exceptions import ManifestError, VerifyError
-from consumers.manifest import MANIFEST_FILE, load_manifest, manifest_path
-from consumers.shards import sha256_file
+from hebrus_flywheel.consumers.exceptions import ManifestError, VerifyError
+from hebrus_flywheel.consumers.manifest import MANIFEST_FILE, load_manifest, manifest_path
+from hebrus_flywheel.consumers.shards import sha256_file
 
 
 def _files(directory: Path) -> set[str]:

@@ -25,19 +25,24 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from consumers import faults
-from consumers.blocks import BlockSettings, close_block
-from consumers.control import ControlChannel
-from consumers.dataset import config_digest, dataset_record, open_dataset, written_ids
-from consumers.epochs import Block, EpochPlan
-from consumers.exceptions import WorkerError
-from consumers.intake import PartitionLog, Verdict, classify, quarantine_record
-from consumers.labels import SourceRef
-from consumers.shards import ShardConfig, clean_staging
-from consumers.stats import Stats
-from flywheel.errors import ConfigError
-from schemas import codec
-from streams.topics import CONTROL_TOPIC, QUARANTINE_TOPIC, SPLITS, window_topic
+from hebrus_flywheel.consumers import faults
+from hebrus_flywheel.consumers.blocks import BlockSettings, close_block
+from hebrus_flywheel.consumers.control import ControlChannel
+from hebrus_flywheel.consumers.dataset import (
+    config_digest,
+    dataset_record,
+    open_dataset,
+    written_ids,
+)
+from hebrus_flywheel.consumers.epochs import Block, EpochPlan
+from hebrus_flywheel.consumers.exceptions import WorkerError
+from hebrus_flywheel.consumers.intake import PartitionLog, Verdict, classify, quarantine_record
+from hebrus_flywheel.consumers.labels import SourceRef
+from hebrus_flywheel.consumers.shards import ShardConfig, clean_staging
+from hebrus_flywheel.consumers.stats import Stats
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams.topics import CONTROL_TOPIC, QUARANTINE_TOPIC, SPLITS, window_topic
 
 log = logging.getLogger(__name__)
 _REBALANCE_CODES = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION,
@@ -128,7 +133,7 @@ class ReplayWorker:
     """Runs the consume → classify → block → replay → shard → commit loop."""
 
     def __init__(self, config: ReplayWorkerConfig, *, teacher: Any = None) -> None:
-        from consumers.engine import determinism_record, load_engine, window_check
+        from hebrus_flywheel.consumers.engine import determinism_record, load_engine, window_check
 
         self.config = config
         self.stats = Stats()

@@ -12,8 +12,8 @@ import logging
 
 import typer
 
-from flywheel import __version__
-from flywheel.runner import offline_environment, run_app
+from hebrus_flywheel.core import __version__
+from hebrus_flywheel.core.runner import offline_environment, run_app
 
 app = typer.Typer(
     name="flywheel",
@@ -25,14 +25,19 @@ app = typer.Typer(
 
 
 def _mount_subapps() -> None:
-    from consumers.cli import rebuild_command, replay_app, seal_command, verify_command
-    from replay.capture_cli import capture_command
-    from replay.cli import teacher_app
-    from replay.parity_cli import parity_command
-    from streams.cli import broker_app, topics_app
-    from streams.processors.cli import streams_app
-    from train.cli import evaluate_command, train_command
-    from train.qualify_cli import qualify_command
+    from hebrus_flywheel.consumers.cli import (
+        rebuild_command,
+        replay_app,
+        seal_command,
+        verify_command,
+    )
+    from hebrus_flywheel.replay.capture_cli import capture_command
+    from hebrus_flywheel.replay.cli import teacher_app
+    from hebrus_flywheel.replay.parity_cli import parity_command
+    from hebrus_flywheel.streams.cli import broker_app, topics_app
+    from hebrus_flywheel.streams.processors.cli import streams_app
+    from hebrus_flywheel.train.cli import evaluate_command, train_command
+    from hebrus_flywheel.train.qualify_cli import qualify_command
 
     app.add_typer(broker_app, name="broker", help="Run the embedded single-node Kafka (KRaft).")
     app.add_typer(topics_app, name="topics", help="Create and describe the topic catalogue.")

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flywheel.errors import FlywheelError
-from flywheel.settings import bootstrap_servers, flywheel_home
+from hebrus_flywheel.core.errors import FlywheelError
+from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 
-log = logging.getLogger("flywheel.demo")
+log = logging.getLogger("hebrus_flywheel.demo")
 
 DEFAULT_PRESET = "tiny-qwen3-next"
 
@@ -47,8 +47,8 @@ class DemoContext:
 
 
 def _stage_broker(ctx: DemoContext) -> None:
-    from streams import topics
-    from streams.broker import BrokerConfig, EmbeddedBroker
+    from hebrus_flywheel.streams import topics
+    from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker
 
     embedded = EmbeddedBroker(BrokerConfig())
     if ctx.bootstrap == embedded.config.bootstrap:
@@ -59,7 +59,7 @@ def _stage_broker(ctx: DemoContext) -> None:
 
 
 def _stage_teacher(ctx: DemoContext) -> None:
-    from replay.teacher import artifact_digest, init_teacher
+    from hebrus_flywheel.replay.teacher import artifact_digest, init_teacher
 
     if not (ctx.teacher_dir / "config.json").exists():
         init_teacher(ctx.teacher_dir, preset=DEFAULT_PRESET, seed=0)
@@ -70,8 +70,8 @@ def _stage_teacher(ctx: DemoContext) -> None:
 
 
 def _stage_capture(ctx: DemoContext) -> None:
-    from replay.capture import CaptureConfig, load_threads
-    from replay.capture_cli import _print_summary, run_capture
+    from hebrus_flywheel.replay.capture import CaptureConfig, load_threads
+    from hebrus_flywheel.replay.capture_cli import _print_summary, run_capture
 
     config = CaptureConfig(mode="forced", seed=ctx.epoch, interleave=4)
     # Each epoch captures new threads of the same owners: thread ids carry the epoch so
@@ -92,7 +92,7 @@ def _stage_capture(ctx: DemoContext) -> None:
 def _flywheel(*args: str, log_name: str, ctx: DemoContext) -> list[str]:
     """Run a ``flywheel`` sub-command as its own process (faust and the replay worker
     own their event loops and signal handlers); its log goes to the run directory."""
-    cmd = [sys.executable, "-m", "flywheel.cli", *args]
+    cmd = [sys.executable, "-m", "hebrus_flywheel.cli", *args]
     log_path = ctx.run_dir / f"{log_name}.log"
     with log_path.open("w") as log_file:
         proc = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, check=False)
@@ -120,7 +120,7 @@ def _stage_streams(ctx: DemoContext) -> None:
 
 def _stage_replay(ctx: DemoContext) -> None:
     worker = subprocess.Popen(
-        [sys.executable, "-m", "flywheel.cli", "replay", "worker", "--teacher",
+        [sys.executable, "-m", "hebrus_flywheel.cli", "replay", "worker", "--teacher",
          str(ctx.teacher_dir), "--dataset", str(ctx.dataset_dir), "--stop-after-epoch",
          str(ctx.epoch)],
         stdout=(ctx.run_dir / "replay-worker.log").open("w"), stderr=subprocess.STDOUT,

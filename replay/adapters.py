@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from replay.exceptions import UnsupportedModelError
-from replay.routing import (
+from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+from hebrus_flywheel.replay.routing import (
     WEIGHT_SOFTMAX_TOPK,
     WEIGHT_SOFTMAX_TOPK_RENORMALIZED,
     topk_with_tie_break,

@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flywheel.errors import ConfigError
-from streams.routes import ID_DTYPE, WEIGHT_DTYPE
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.routes import ID_DTYPE, WEIGHT_DTYPE
 
 if TYPE_CHECKING:
-    from replay.conversations import Thread
-    from replay.decode import DecodedTurn, DecodeRuntime
-    from replay.render import RenderedTurn
-    from streams.publisher import RuntimePublisher
+    from hebrus_flywheel.replay.conversations import Thread
+    from hebrus_flywheel.replay.decode import DecodedTurn, DecodeRuntime
+    from hebrus_flywheel.replay.render import RenderedTurn
+    from hebrus_flywheel.streams.publisher import RuntimePublisher
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class CaptureSession:
         return self.summary
 
     def _open(self, thread: Thread) -> _ThreadState:
-        from replay.render import render_thread
+        from hebrus_flywheel.replay.render import render_thread
 
         self.summary.threads += 1
         rendered = render_thread(thread, self.tokenizer)
@@ -219,7 +219,7 @@ class CaptureSession:
         return head + list(decoded.token_ids) + tail, segments
 
     def _sampling(self, state: _ThreadState, turn: RenderedTurn) -> Any:
-        from replay.decode import SamplingConfig
+        from hebrus_flywheel.replay.decode import SamplingConfig
 
         cfg = self.config
         seed = _turn_seed(cfg.seed, state.thread.key, turn.turn_index)
@@ -299,10 +299,10 @@ def load_threads(
     if (threads_file is None) == (synthetic is None):
         raise ConfigError("give exactly one of --threads FILE or --synthetic N")
     if threads_file is not None:
-        from replay.conversations import read_threads
+        from hebrus_flywheel.replay.conversations import read_threads
 
         return read_threads(threads_file)
-    from replay.synthetic import generate_threads
+    from hebrus_flywheel.replay.synthetic import generate_threads
 
     if synthetic is None or synthetic < 1:
         raise ConfigError(f"--synthetic must be >= 1, got {synthetic}")

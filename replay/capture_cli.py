@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from flywheel.settings import bootstrap_servers
+from hebrus_flywheel.core.settings import bootstrap_servers
 
 
 def capture_command(
@@ -31,7 +31,7 @@ def capture_command(
     ),
 ) -> None:
     """Run real KV-cache decode on threads and publish identities, turns and routes."""
-    from replay.capture import CaptureConfig, load_threads
+    from hebrus_flywheel.replay.capture import CaptureConfig, load_threads
 
     config = CaptureConfig(mode=mode, seed=seed, max_new_tokens=max_new_tokens,
                            interleave=interleave)
@@ -53,13 +53,13 @@ def run_capture(
     """Load the teacher, decode ``threads`` and publish; returns the summary as a dict."""
     from tqdm import tqdm
 
-    from replay.capture import CaptureSession
-    from replay.decode import DecodeRuntime
-    from replay.runtime_identity import build_runtime_identity
-    from replay.teacher import load_teacher
-    from replay.tokenizer import load_tokenizer
-    from streams import topics
-    from streams.publisher import PublisherConfig, RuntimePublisher
+    from hebrus_flywheel.replay.capture import CaptureSession
+    from hebrus_flywheel.replay.decode import DecodeRuntime
+    from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
+    from hebrus_flywheel.replay.teacher import load_teacher
+    from hebrus_flywheel.replay.tokenizer import load_tokenizer
+    from hebrus_flywheel.streams import topics
+    from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 
     teacher = load_teacher(teacher_dir)
     identity = build_runtime_identity(teacher, teacher_dir)

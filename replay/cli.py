@@ -25,7 +25,7 @@ def init_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out."),
 ) -> None:
     """Create a deterministic tiny teacher checkpoint (weights + tokenizer) in --out."""
-    from replay.teacher import artifact_digest, init_teacher
+    from hebrus_flywheel.replay.teacher import artifact_digest, init_teacher
 
     start = time.perf_counter()
     path = init_teacher(out, preset=preset, seed=seed, overwrite=overwrite)
@@ -36,8 +36,8 @@ def init_command(
 
 def describe_teacher(directory: Path, *, dtype: str = "float32") -> dict[str, Any]:
     """Family, geometry, digests and runtime identity of a teacher directory."""
-    from replay.runtime_identity import build_runtime_identity
-    from replay.teacher import load_teacher, read_manifest
+    from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
+    from hebrus_flywheel.replay.teacher import load_teacher, read_manifest
 
     teacher = load_teacher(directory, dtype=dtype)
     geometry = teacher.geometry

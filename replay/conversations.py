@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from replay.exceptions import ConversationFormatError
+from hebrus_flywheel.replay.exceptions import ConversationFormatError
 
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from flywheel.errors import ConfigError
-from replay.adapters import RouteCapture, capture_routes
-from replay.exceptions import DecodeError
-from replay.routing import router_margin
-from replay.teacher import Teacher
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.adapters import RouteCapture, capture_routes
+from hebrus_flywheel.replay.exceptions import DecodeError
+from hebrus_flywheel.replay.routing import router_margin
+from hebrus_flywheel.replay.teacher import Teacher
 
 FINISH_FORCED = "forced"
 FINISH_EOS = "eos"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flywheel.errors import FlywheelError
+from hebrus_flywheel.core.errors import FlywheelError
 
 
 class ReplayError(FlywheelError):

@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flywheel.errors import ConfigError
-from replay.exceptions import ReplayError
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.exceptions import ReplayError
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from replay.teacher import Teacher
+    from hebrus_flywheel.replay.teacher import Teacher
 
 PROJECTION_FORMAT = "flywheel-feature-projection/v1"
 FEATURE_SOURCE = "pre_attention_residual"

@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flywheel.errors import ConfigError
-from replay.exceptions import ParityError, WindowError
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.exceptions import ParityError, WindowError
 
 if TYPE_CHECKING:
-    from replay.prefill import PrefillReplayer, WindowLabels
+    from hebrus_flywheel.replay.prefill import PrefillReplayer, WindowLabels
 
 MARGIN_BIN_EDGES: tuple[float, ...] = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 MARGIN_QUANTILES: tuple[float, ...] = (0.0, 0.001, 0.01, 0.1, 0.5, 0.9, 1.0)
@@ -351,7 +351,7 @@ def run_parity(
     """Replay the eligible windows in batches and compare them with their captured routes."""
     config = config or ParityConfig()
     teacher = replayer.teacher
-    from replay.routing import TIE_BREAK_RULE
+    from hebrus_flywheel.replay.routing import TIE_BREAK_RULE
 
     acc = ParityAccumulator(
         config, identity_id=replayer.identity_id, teacher_dtype=teacher.dtype,

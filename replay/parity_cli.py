@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from flywheel.errors import ConfigError
-from replay.exceptions import WindowSourceError
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.exceptions import WindowSourceError
 
 if TYPE_CHECKING:
-    from replay.parity import ParityResult
+    from hebrus_flywheel.replay.parity import ParityResult
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ _FRAME = struct.Struct(">I")
 
 def write_window_file(path: str | Path, windows: Iterable[Mapping[str, Any]]) -> int:
     """Encode ``windows`` (Window.v1 records) into a window file; returns the count."""
-    from schemas import codec
+    from hebrus_flywheel.schemas import codec
 
     count = 0
     with Path(path).open("wb") as handle:
@@ -51,8 +51,8 @@ def write_window_file(path: str | Path, windows: Iterable[Mapping[str, Any]]) ->
 
 
 def _decode_window(data: bytes | None, where: str) -> dict[str, Any]:
-    from schemas import codec
-    from schemas.exceptions import SchemaError
+    from hebrus_flywheel.schemas import codec
+    from hebrus_flywheel.schemas.exceptions import SchemaError
 
     if data is None:
         raise WindowSourceError(f"{where}: is a tombstone (no value); window topics hold none")
@@ -92,7 +92,7 @@ def read_window_topic(
     bootstrap_servers: str, topic: str, *, timeout_s: float
 ) -> Iterator[dict[str, Any]]:
     """Decoded Window records of ``topic`` from its beginning to its current end."""
-    from streams.processors.inspect import read_topic
+    from hebrus_flywheel.streams.processors.inspect import read_topic
 
     for message in read_topic(bootstrap_servers, topic, timeout_s=timeout_s):
         where = f"{topic}[{message.partition()}]@{message.offset()}"
@@ -133,7 +133,7 @@ def parity_command(
         raise ConfigError(f"max_windows must be >= 0, got {max_windows}")
     if threads < 0:
         raise ConfigError(f"threads must be >= 0, got {threads}")
-    from replay.parity import ParityConfig, run_parity
+    from hebrus_flywheel.replay.parity import ParityConfig, run_parity
 
     config = ParityConfig(min_sample=min_sample, weight_atol=weight_atol)
     windows = _windows(windows_file, bootstrap_servers, topic, timeout_s)
@@ -153,8 +153,8 @@ def parity_command(
 def _load_replayer(teacher_dir: Path, dtype: str, max_batch_tokens: int, threads: int) -> Any:
     import torch
 
-    from replay.prefill import PrefillReplayer, ReplayConfig
-    from replay.teacher import load_teacher
+    from hebrus_flywheel.replay.prefill import PrefillReplayer, ReplayConfig
+    from hebrus_flywheel.replay.teacher import load_teacher
 
     if threads:
         torch.set_num_threads(threads)

@@ -57,21 +57,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from flywheel.errors import ConfigError
-from replay.exceptions import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.exceptions import (
     ReplayError,
     ReplayNumericsError,
     WindowFormatError,
     WindowIdentityError,
 )
-from replay.features import FEATURE_DTYPES, FeatureProjection, capture_anchor_rows
-from replay.routing import TIE_BREAK_RULE, margin_beside, topk_weights
-from replay.teacher import DTYPES
+from hebrus_flywheel.replay.features import FEATURE_DTYPES, FeatureProjection, capture_anchor_rows
+from hebrus_flywheel.replay.routing import TIE_BREAK_RULE, margin_beside, topk_weights
+from hebrus_flywheel.replay.teacher import DTYPES
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from replay.teacher import Teacher
+    from hebrus_flywheel.replay.teacher import Teacher
 
 POSITION_RULE = "first_token_ordinal + index"
 PADDING_RULE = "right; each window padded to its own multiple of pad_multiple; explicit masks"
@@ -219,7 +219,7 @@ class PrefillReplayer:
                 f"{teacher.dtype!r}; load it with load_teacher(dir, dtype={config.dtype!r})"
             )
         if identity is None:
-            from replay.runtime_identity import build_runtime_identity
+            from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
 
             identity = build_runtime_identity(teacher)
         self.teacher = teacher

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
-from replay.conversations import Message, Thread
-from replay.exceptions import RenderError, TokenizerError
-from replay.tokenizer import (
+from hebrus_flywheel.replay.conversations import Message, Thread
+from hebrus_flywheel.replay.exceptions import RenderError, TokenizerError
+from hebrus_flywheel.replay.tokenizer import (
     CHAT_TEMPLATE,
     IM_END,
     IM_START,

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from replay.exceptions import RoutingError
-from schemas.identity import TIE_BREAK_SCORE_DESC_ID_ASC
+from hebrus_flywheel.core.identity import TIE_BREAK_SCORE_DESC_ID_ASC
+from hebrus_flywheel.replay.exceptions import RoutingError
 
 WEIGHT_SOFTMAX_TOPK_RENORMALIZED = "softmax_topk_renormalized"
 WEIGHT_SOFTMAX_TOPK = "softmax_topk"

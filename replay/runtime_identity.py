@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flywheel import __version__
-from replay.exceptions import IdentityMismatchError
-from replay.routing import TIE_BREAK_RULE
-from replay.teacher import Teacher
-from schemas.identity import compute_identity_id, with_identity_id
+from hebrus_flywheel.core import __version__
+from hebrus_flywheel.core.identity import compute_identity_id, with_identity_id
+from hebrus_flywheel.replay.exceptions import IdentityMismatchError
+from hebrus_flywheel.replay.routing import TIE_BREAK_RULE
+from hebrus_flywheel.replay.teacher import Teacher
 
 RUNTIME_NAME = "hebrus-flywheel-reference"
 # a teacher loaded with exact_tie_break=False executes torch.topk's (unspecified) tie order
@@ -45,7 +45,7 @@ def build_runtime_identity(
     if runtime_name is None:
         suffix = "" if teacher.exact_tie_break else NATIVE_TOPK_SUFFIX
         runtime_name = RUNTIME_NAME + suffix
-    from replay.tokenizer import chat_template_digest, tokenizer_digest
+    from hebrus_flywheel.replay.tokenizer import chat_template_digest, tokenizer_digest
 
     directory = Path(tokenizer_dir) if tokenizer_dir is not None else teacher.path
     geometry = teacher.geometry

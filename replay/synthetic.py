@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 
-from flywheel.errors import ConfigError
-from replay.conversations import Message, Thread, ToolCall
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.conversations import Message, Thread, ToolCall
 
 LANGUAGES: tuple[str, ...] = ("it", "de", "fr", "es", "ja", "zh")
 DOMAIN_TAGS: tuple[str, ...] = (

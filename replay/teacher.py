@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from flywheel.errors import ConfigError
-from replay.adapters import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.adapters import (
     FamilyAdapter,
     RouteGeometry,
     RouterPass,
@@ -54,8 +54,8 @@ from replay.adapters import (
     forward_routes,
     install_exact_routing,
 )
-from replay.exceptions import TeacherError
-from replay.routing import topk_with_tie_break
+from hebrus_flywheel.replay.exceptions import TeacherError
+from hebrus_flywheel.replay.routing import topk_with_tie_break
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -285,7 +285,7 @@ def _manifest(preset: TeacherPreset, seed: int) -> str:
 
 
 def _write_checkpoint(target: Path, preset: TeacherPreset, seed: int) -> None:
-    from replay.tokenizer import build_tokenizer, load_tokenizer
+    from hebrus_flywheel.replay.tokenizer import build_tokenizer, load_tokenizer
 
     build_tokenizer(target, vocab_size=preset.vocab_size)
     tok = load_tokenizer(target)
@@ -355,7 +355,7 @@ def _load_model(
 ) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
-    from replay.experts import register
+    from hebrus_flywheel.replay.experts import register
 
     register()
     try:

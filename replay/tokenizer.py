@@ -32,8 +32,8 @@ from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from flywheel.errors import ConfigError
-from replay.exceptions import TokenizerError
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.exceptions import TokenizerError
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -163,7 +163,7 @@ def _new_tokenizer() -> Tokenizer:
 
 def training_texts(config: TokenizerBuildConfig) -> Iterator[str]:
     """The training input in its fixed order: corpus files, then synthetic messages."""
-    from replay.synthetic import corpus_texts, generate_threads
+    from hebrus_flywheel.replay.synthetic import corpus_texts, generate_threads
 
     for _name, text in corpus_texts():
         yield text

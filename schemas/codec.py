@@ -27,13 +27,13 @@ from fastavro import schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError as FastavroResolutionError
 from fastavro.validation import ValidationError, validate
 
-from schemas.exceptions import (
+from hebrus_flywheel.schemas.exceptions import (
     RecordEncodeError,
     SchemaHeaderError,
     SchemaResolutionError,
     UndecodableRecordError,
 )
-from schemas.registry import (
+from hebrus_flywheel.schemas.registry import (
     HEADER_SIZE,
     SINGLE_OBJECT_MAGIC,
     SchemaEntry,

@@ -9,7 +9,7 @@ the record on the quarantine topic with that code.
 
 from __future__ import annotations
 
-from flywheel.errors import FlywheelError
+from hebrus_flywheel.core.errors import FlywheelError
 
 
 class SchemaError(FlywheelError):

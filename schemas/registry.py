@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from fastavro import parse_schema
 from fastavro.schema import SchemaParseException, fingerprint, to_parsing_canonical_form
 
-from schemas.exceptions import (
+from hebrus_flywheel.schemas.exceptions import (
     SchemaConflictError,
     SchemaError,
     SchemaNotFoundError,

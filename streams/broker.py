@@ -37,10 +37,14 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException
 
-from flywheel.errors import ConfigError
-from flywheel.settings import EMBEDDED_BROKER_PORT, EMBEDDED_CONTROLLER_PORT, flywheel_home
-from streams.exceptions import BrokerError, ToolNotFoundError
-from streams.topics import admin_client
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.settings import (
+    EMBEDDED_BROKER_PORT,
+    EMBEDDED_CONTROLLER_PORT,
+    flywheel_home,
+)
+from hebrus_flywheel.streams.exceptions import BrokerError, ToolNotFoundError
+from hebrus_flywheel.streams.topics import admin_client
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
-from flywheel.errors import FlywheelError
-from flywheel.settings import BOOTSTRAP_ENV, bootstrap_servers, flywheel_home
-from streams.broker import BrokerConfig, EmbeddedBroker, is_embedded, probe_metadata
-from streams.topics import CATALOGUE, catalogue, create_topics, describe_topics
+from hebrus_flywheel.core.errors import FlywheelError
+from hebrus_flywheel.core.settings import BOOTSTRAP_ENV, bootstrap_servers, flywheel_home
+from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker, is_embedded, probe_metadata
+from hebrus_flywheel.streams.topics import CATALOGUE, catalogue, create_topics, describe_topics
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -7,7 +7,7 @@ message. Messages say what was wrong and what to do about it.
 
 from __future__ import annotations
 
-from flywheel.errors import FlywheelError
+from hebrus_flywheel.core.errors import FlywheelError
 
 
 class StreamsError(FlywheelError):

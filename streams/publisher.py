@@ -35,14 +35,18 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from flywheel.errors import ConfigError
-from flywheel.settings import bootstrap_servers
-from schemas.codec import encode_entry, kafka_headers
-from schemas.exceptions import RecordEncodeError
-from schemas.registry import SchemaRegistry, default_registry
-from streams import routes, validation
-from streams.exceptions import PublisherClosedError, PublishValidationError, QueueFullError
-from streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.settings import bootstrap_servers
+from hebrus_flywheel.schemas.codec import encode_entry, kafka_headers
+from hebrus_flywheel.schemas.exceptions import RecordEncodeError
+from hebrus_flywheel.schemas.registry import SchemaRegistry, default_registry
+from hebrus_flywheel.streams import routes, validation
+from hebrus_flywheel.streams.exceptions import (
+    PublisherClosedError,
+    PublishValidationError,
+    QueueFullError,
+)
+from hebrus_flywheel.streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
 
 if TYPE_CHECKING:
     from confluent_kafka._types import HeadersType

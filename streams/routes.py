@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from streams.exceptions import PublishValidationError
+from hebrus_flywheel.streams.exceptions import PublishValidationError
 
 if TYPE_CHECKING:
-    from streams.validation import RouteGeometry
+    from hebrus_flywheel.streams.validation import RouteGeometry
 
 ID_DTYPE = np.dtype("<u2")
 WEIGHT_DTYPE = np.dtype("<f4")

@@ -21,8 +21,8 @@ from typing import Any, Literal
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from flywheel.errors import ConfigError
-from streams.exceptions import TopicError
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.exceptions import TopicError
 
 log = logging.getLogger(__name__)
 

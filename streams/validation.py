@@ -28,10 +28,10 @@ from enum import StrEnum
 from itertools import chain, pairwise
 from typing import Any
 
-from flywheel.errors import ConfigError
-from schemas.identity import compute_identity_id
-from streams import routes
-from streams.exceptions import PublishValidationError
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.identity import compute_identity_id
+from hebrus_flywheel.streams import routes
+from hebrus_flywheel.streams.exceptions import PublishValidationError
 
 
 class Reason(StrEnum):

@@ -17,7 +17,7 @@ def teacher_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default tiny Qwen3-Next teacher (with its tokenizer), built once per session."""
     import torch
 
-    from replay.teacher import init_teacher
+    from hebrus_flywheel.replay.teacher import init_teacher
 
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("teacher") / "tiny-qwen3-next"

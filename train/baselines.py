@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from flywheel.errors import ConfigError
-from train.exceptions import BaselineError, BatchError
-from train.metrics import as_numpy, check_train_rows
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.exceptions import BaselineError, BatchError
+from hebrus_flywheel.train.metrics import as_numpy, check_train_rows
 
 HISTORY_METHODS: tuple[str, ...] = ("previous_token", "adjacent_layer", "lru")
 

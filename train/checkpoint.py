@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from consumers.dataset import canonical_json
-from flywheel.errors import ConfigError
-from train.exceptions import CheckpointError
-from train.models import RouteSidecar, SidecarConfig
+from hebrus_flywheel.consumers.dataset import canonical_json
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.exceptions import CheckpointError
+from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig
 
 CHECKPOINT_FORMAT = "hebrus-flywheel-sidecar/v1"
 CHECKPOINT_FILE = "checkpoint.pt"

@@ -23,7 +23,7 @@ from typing import Any
 
 import typer
 
-from flywheel.runner import offline_environment, run_app
+from hebrus_flywheel.core.runner import offline_environment, run_app
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,8 @@ def train_command(
                                          help="Progress bar (default: the config's)."),
 ) -> None:
     """Train a route sidecar on a snapshot's train split (DDP under torchrun)."""
-    from train.config import load_config
-    from train.trainer import train
+    from hebrus_flywheel.train.config import load_config
+    from hebrus_flywheel.train.trainer import train
 
     settings = _overrides(load_config(config), seed=seed, device=device, threads=threads,
                           optim__max_steps=max_steps, data__batch_size=batch_size,
@@ -93,7 +93,7 @@ def evaluate_command(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar."),
 ) -> None:
     """Score every control and the checkpoint on the evaluation splits; print a table."""
-    from train.evaluate import EvaluateConfig, evaluate, write_report
+    from hebrus_flywheel.train.evaluate import EvaluateConfig, evaluate, write_report
 
     settings = EvaluateConfig(splits=tuple(split), batch_size=batch_size, seed=seed,
                               progress=progress)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     main_rank = int(os.environ.get("RANK", "0")) == 0
     logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = typer.Typer(name="train.cli", no_args_is_help=True, add_completion=False,
+    app = typer.Typer(name="hebrus_flywheel.train.cli", no_args_is_help=True, add_completion=False,
                       pretty_exceptions_enable=False)
     app.command("train")(train_command)
     app.command("evaluate")(evaluate_command)

@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from flywheel.configfile import read_toml
-from flywheel.errors import ConfigError
-from train.losses import LossConfig
-from train.metrics import EVALUATION_SPLITS, TRAIN_SPLIT
+from hebrus_flywheel.core.configfile import read_toml
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.losses import LossConfig
+from hebrus_flywheel.train.metrics import EVALUATION_SPLITS, TRAIN_SPLIT
 
 CONTROL_NAMES: tuple[str, ...] = ("random", "frequency", "lru", "previous_token",
                                   "adjacent_layer", "native_gate")

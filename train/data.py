@@ -44,14 +44,14 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from consumers.exceptions import ConsumersError
-from consumers.labels import U8_LEVELS, read_shard_metadata
-from consumers.manifest import load_manifest, manifest_path
-from consumers.shards import sha256_file
-from consumers.verify import verify_snapshot
-from flywheel.errors import ConfigError
-from train.exceptions import SnapshotError
-from train.metrics import NO_DOMAIN, SPLITS
+from hebrus_flywheel.consumers.exceptions import ConsumersError
+from hebrus_flywheel.consumers.labels import U8_LEVELS, read_shard_metadata
+from hebrus_flywheel.consumers.manifest import load_manifest, manifest_path
+from hebrus_flywheel.consumers.shards import sha256_file
+from hebrus_flywheel.consumers.verify import verify_snapshot
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.exceptions import SnapshotError
+from hebrus_flywheel.train.metrics import NO_DOMAIN, SPLITS
 
 _GEOMETRY_CHECKED = ("layers", "top_k", "feature_dim", "weight_encoding", "feature_dtype",
                      "identity_id")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from flywheel.errors import ConfigError
+from hebrus_flywheel.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from flywheel.errors import ConfigError
-from train.baselines import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.baselines import (
     BaselineConfig,
     FrequencyTable,
     HistoryBaselines,
@@ -40,11 +40,16 @@ from train.baselines import (
     RandomBaseline,
     frequency_scores,
 )
-from train.checkpoint import LoadedCheckpoint, load_checkpoint
-from train.data import Snapshot, SnapshotDataset, StreamConfig, batch_splits
-from train.exceptions import BaselineError, CheckpointError, SnapshotError
-from train.metrics import EVALUATION_SPLITS, TRAIN_SPLIT, MetricsAccumulator, MetricsConfig
-from train.models import membership_probability
+from hebrus_flywheel.train.checkpoint import LoadedCheckpoint, load_checkpoint
+from hebrus_flywheel.train.data import Snapshot, SnapshotDataset, StreamConfig, batch_splits
+from hebrus_flywheel.train.exceptions import BaselineError, CheckpointError, SnapshotError
+from hebrus_flywheel.train.metrics import (
+    EVALUATION_SPLITS,
+    TRAIN_SPLIT,
+    MetricsAccumulator,
+    MetricsConfig,
+)
+from hebrus_flywheel.train.models import membership_probability
 
 log = logging.getLogger(__name__)
 REPORT_SCHEMA = "flywheel.train.evaluation.v1"
@@ -113,7 +118,7 @@ def router_weights(teacher: Any) -> RouterWeights:
 
 def teacher_router(teacher_dir: Path, snapshot: Snapshot) -> RouterWeights:
     """Router weights of the snapshot's own teacher (BaselineError for another one)."""
-    from replay.teacher import load_teacher
+    from hebrus_flywheel.replay.teacher import load_teacher
 
     teacher = load_teacher(teacher_dir)
     identity = snapshot.manifest.get("identity") or {}
@@ -133,7 +138,7 @@ class NativeGate:
 
     def __init__(self, router: RouterWeights, snapshot: Snapshot,
                  fill: FrequencyTable | None) -> None:
-        from replay.features import check_contract
+        from hebrus_flywheel.replay.features import check_contract
 
         H, D = router.router_LEH.shape[2], int(snapshot.geometry["feature_dim"])
         contract = snapshot.feature_contract

@@ -10,7 +10,7 @@ qualification, ...) are appended below, never renamed or removed.
 
 from __future__ import annotations
 
-from flywheel.errors import FlywheelError
+from hebrus_flywheel.core.errors import FlywheelError
 
 
 class TrainError(FlywheelError):

@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flywheel.errors import ConfigError
-from train.exceptions import BatchError
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.exceptions import BatchError
 
 
 @dataclass(frozen=True, kw_only=True)

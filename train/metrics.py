@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from flywheel.errors import ConfigError
-from train.exceptions import BatchError, SplitMixingError
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.exceptions import BatchError, SplitMixingError
 
 TRAIN_SPLIT = "train"
 EVALUATION_SPLITS: tuple[str, ...] = (

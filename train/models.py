@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from flywheel.errors import ConfigError
-from train.exceptions import BatchError
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.exceptions import BatchError
 
 Offset = tuple[int, int]
 P1_OFFSETS: tuple[Offset, ...] = ((0, 0), (0, 1))

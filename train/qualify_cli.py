@@ -23,7 +23,7 @@ from typing import Any
 
 import typer
 
-from flywheel.errors import FlywheelError
+from hebrus_flywheel.core.errors import FlywheelError
 
 COLLECTION_FILE = "collection.json"
 
@@ -64,9 +64,9 @@ def qualify_command(
 def _run(*, snapshot: Path, checkpoint: Path, out: Path, teacher: Path | None,
          config: Path | None, rebuild_report: Path | None, streams_summary: Path | None,
          bootstrap: str | None, prefix: str | None, progress: bool) -> tuple[Any, float]:
-    from train.qualify import qualify
-    from train.qualify.collect import CollectRequest, collect_inputs, load_settings
-    from train.qualify.errors import InputError
+    from hebrus_flywheel.train.qualify import qualify
+    from hebrus_flywheel.train.qualify.collect import CollectRequest, collect_inputs, load_settings
+    from hebrus_flywheel.train.qualify.errors import InputError
 
     if streams_summary is not None and bootstrap:
         raise InputError("give --streams-summary or --bootstrap-servers, not both")
@@ -85,7 +85,7 @@ def _run(*, snapshot: Path, checkpoint: Path, out: Path, teacher: Path | None,
 
 
 def _write_collection(out: Path, notes: dict[str, str], timings: dict[str, float]) -> None:
-    from train.qualify.errors import ReportError
+    from hebrus_flywheel.train.qualify.errors import ReportError
 
     body = {"schema": "flywheel.qualify.collection.v1", "sources": dict(sorted(notes.items())),
             "timings_s": {k: round(v, 3) for k, v in sorted(timings.items())}}
@@ -105,7 +105,7 @@ def print_verdicts(outcome: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from train.qualify import decision
+    from hebrus_flywheel.train.qualify import decision
 
     console = Console()
     if not console.is_terminal:

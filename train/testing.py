@@ -32,13 +32,18 @@ from typing import Any
 
 import numpy as np
 
-from consumers.dataset import canonical_json, writer_versions
-from consumers.epochs import EpochBoundary, freeze_offsets
-from consumers.labels import ShardGeometry, SourceRef, pack_rows, shard_metadata
-from consumers.manifest import build_manifest, describe_shards, make_read_only, write_manifest
-from consumers.shards import ShardConfig, ShardName, shard_relpath, write_shard
-from flywheel.errors import ConfigError
-from replay.features import FeatureProjection
+from hebrus_flywheel.consumers.dataset import canonical_json, writer_versions
+from hebrus_flywheel.consumers.epochs import EpochBoundary, freeze_offsets
+from hebrus_flywheel.consumers.labels import ShardGeometry, SourceRef, pack_rows, shard_metadata
+from hebrus_flywheel.consumers.manifest import (
+    build_manifest,
+    describe_shards,
+    make_read_only,
+    write_manifest,
+)
+from hebrus_flywheel.consumers.shards import ShardConfig, ShardName, shard_relpath, write_shard
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.features import FeatureProjection
 
 TOPIC = "flywheel.windows.{split}.v1"
 DOMAINS: tuple[tuple[str, ...], ...] = (("prose",), ("code",), ("prose", "tool_calls"))

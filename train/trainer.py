@@ -28,14 +28,20 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from train import ddp
-from train.checkpoint import HISTORY_FILE, code_version, save_checkpoint
-from train.config import TrainConfig, config_to_dict
-from train.data import Snapshot, SnapshotDataset, StreamConfig, batch_splits, make_loader
-from train.exceptions import SnapshotError
-from train.losses import SidecarLoss
-from train.metrics import check_evaluation_rows, check_train_rows
-from train.models import RouteSidecar, SidecarConfig, rank_candidates
+from hebrus_flywheel.train import ddp
+from hebrus_flywheel.train.checkpoint import HISTORY_FILE, code_version, save_checkpoint
+from hebrus_flywheel.train.config import TrainConfig, config_to_dict
+from hebrus_flywheel.train.data import (
+    Snapshot,
+    SnapshotDataset,
+    StreamConfig,
+    batch_splits,
+    make_loader,
+)
+from hebrus_flywheel.train.exceptions import SnapshotError
+from hebrus_flywheel.train.losses import SidecarLoss
+from hebrus_flywheel.train.metrics import check_evaluation_rows, check_train_rows
+from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig, rank_candidates
 
 log = logging.getLogger(__name__)
 

@@ -51,17 +51,17 @@ from typing import Any
 import faust
 from faust.serializers import codecs
 
-from flywheel.errors import ConfigError
-from flywheel.settings import flywheel_home
-from schemas import codec
-from streams.processors.capture import QUARANTINE, CaptureStage, Emit
-from streams.processors.common import StageCounters
-from streams.processors.dedup import DedupStage
-from streams.processors.identities import IdentityBook
-from streams.processors.pipeline import ProcessorConfig
-from streams.processors.runs import start_run
-from streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
-from streams.processors.window import WindowStage, window_key
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.settings import flywheel_home
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
+from hebrus_flywheel.streams.processors.common import StageCounters
+from hebrus_flywheel.streams.processors.dedup import DedupStage
+from hebrus_flywheel.streams.processors.identities import IdentityBook
+from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
+from hebrus_flywheel.streams.processors.runs import start_run
+from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
+from hebrus_flywheel.streams.processors.window import WindowStage, window_key
 
 log = logging.getLogger(__name__)
 PICKLE_CODEC = "flywheel-pickle"

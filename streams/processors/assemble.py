@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from flywheel.errors import ConfigError
-from streams.processors.common import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.processors.common import (
     Ranges,
     header_key,
     iter_ranges,
@@ -37,8 +37,8 @@ from streams.processors.common import (
     ranges_overlap,
     turn_key,
 )
-from streams.processors.dedup import DedupConfig, content_digest, signature
-from streams.processors.validate import PackedRoutes, Rejection, reject
+from hebrus_flywheel.streams.processors.dedup import DedupConfig, content_digest, signature
+from hebrus_flywheel.streams.processors.validate import PackedRoutes, Rejection, reject
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,16 +17,16 @@ import logging
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, NamedTuple
 
-from streams.processors import assemble as asm
-from streams.processors.common import (
+from hebrus_flywheel.streams.processors import assemble as asm
+from hebrus_flywheel.streams.processors.common import (
     StageCounters,
     counter_key,
     header_key,
     instance_id,
     thread_key,
 )
-from streams.processors.dedup import DedupConfig
-from streams.processors.validate import (
+from hebrus_flywheel.streams.processors.dedup import DedupConfig
+from hebrus_flywheel.streams.processors.validate import (
     PackedRoutes,
     Rejection,
     SourceRef,
@@ -40,7 +40,7 @@ from streams.processors.validate import (
     decode_capture,
     quarantine_record,
 )
-from streams.validation import RouteGeometry
+from hebrus_flywheel.streams.validation import RouteGeometry
 
 log = logging.getLogger(__name__)
 QUARANTINE = "quarantine"

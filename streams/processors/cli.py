@@ -12,12 +12,12 @@ from pathlib import Path
 
 import typer
 
-from flywheel.settings import bootstrap_servers
-from streams.processors.assemble import AssembleConfig
-from streams.processors.dedup import DedupConfig
-from streams.processors.pipeline import ProcessorConfig
-from streams.processors.split import SplitConfig
-from streams.processors.window import WindowConfig
+from hebrus_flywheel.core.settings import bootstrap_servers
+from hebrus_flywheel.streams.processors.assemble import AssembleConfig
+from hebrus_flywheel.streams.processors.dedup import DedupConfig
+from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
+from hebrus_flywheel.streams.processors.split import SplitConfig
+from hebrus_flywheel.streams.processors.window import WindowConfig
 
 streams_app = typer.Typer(
     help="Stream processors: validate → assemble → split → dedup → window.",
@@ -84,7 +84,7 @@ def worker_command(
     data_dir: Path | None = typer.Option(None, help="faust data directory."),
 ) -> None:
     """Run one streams worker (start more with the same --app-id to share partitions)."""
-    from streams.processors.app import StreamsWorker, WorkerConfig
+    from hebrus_flywheel.streams.processors.app import StreamsWorker, WorkerConfig
 
     processors = processor_config(
         salt=salt,
@@ -118,7 +118,7 @@ def inspect_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Per-split thread/window counts, dedup counts and quarantine counts by reason."""
-    from streams.processors.inspect import format_summary, summarize_topics
+    from hebrus_flywheel.streams.processors.inspect import format_summary, summarize_topics
 
     summary = summarize_topics(bootstrap_servers(bootstrap), prefix=prefix, app_id=app_id)
     typer.echo(json.dumps(summary, sort_keys=True) if as_json else format_summary(summary))

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 from datasketch import MinHash, MinHashLSH
 
-from flywheel.errors import ConfigError
-from streams.processors.common import SEP, StageCounters, thread_key
-from streams.processors.split import SplitConfig, assign_split
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.processors.common import SEP, StageCounters, thread_key
+from hebrus_flywheel.streams.processors.split import SplitConfig, assign_split
 
 _SCHEME = "affine32"
 _MIX = np.uint64(0x9E3779B97F4A7C15)

@@ -7,7 +7,7 @@ reach its topics, an inconsistent configuration, or state that cannot be restore
 
 from __future__ import annotations
 
-from streams.exceptions import StreamsError
+from hebrus_flywheel.streams.exceptions import StreamsError
 
 
 class ProcessorError(StreamsError):

@@ -19,13 +19,13 @@ from typing import IO, Any
 
 from confluent_kafka import Producer
 
-from schemas import codec
-from streams.processors.cli import processor_config
-from streams.processors.exceptions import WorkerError
-from streams.processors.inspect import read_topic
-from streams.processors.pipeline import LocalPipeline, ProcessorConfig
-from streams.processors.synthetic import Message, encode_message
-from streams.processors.topology import StreamTopics
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams.processors.cli import processor_config
+from hebrus_flywheel.streams.processors.exceptions import WorkerError
+from hebrus_flywheel.streams.processors.inspect import read_topic
+from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
+from hebrus_flywheel.streams.processors.synthetic import Message, encode_message
+from hebrus_flywheel.streams.processors.topology import StreamTopics
 
 DEFAULT_FLAGS: dict[str, Any] = {
     "salt": "hebrus-flywheel-split-v1",
@@ -61,7 +61,7 @@ class WorkerProcess:
         self.args = [
             sys.executable,
             "-m",
-            "streams.processors.cli",
+            "hebrus_flywheel.streams.processors.cli",
             "worker",
             "--bootstrap-servers",
             bootstrap,

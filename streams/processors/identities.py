@@ -16,11 +16,11 @@ from collections.abc import MutableMapping
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from schemas import codec
-from schemas.exceptions import SchemaError
-from streams.exceptions import PublishValidationError
-from streams.processors.exceptions import WorkerError
-from streams.validation import RouteGeometry, validate_identity
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.schemas.exceptions import SchemaError
+from hebrus_flywheel.streams.exceptions import PublishValidationError
+from hebrus_flywheel.streams.processors.exceptions import WorkerError
+from hebrus_flywheel.streams.validation import RouteGeometry, validate_identity
 
 log = logging.getLogger(__name__)
 

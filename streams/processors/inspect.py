@@ -18,10 +18,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
-from schemas import codec
-from schemas.exceptions import SchemaError
-from streams.processors.exceptions import InspectError
-from streams.processors.topology import DEFAULT_APP_ID, StreamTopics
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.schemas.exceptions import SchemaError
+from hebrus_flywheel.streams.processors.exceptions import InspectError
+from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics
 
 
 def _consumer(bootstrap: str) -> Consumer:

@@ -26,16 +26,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flywheel.errors import ConfigError
-from streams.processors.assemble import AssembleConfig
-from streams.processors.capture import QUARANTINE, SUMMARY, CaptureStage, Emit
-from streams.processors.common import StageCounters, canonical_json, sha256_hex
-from streams.processors.dedup import DedupConfig, DedupStage
-from streams.processors.split import SplitConfig
-from streams.processors.validate import ValidateConfig
-from streams.processors.window import WindowConfig, WindowStage
-from streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
-from streams.validation import RouteGeometry
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.processors.assemble import AssembleConfig
+from hebrus_flywheel.streams.processors.capture import QUARANTINE, SUMMARY, CaptureStage, Emit
+from hebrus_flywheel.streams.processors.common import StageCounters, canonical_json, sha256_hex
+from hebrus_flywheel.streams.processors.dedup import DedupConfig, DedupStage
+from hebrus_flywheel.streams.processors.split import SplitConfig
+from hebrus_flywheel.streams.processors.validate import ValidateConfig
+from hebrus_flywheel.streams.processors.window import WindowConfig, WindowStage
+from hebrus_flywheel.streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
+from hebrus_flywheel.streams.validation import RouteGeometry
 
 _STAGE_TYPES: dict[str, type] = {
     "validate": ValidateConfig, "assemble": AssembleConfig, "split": SplitConfig,

@@ -33,15 +33,15 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from streams.processors.exceptions import InspectError, WorkerError
-from streams.processors.inspect import read_topic
-from streams.processors.pipeline import (
+from hebrus_flywheel.streams.processors.exceptions import InspectError, WorkerError
+from hebrus_flywheel.streams.processors.inspect import read_topic
+from hebrus_flywheel.streams.processors.pipeline import (
     ProcessorConfig,
     config_from_json,
     config_id,
     config_to_json,
 )
-from streams.topics import admin_client
+from hebrus_flywheel.streams.topics import admin_client
 
 log = logging.getLogger(__name__)
 

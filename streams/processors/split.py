@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flywheel.errors import ConfigError
-from streams.processors.common import unit_interval
-from streams.topics import SPLITS
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.processors.common import unit_interval
+from hebrus_flywheel.streams.topics import SPLITS
 
 EVALUATION_SPLITS: tuple[str, ...] = tuple(s for s in SPLITS if s != "train")
 STRESS_TAGS: tuple[str, ...] = (

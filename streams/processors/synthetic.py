@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from flywheel.errors import ConfigError
-from schemas import codec
-from schemas.identity import with_identity_id
-from streams.routes import is_packed, pack_routes
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.identity import with_identity_id
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams.routes import is_packed, pack_routes
 
 Message = tuple[str, bytes, dict[str, Any]]
 """``(kind, key, record)`` with kind transcripts | observations | identities."""

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streams.processors.exceptions import WorkerError
-from streams.topics import (
+from hebrus_flywheel.streams.processors.exceptions import WorkerError
+from hebrus_flywheel.streams.topics import (
     IDENTITIES_TOPIC,
     OBSERVATIONS_TOPIC,
     QUARANTINE_TOPIC,

@@ -22,14 +22,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from flywheel.errors import ConfigError
-from schemas import codec
-from schemas.exceptions import SchemaError
-from schemas.registry import SchemaEntry, SchemaKey, default_registry
-from streams import routes
-from streams import validation as sv
-from streams.exceptions import PublishValidationError
-from streams.validation import RouteGeometry
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.schemas.exceptions import SchemaError
+from hebrus_flywheel.schemas.registry import SchemaEntry, SchemaKey, default_registry
+from hebrus_flywheel.streams import routes
+from hebrus_flywheel.streams import validation as sv
+from hebrus_flywheel.streams.exceptions import PublishValidationError
+from hebrus_flywheel.streams.validation import RouteGeometry
 
 PROCESSOR_REASONS: dict[str, str] = {
     "oversized": "the message is larger than the configured maximum record size",

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from flywheel.errors import ConfigError
-from streams.processors import assemble as asm
-from streams.processors.common import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.processors import assemble as asm
+from hebrus_flywheel.streams.processors.common import (
     StageCounters,
     canonical_json,
     header_key,

@@ -16,9 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from train.baselines import BaselineConfig, FrequencyTable, HistoryBaselines, RandomBaseline
-from train.metrics import MetricsAccumulator, MetricsConfig
-from train.sim import (
+from hebrus_flywheel.train.baselines import (
+    BaselineConfig,
+    FrequencyTable,
+    HistoryBaselines,
+    RandomBaseline,
+)
+from hebrus_flywheel.train.metrics import MetricsAccumulator, MetricsConfig
+from hebrus_flywheel.train.sim import (
     DecodeTrace,
     PredictionBuilder,
     SimConfig,

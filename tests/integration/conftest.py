@@ -16,10 +16,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import pytest
 
-from flywheel.settings import BOOTSTRAP_ENV
-from streams.broker import BrokerConfig, EmbeddedBroker, probe_metadata
-from streams.exceptions import BrokerError
-from streams.topics import TopicSpec, catalogue, create_topics, delete_topics
+from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
+from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker, probe_metadata
+from hebrus_flywheel.streams.exceptions import BrokerError
+from hebrus_flywheel.streams.topics import TopicSpec, catalogue, create_topics, delete_topics
 
 
 @pytest.fixture(scope="session")

@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer
 from typer.testing import CliRunner
 
-from flywheel.settings import BOOTSTRAP_ENV
-from streams.broker import BrokerConfig, EmbeddedBroker, find_java, probe_metadata
-from streams.cli import broker_app, topics_app
-from streams.exceptions import ToolNotFoundError, TopicError
-from streams.topics import (
+from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
+from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker, find_java, probe_metadata
+from hebrus_flywheel.streams.cli import broker_app, topics_app
+from hebrus_flywheel.streams.exceptions import ToolNotFoundError, TopicError
+from hebrus_flywheel.streams.topics import (
     IDENTITIES_TOPIC,
     TRANSCRIPTS_TOPIC,
     TopicSpec,

@@ -22,13 +22,13 @@ import pytest
 import torch
 from confluent_kafka import Consumer
 
-from replay.capture import CaptureConfig
-from replay.capture_cli import run_capture
-from replay.synthetic import generate_threads
-from replay.teacher import load_teacher
-from schemas.identity import compute_identity_id
-from schemas.registry import HEADER_SIZE, default_registry
-from streams import topics
+from hebrus_flywheel.core.identity import compute_identity_id
+from hebrus_flywheel.replay.capture import CaptureConfig
+from hebrus_flywheel.replay.capture_cli import run_capture
+from hebrus_flywheel.replay.synthetic import generate_threads
+from hebrus_flywheel.replay.teacher import load_teacher
+from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
+from hebrus_flywheel.streams import topics
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from confluent_kafka import Consumer, Message
 
-from schemas.codec import decode_message, kafka_headers
-from schemas.identity import with_identity_id
-from streams.publisher import PublisherConfig, RuntimePublisher
-from streams.routes import pack_routes, route_arrays
+from hebrus_flywheel.core.identity import with_identity_id
+from hebrus_flywheel.schemas.codec import decode_message, kafka_headers
+from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
+from hebrus_flywheel.streams.routes import pack_routes, route_arrays
 
 pytestmark = pytest.mark.integration
 

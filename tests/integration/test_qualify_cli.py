@@ -16,8 +16,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from train.qualify_cli import qualify_command
-from train.testing import PlantedConfig, PlantedSnapshot, make_writable, write_planted_snapshot
+from hebrus_flywheel.train.qualify_cli import qualify_command
+from hebrus_flywheel.train.testing import (
+    PlantedConfig,
+    PlantedSnapshot,
+    make_writable,
+    write_planted_snapshot,
+)
 
 PLANTED = PlantedConfig(threads={"train": 6, "validation": 2, "temporal_holdout": 2,
                                  "runtime_holdout": 2},
@@ -60,8 +65,8 @@ device = "2-core CPU"
 @pytest.fixture(scope="module")
 def artefacts(tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[tuple[PlantedSnapshot, Path]]:
-    from train.config import load_config
-    from train.trainer import train
+    from hebrus_flywheel.train.config import load_config
+    from hebrus_flywheel.train.trainer import train
 
     root = tmp_path_factory.mktemp("qualify")
     snapshot = write_planted_snapshot(root / "data", PLANTED)

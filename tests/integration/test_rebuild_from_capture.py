@@ -22,22 +22,22 @@ from typing import Any
 
 import pytest
 
-from consumers.capture_check import check_windows, regenerate
-from consumers.exceptions import RebuildError
-from consumers.kafka_io import end_offsets, read_ranges
-from consumers.rebuild import RebuildConfig, rebuild_snapshot
-from consumers.seal import SealConfig, SealResult, seal_epoch
-from consumers.shards import ShardConfig
-from consumers.verify import verify_snapshot
-from consumers.worker import ReplayWorker, ReplayWorkerConfig
-from replay.capture import CaptureConfig
-from replay.capture_cli import run_capture
-from replay.synthetic import generate_threads
-from schemas import codec
-from streams.processors.harness import WorkerProcess, wait_until
-from streams.processors.runs import group_members, read_runs
-from streams.processors.topology import StreamTopics
-from streams.topics import OBSERVATIONS_TOPIC, STREAMS_RUNS_TOPIC, catalogue
+from hebrus_flywheel.consumers.capture_check import check_windows, regenerate
+from hebrus_flywheel.consumers.exceptions import RebuildError
+from hebrus_flywheel.consumers.kafka_io import end_offsets, read_ranges
+from hebrus_flywheel.consumers.rebuild import RebuildConfig, rebuild_snapshot
+from hebrus_flywheel.consumers.seal import SealConfig, SealResult, seal_epoch
+from hebrus_flywheel.consumers.shards import ShardConfig
+from hebrus_flywheel.consumers.verify import verify_snapshot
+from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
+from hebrus_flywheel.replay.capture import CaptureConfig
+from hebrus_flywheel.replay.capture_cli import run_capture
+from hebrus_flywheel.replay.synthetic import generate_threads
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams.processors.harness import WorkerProcess, wait_until
+from hebrus_flywheel.streams.processors.runs import group_members, read_runs
+from hebrus_flywheel.streams.processors.topology import StreamTopics
+from hebrus_flywheel.streams.topics import OBSERVATIONS_TOPIC, STREAMS_RUNS_TOPIC, catalogue
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -104,7 +104,7 @@ def _replay_and_seal(bootstrap: str, prefix: str, teacher_dir: Path, teacher: An
 @pytest.fixture(scope="module")
 def chain(topic_factory: Any, teacher_dir: Path,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
-    from replay.teacher import load_teacher
+    from hebrus_flywheel.replay.teacher import load_teacher
 
     bootstrap, prefix = topic_factory.bootstrap, f"{topic_factory.prefix}cap."
     topic_factory.create(catalogue(prefix))

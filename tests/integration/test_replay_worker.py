@@ -19,19 +19,19 @@ import duckdb
 import numpy as np
 import pytest
 
-from consumers.kafka_io import committed_offsets, end_offsets, read_ranges
-from consumers.labels import U8_MAX_ABS_ERROR, dequantize_weights_u8
-from consumers.shards import STAGING_DIR, ShardConfig, iter_shards, sha256_file
-from consumers.testing import (
+from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets, read_ranges
+from hebrus_flywheel.consumers.labels import U8_MAX_ABS_ERROR, dequantize_weights_u8
+from hebrus_flywheel.consumers.shards import STAGING_DIR, ShardConfig, iter_shards, sha256_file
+from hebrus_flywheel.consumers.testing import (
     WorkerProcess,
     corpus_token_ids,
     make_window,
     publish_windows,
     thread_windows,
 )
-from consumers.worker import ReplayWorker, ReplayWorkerConfig
-from schemas import codec
-from streams.topics import QUARANTINE_TOPIC, catalogue, window_topic
+from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams.topics import QUARANTINE_TOPIC, catalogue, window_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -40,14 +40,14 @@ SHARD = ShardConfig(offsets_per_shard=4, row_group_rows=4)
 
 @pytest.fixture(scope="module")
 def teacher(teacher_dir: Path) -> Any:
-    from replay.teacher import load_teacher
+    from hebrus_flywheel.replay.teacher import load_teacher
 
     return load_teacher(teacher_dir)
 
 
 @pytest.fixture(scope="module")
 def identity_id(teacher: Any) -> str:
-    from replay.runtime_identity import build_runtime_identity
+    from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
 
     return str(build_runtime_identity(teacher)["identity_id"])
 
@@ -126,7 +126,7 @@ def test_worker_writes_one_shard_per_full_block_and_commits_its_end(
 
 
 def test_shard_labels_equal_a_direct_engine_replay(e2e: EndToEnd, teacher: Any) -> None:
-    from replay.prefill import PrefillReplayer
+    from hebrus_flywheel.replay.prefill import PrefillReplayer
 
     rows = duckdb.sql(
         f"SELECT split, window_id, token_ordinal, expert_ids, weights_u8, features "

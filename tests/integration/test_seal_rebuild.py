@@ -26,17 +26,22 @@ import duckdb
 import numpy as np
 import pytest
 
-from consumers.control import ControlChannel
-from consumers.exceptions import SealError
-from consumers.kafka_io import committed_offsets, end_offsets
-from consumers.labels import dequantize_weights_u8
-from consumers.rebuild import RebuildConfig, rebuild_snapshot
-from consumers.seal import SealConfig, SealResult, seal_epoch
-from consumers.shards import ShardConfig
-from consumers.testing import corpus_token_ids, holdout_window, publish_windows, thread_windows
-from consumers.verify import verify_snapshot
-from consumers.worker import ReplayWorker, ReplayWorkerConfig
-from streams.topics import CONTROL_TOPIC, SPLITS, catalogue, window_topic
+from hebrus_flywheel.consumers.control import ControlChannel
+from hebrus_flywheel.consumers.exceptions import SealError
+from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets
+from hebrus_flywheel.consumers.labels import dequantize_weights_u8
+from hebrus_flywheel.consumers.rebuild import RebuildConfig, rebuild_snapshot
+from hebrus_flywheel.consumers.seal import SealConfig, SealResult, seal_epoch
+from hebrus_flywheel.consumers.shards import ShardConfig
+from hebrus_flywheel.consumers.testing import (
+    corpus_token_ids,
+    holdout_window,
+    publish_windows,
+    thread_windows,
+)
+from hebrus_flywheel.consumers.verify import verify_snapshot
+from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
+from hebrus_flywheel.streams.topics import CONTROL_TOPIC, SPLITS, catalogue, window_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -68,8 +73,8 @@ def _publish_epoch0(bootstrap: str, prefix: str, teacher: Any, ident: str,
 @pytest.fixture(scope="module")
 def scenario(topic_factory: Any, teacher_dir: Path,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
-    from replay.runtime_identity import build_runtime_identity
-    from replay.teacher import load_teacher
+    from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
+    from hebrus_flywheel.replay.teacher import load_teacher
 
     teacher = load_teacher(teacher_dir)
     ident = str(build_runtime_identity(teacher)["identity_id"])

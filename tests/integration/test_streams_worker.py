@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from streams.processors.dedup import DedupConfig, minhash_of
-from streams.processors.harness import (
+from hebrus_flywheel.streams.processors.dedup import DedupConfig, minhash_of
+from hebrus_flywheel.streams.processors.harness import (
     WorkerProcess,
     expected_pipeline,
     produce,
@@ -28,9 +28,9 @@ from streams.processors.harness import (
     window_pairs,
     worker_processor_config,
 )
-from streams.processors.inspect import read_topic, summarize_topics
-from streams.processors.split import SplitConfig, owner_split
-from streams.processors.synthetic import (
+from hebrus_flywheel.streams.processors.inspect import read_topic, summarize_topics
+from hebrus_flywheel.streams.processors.split import SplitConfig, owner_split
+from hebrus_flywheel.streams.processors.synthetic import (
     ProducerClock,
     ThreadSpec,
     encode_message,
@@ -39,9 +39,9 @@ from streams.processors.synthetic import (
     random_specs,
     thread_messages,
 )
-from streams.processors.topology import StreamTopics
-from streams.routes import to_v1
-from streams.topics import catalogue
+from hebrus_flywheel.streams.processors.topology import StreamTopics
+from hebrus_flywheel.streams.routes import to_v1
+from hebrus_flywheel.streams.topics import catalogue
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -295,7 +295,7 @@ def test_records_from_the_runtime_publisher_become_the_expected_windows(
     topic_factory: Any, tmp_path: Path
 ) -> None:
     pytest.importorskip("cramjam", reason="aiokafka needs cramjam to read lz4 batches")
-    from streams.publisher import PublisherConfig, RuntimePublisher
+    from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 
     setup = Setup(topic_factory, f"pub{uuid.uuid4().hex[:6]}")
     messages = capture_messages(8, seed=4)

@@ -20,9 +20,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from train.cli import evaluate_command, train_command
-from train.exceptions import BaselineError
-from train.testing import PlantedConfig, PlantedSnapshot, make_writable, write_planted_snapshot
+from hebrus_flywheel.train.cli import evaluate_command, train_command
+from hebrus_flywheel.train.exceptions import BaselineError
+from hebrus_flywheel.train.testing import (
+    PlantedConfig,
+    PlantedSnapshot,
+    make_writable,
+    write_planted_snapshot,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +39,9 @@ PLANTED = PlantedConfig(threads={"train": 4, "validation": 2, "temporal_holdout"
 @pytest.fixture(scope="module")
 def teacher_snapshot(teacher_dir: Path, tmp_path_factory: pytest.TempPathFactory
                      ) -> Iterator[tuple[PlantedSnapshot, dict[str, Any]]]:
-    from replay.runtime_identity import build_runtime_identity
-    from replay.teacher import load_teacher
-    from train.evaluate import router_weights
+    from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
+    from hebrus_flywheel.replay.teacher import load_teacher
+    from hebrus_flywheel.train.evaluate import router_weights
 
     teacher = load_teacher(teacher_dir)
     router = router_weights(teacher)
@@ -83,7 +88,7 @@ def test_evaluate_with_the_teacher_finds_the_native_routes(
 def test_evaluate_refuses_a_teacher_that_is_not_the_snapshots(
         teacher_snapshot: tuple[PlantedSnapshot, dict[str, Any]], teacher_dir: Path,
         tmp_path: Path) -> None:
-    from train.evaluate import EvaluateConfig, evaluate
+    from hebrus_flywheel.train.evaluate import EvaluateConfig, evaluate
 
     _, identity = teacher_snapshot
     other = write_planted_snapshot(tmp_path / "other", dataclasses.replace(PLANTED, seed=3),

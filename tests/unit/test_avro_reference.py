@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from fastavro.utils import generate_many
 
-from schemas.codec import decode, encode
-from schemas.registry import HEADER_SIZE, SchemaEntry, default_registry
-from streams.routes import pack_routes
+from hebrus_flywheel.schemas.codec import decode, encode
+from hebrus_flywheel.schemas.registry import HEADER_SIZE, SchemaEntry, default_registry
+from hebrus_flywheel.streams.routes import pack_routes
 
 _ENTRIES = {f"{e.short_name}.v{e.key.version}": e for e in default_registry()}
 """Every kept version of every schema (RouteObservation.v1 and .v2 both)."""

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from fastavro.utils import generate_many
 
-from flywheel.errors import FlywheelError
-from schemas.codec import (
+from hebrus_flywheel.core.errors import FlywheelError
+from hebrus_flywheel.core.identity import with_identity_id
+from hebrus_flywheel.schemas.codec import (
     CONTENT_TYPE,
     decode,
     decode_message,
@@ -24,7 +25,7 @@ from schemas.codec import (
     read_kafka_headers,
     writer_entry,
 )
-from schemas.exceptions import (
+from hebrus_flywheel.schemas.exceptions import (
     RecordEncodeError,
     SchemaConflictError,
     SchemaError,
@@ -35,15 +36,14 @@ from schemas.exceptions import (
     UndecodableRecordError,
     UnknownFingerprintError,
 )
-from schemas.identity import with_identity_id
-from schemas.registry import (
+from hebrus_flywheel.schemas.registry import (
     HEADER_SIZE,
     SCHEMA_DIR,
     SchemaKey,
     SchemaRegistry,
     default_registry,
 )
-from streams.routes import pack_routes, route_arrays, to_v1
+from hebrus_flywheel.streams.routes import pack_routes, route_arrays, to_v1
 
 NS = "hebrus.flywheel.v1"
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from consumers.control import ControlState, _encode, boundary_record, intent_record
-from consumers.epochs import EpochBoundary, freeze_offsets
-from consumers.exceptions import ControlError
+from hebrus_flywheel.consumers.control import ControlState, _encode, boundary_record, intent_record
+from hebrus_flywheel.consumers.epochs import EpochBoundary, freeze_offsets
+from hebrus_flywheel.consumers.exceptions import ControlError
 
 
 def _boundary(capture: dict[str, dict[int, int]]) -> EpochBoundary:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.errors import FlywheelError
-from replay.conversations import (
+from hebrus_flywheel.core.errors import FlywheelError
+from hebrus_flywheel.replay.conversations import (
     Message,
     Thread,
     ToolCall,
@@ -18,7 +18,7 @@ from replay.conversations import (
     to_chat_messages,
     write_threads,
 )
-from replay.exceptions import ConversationFormatError, ReplayError
+from hebrus_flywheel.replay.exceptions import ConversationFormatError, ReplayError
 
 
 def _thread(owner: str = "owner-0001", thread_id: str = "thread-00001") -> Thread:

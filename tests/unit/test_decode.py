@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from flywheel.errors import ConfigError
-from replay.decode import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.decode import (
     FINISH_EOS,
     FINISH_FORCED,
     FINISH_LENGTH,
@@ -24,8 +24,8 @@ from replay.decode import (
     SamplingConfig,
     sample_token,
 )
-from replay.exceptions import DecodeError
-from replay.teacher import Teacher, TeacherPreset, init_teacher, load_teacher
+from hebrus_flywheel.replay.exceptions import DecodeError
+from hebrus_flywheel.replay.teacher import Teacher, TeacherPreset, init_teacher, load_teacher
 
 WEIGHT_ATOL = 1e-5
 PREFIX = [(7 * i + 3) % 4000 + 5 for i in range(70)]  # crosses the 64-token chunk boundary

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from replay.experts import TILE_ROWS, tiled_mm_experts_forward
+from hebrus_flywheel.replay.experts import TILE_ROWS, tiled_mm_experts_forward
 
 E, H, INTER, K = 64, 32, 8, 4
 
@@ -91,7 +91,7 @@ def test_a_token_gets_the_same_bits_alone_and_in_any_batch() -> None:
 
 def test_the_one_token_shortcut_gives_the_bits_of_the_general_packing(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import replay.experts as experts_module
+    import hebrus_flywheel.replay.experts as experts_module
 
     experts = Experts(transposed=False, bias=False)
     forward = MethodType(tiled_mm_experts_forward, experts)

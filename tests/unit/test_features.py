@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flywheel.errors import ConfigError
-from replay.features import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.features import (
     FeatureProjection,
     check_contract,
     projection_digest,

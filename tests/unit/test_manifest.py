@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from consumers.epochs import EpochBoundary, freeze_offsets
-from consumers.exceptions import ManifestError, SealError, VerifyError
-from consumers.labels import ShardGeometry, SourceRef, pack_rows, shard_metadata
-from consumers.manifest import (
+from hebrus_flywheel.consumers.epochs import EpochBoundary, freeze_offsets
+from hebrus_flywheel.consumers.exceptions import ManifestError, SealError, VerifyError
+from hebrus_flywheel.consumers.labels import ShardGeometry, SourceRef, pack_rows, shard_metadata
+from hebrus_flywheel.consumers.manifest import (
     MANIFEST_FILE,
     build_manifest,
     check_ranges,
@@ -25,10 +25,10 @@ from consumers.manifest import (
     manifest_digest,
     write_manifest,
 )
-from consumers.seal import SealConfig, check_policy, resolve_parity
-from consumers.shards import ShardConfig, ShardName, shard_relpath, write_shard
-from consumers.testing import synthetic_labels
-from consumers.verify import verify_snapshot
+from hebrus_flywheel.consumers.seal import SealConfig, check_policy, resolve_parity
+from hebrus_flywheel.consumers.shards import ShardConfig, ShardName, shard_relpath, write_shard
+from hebrus_flywheel.consumers.testing import synthetic_labels
+from hebrus_flywheel.consumers.verify import verify_snapshot
 
 TOPIC = "flywheel.windows.train.v1"
 GEOMETRY = ShardGeometry(layers=4, top_k=10, feature_dim=16, hidden_dim=64)

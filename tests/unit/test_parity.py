@@ -12,15 +12,20 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from flywheel.errors import ConfigError
-from replay.decode import DecodeRuntime
-from replay.exceptions import ParityError
-from replay.features import AnchorCapture
-from replay.parity import ParityConfig, ParityResult, captured_routes, run_parity
-from replay.parity_cli import format_table, parity_command, read_window_file, write_window_file
-from replay.prefill import PrefillReplayer, ReplayConfig
-from replay.routing import topk_weights
-from replay.teacher import Teacher, load_teacher
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.decode import DecodeRuntime
+from hebrus_flywheel.replay.exceptions import ParityError
+from hebrus_flywheel.replay.features import AnchorCapture
+from hebrus_flywheel.replay.parity import ParityConfig, ParityResult, captured_routes, run_parity
+from hebrus_flywheel.replay.parity_cli import (
+    format_table,
+    parity_command,
+    read_window_file,
+    write_window_file,
+)
+from hebrus_flywheel.replay.prefill import PrefillReplayer, ReplayConfig
+from hebrus_flywheel.replay.routing import topk_weights
+from hebrus_flywheel.replay.teacher import Teacher, load_teacher
 from tests.unit.test_prefill import history, make_window
 
 # (prefix length, decoded tokens) per window; the first crosses the 64-token chunk.

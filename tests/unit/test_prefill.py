@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from flywheel.errors import ConfigError
-from replay.exceptions import WindowFormatError, WindowIdentityError
-from replay.features import AnchorCapture
-from replay.prefill import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.exceptions import WindowFormatError, WindowIdentityError
+from hebrus_flywheel.replay.features import AnchorCapture
+from hebrus_flywheel.replay.prefill import (
     PrefillReplayer,
     ReplayConfig,
     WindowLabels,
@@ -23,7 +23,7 @@ from replay.prefill import (
     padded_length,
     plan_batches,
 )
-from replay.teacher import Teacher, load_teacher
+from hebrus_flywheel.replay.teacher import Teacher, load_teacher
 
 LABEL_FIELDS = ("anchor_ordinals_A", "token_ids_A", "expert_ids_ALK", "weights_ALK",
                 "margins_AL", "features_ALD")

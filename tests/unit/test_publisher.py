@@ -13,13 +13,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flywheel.errors import ConfigError
-from schemas.codec import decode_message
-from schemas.identity import with_identity_id
-from streams import routes
-from streams.exceptions import PublisherClosedError, PublishValidationError, QueueFullError
-from streams.publisher import PublisherConfig, RuntimePublisher
-from streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.identity import with_identity_id
+from hebrus_flywheel.schemas.codec import decode_message
+from hebrus_flywheel.streams import routes
+from hebrus_flywheel.streams.exceptions import (
+    PublisherClosedError,
+    PublishValidationError,
+    QueueFullError,
+)
+from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
+from hebrus_flywheel.streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
 
 UNREACHABLE = "127.0.0.1:1"
 MAX_BLOCK_MS = 200.0

@@ -15,20 +15,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flywheel.errors import ConfigError
-from replay.parity import ParityResult
-from train.qualify import collect_data as data
-from train.qualify import collect_model as model
-from train.qualify import gate2_integrity
-from train.qualify.collect import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.parity import ParityResult
+from hebrus_flywheel.train.qualify import collect_data as data
+from hebrus_flywheel.train.qualify import collect_model as model
+from hebrus_flywheel.train.qualify import gate2_integrity
+from hebrus_flywheel.train.qualify.collect import (
     checkpoint_lineage,
     load_settings,
     settings_from_mapping,
 )
-from train.qualify.config import IntegrityGateConfig
-from train.qualify.errors import InputError
-from train.qualify.inputs import Geometry, Identity, QualificationInputs
-from train.testing import PlantedConfig, make_writable, write_planted_snapshot
+from hebrus_flywheel.train.qualify.config import IntegrityGateConfig
+from hebrus_flywheel.train.qualify.errors import InputError
+from hebrus_flywheel.train.qualify.inputs import Geometry, Identity, QualificationInputs
+from hebrus_flywheel.train.testing import PlantedConfig, make_writable, write_planted_snapshot
 
 PLANTED = PlantedConfig(threads={"train": 3, "validation": 2, "runtime_holdout": 3},
                         tokens_per_thread=20, anchors_per_window=6, layers=3, experts=16,
@@ -248,7 +248,7 @@ def test_predictions_are_ready_at_their_source_layer() -> None:
 def test_sidecar_ranking_is_the_model_score_order(snapshot: data.SnapshotInfo) -> None:
     import torch
 
-    from train.models import RouteSidecar, p1_config
+    from hebrus_flywheel.train.models import RouteSidecar, p1_config
 
     torch.manual_seed(0)
     sidecar = RouteSidecar(p1_config(feature_dim=8, rank=4, hidden=8, layer_count=3,

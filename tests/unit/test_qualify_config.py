@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from flywheel.errors import ConfigError
-from train.qualify import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.qualify import (
     DecodeGateConfig,
     FalsifierConfig,
     IntegrityGateConfig,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from train.qualify import (
+from hebrus_flywheel.train.qualify import (
     FALSIFIED,
     NOT_FALSIFIED,
     NOT_MEASURABLE,
@@ -21,7 +21,7 @@ from train.qualify import (
     evaluate_falsifiers,
     inputs_from_mapping,
 )
-from train.qualify.falsifiers_io import cold_roofline, reference_rows
+from hebrus_flywheel.train.qualify.falsifiers_io import cold_roofline, reference_rows
 
 FIXTURE = Path(__file__).resolve().parents[1] / "assets" / "qualify_inputs.json"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from train.qualify import (
+from hebrus_flywheel.train.qualify import (
     FAIL,
     NOT_MEASURABLE,
     PASS,
@@ -35,7 +35,7 @@ from train.qualify import (
     gate6_promotion,
     inputs_from_mapping,
 )
-from train.qualify.verdict import Check, combine
+from hebrus_flywheel.train.qualify.verdict import Check, combine
 
 FIXTURE = Path(__file__).resolve().parents[1] / "assets" / "qualify_inputs.json"
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from flywheel.errors import ConfigError
-from train.exceptions import TrainError
-from train.qualify import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.exceptions import TrainError
+from hebrus_flywheel.train.qualify import (
     DecodeEvidence,
     InputError,
     OfflineEvidence,
@@ -156,7 +156,12 @@ def test_overlaps_are_recomputed_from_explicit_id_sets() -> None:
 
 
 def test_python_callers_may_pass_plain_lists() -> None:
-    from train.qualify import IntegrityEvidence, Overlap, ShadowEvidence, SplitIntegrity
+    from hebrus_flywheel.train.qualify import (
+        IntegrityEvidence,
+        Overlap,
+        ShadowEvidence,
+        SplitIntegrity,
+    )
 
     inputs = load_inputs(FIXTURE)
     shadow = inputs.shadow_io

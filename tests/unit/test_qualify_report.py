@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import matplotlib.image
 import pytest
 
-from train.qualify import (
+from hebrus_flywheel.train.qualify import (
     CLAIM_BOUNDARY,
     PLOT_TITLES,
     ReportError,

@@ -9,17 +9,22 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models
 
-from replay.conversations import Message, Thread, ToolCall, to_chat_messages
-from replay.exceptions import RenderError, TokenizerError
-from replay.render import (
+from hebrus_flywheel.replay.conversations import Message, Thread, ToolCall, to_chat_messages
+from hebrus_flywheel.replay.exceptions import RenderError, TokenizerError
+from hebrus_flywheel.replay.render import (
     SEGMENT_KINDS,
     RenderedThread,
     prompt_and_targets,
     render_text,
     render_thread,
 )
-from replay.synthetic import SyntheticConfig, generate_threads
-from replay.tokenizer import LoadedTokenizer, build_tokenizer, load_hf_tokenizer, load_tokenizer
+from hebrus_flywheel.replay.synthetic import SyntheticConfig, generate_threads
+from hebrus_flywheel.replay.tokenizer import (
+    LoadedTokenizer,
+    build_tokenizer,
+    load_hf_tokenizer,
+    load_tokenizer,
+)
 
 STRESS = SyntheticConfig(code_share=0.6, tool_share=0.6, multilingual_share=0.5,
                          long_reasoning_share=0.3, unusual_length_share=0.2)

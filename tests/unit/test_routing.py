@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from flywheel.errors import FlywheelError
-from replay.exceptions import RoutingError
-from replay.routing import (
+from hebrus_flywheel.core.errors import FlywheelError
+from hebrus_flywheel.replay.exceptions import RoutingError
+from hebrus_flywheel.replay.routing import (
     TIE_BREAK_RULE,
     WEIGHT_SOFTMAX_TOPK,
     WEIGHT_SOFTMAX_TOPK_RENORMALIZED,

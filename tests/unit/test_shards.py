@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from consumers.epochs import EpochBoundary, EpochPlan, freeze_offsets
-from consumers.exceptions import ShardError
-from consumers.intake import PartitionLog, classify
-from consumers.labels import (
+from hebrus_flywheel.consumers.epochs import EpochBoundary, EpochPlan, freeze_offsets
+from hebrus_flywheel.consumers.exceptions import ShardError
+from hebrus_flywheel.consumers.intake import PartitionLog, classify
+from hebrus_flywheel.consumers.labels import (
     SHARD_METADATA_KEY,
     U8_MAX_ABS_ERROR,
     ShardGeometry,
@@ -30,7 +30,7 @@ from consumers.labels import (
     shard_metadata,
     shard_schema,
 )
-from consumers.shards import (
+from hebrus_flywheel.consumers.shards import (
     STAGING_DIR,
     ShardConfig,
     ShardName,
@@ -38,8 +38,8 @@ from consumers.shards import (
     sha256_file,
     write_shard,
 )
-from consumers.testing import make_window, router_labels, synthetic_labels
-from schemas import codec
+from hebrus_flywheel.consumers.testing import make_window, router_labels, synthetic_labels
+from hebrus_flywheel.schemas import codec
 
 L, K, D, H = 4, 10, 16, 64
 GEOMETRY = ShardGeometry(layers=L, top_k=K, feature_dim=D, hidden_dim=H)
@@ -151,7 +151,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from test_shards import items, table_for
-from consumers.shards import ShardConfig, write_shard
+from hebrus_flywheel.consumers.shards import ShardConfig, write_shard
 write_shard(Path({root!r}), "epoch=0/split=train/x.parquet", table_for(items()),
             ShardConfig(row_group_rows=4), windows=3)
 """

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from flywheel.errors import ConfigError, FlywheelError
-from train.exceptions import TrainError
-from train.sim import SimConfig, SimulationError, TraceError
+from hebrus_flywheel.core.errors import ConfigError, FlywheelError
+from hebrus_flywheel.train.exceptions import TrainError
+from hebrus_flywheel.train.sim import SimConfig, SimulationError, TraceError
 
 
 def test_default_expert_bytes_follow_the_geometry() -> None:

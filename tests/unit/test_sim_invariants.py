@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from train.sim import DecodeTrace, PredictionBuilder, PredictionSet, SimConfig, simulate
+from hebrus_flywheel.train.sim import (
+    DecodeTrace,
+    PredictionBuilder,
+    PredictionSet,
+    SimConfig,
+    simulate,
+)
 
 
 def _case(seed: int) -> tuple[DecodeTrace, PredictionSet, SimConfig]:

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flywheel.errors import ConfigError
-from train.sim import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.sim import (
     DecodeTrace,
     SimConfig,
     TraceError,
@@ -21,7 +21,7 @@ from train.sim import (
     sweep,
     unique_experts_per_layer,
 )
-from train.sim.simulator import _union_length
+from hebrus_flywheel.train.sim.simulator import _union_length
 
 
 def _config(**overrides: Any) -> SimConfig:

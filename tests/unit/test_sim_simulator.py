@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from train.sim import (
+from hebrus_flywheel.train.sim import (
     DecodeTrace,
     PredictionBuilder,
     PredictionSet,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from train.sim.ssd import CANCELLED, DONE, PENDING, Read, SsdQueue
+from hebrus_flywheel.train.sim.ssd import CANCELLED, DONE, PENDING, Read, SsdQueue
 
 
 def _read(rid: int, priority: int, nbytes: int = 100, at: float = 0.0) -> Read:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from train.sim import (
+from hebrus_flywheel.train.sim import (
     DecodeTrace,
     PredictionBuilder,
     PredictionSet,

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flywheel.errors import ConfigError
-from streams.processors.dedup import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.processors.dedup import (
     DedupConfig,
     DedupIndex,
     DedupStage,
@@ -16,7 +16,7 @@ from streams.processors.dedup import (
     minhash_of,
     signature,
 )
-from streams.processors.split import SplitConfig
+from hebrus_flywheel.streams.processors.split import SplitConfig
 
 CONFIG = DedupConfig()
 

@@ -10,21 +10,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from consumers.capture_check import segments
-from consumers.exceptions import RebuildError
-from flywheel.errors import ConfigError
-from streams.processors.common import instance_id
-from streams.processors.pipeline import (
+from hebrus_flywheel.consumers.capture_check import segments
+from hebrus_flywheel.consumers.exceptions import RebuildError
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.processors.common import instance_id
+from hebrus_flywheel.streams.processors.pipeline import (
     LocalPipeline,
     ProcessorConfig,
     config_from_json,
     config_id,
     config_to_json,
 )
-from streams.processors.runs import StreamsRun, StreamsRunError
-from streams.processors.split import SplitConfig
-from streams.processors.synthetic import Scenario, ThreadSpec
-from streams.processors.window import WindowConfig
+from hebrus_flywheel.streams.processors.runs import StreamsRun, StreamsRunError
+from hebrus_flywheel.streams.processors.split import SplitConfig
+from hebrus_flywheel.streams.processors.synthetic import Scenario, ThreadSpec
+from hebrus_flywheel.streams.processors.window import WindowConfig
 
 ALL_VALIDATION = SplitConfig(validation_fraction=1.0, runtime_holdout_fraction=0.0,
                              stress_rate=0.0)

@@ -6,10 +6,15 @@ from typing import Any
 
 import pytest
 
-from flywheel.errors import ConfigError
-from streams.processors.pipeline import LocalPipeline, ProcessorConfig
-from streams.processors.split import SplitConfig, assign_split, owner_split, thread_tags
-from streams.processors.synthetic import Scenario, ThreadSpec, random_specs
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
+from hebrus_flywheel.streams.processors.split import (
+    SplitConfig,
+    assign_split,
+    owner_split,
+    thread_tags,
+)
+from hebrus_flywheel.streams.processors.synthetic import Scenario, ThreadSpec, random_specs
 
 T0 = 1_767_225_600_000
 

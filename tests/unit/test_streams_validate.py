@@ -10,18 +10,23 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flywheel.errors import ConfigError
-from schemas import codec
-from streams.processors.assemble import AssembleConfig
-from streams.processors.pipeline import LocalPipeline, ProcessorConfig
-from streams.processors.synthetic import Scenario, ThreadSpec, encode_message, make_identity
-from streams.processors.validate import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams.processors.assemble import AssembleConfig
+from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
+from hebrus_flywheel.streams.processors.synthetic import (
+    Scenario,
+    ThreadSpec,
+    encode_message,
+    make_identity,
+)
+from hebrus_flywheel.streams.processors.validate import (
     NOT_PRODUCED_AFTER_DECODE,
     REASONS,
     WINDOW_ID_LIMIT,
     ValidateConfig,
 )
-from streams.routes import pack_routes, route_arrays, to_v1
+from hebrus_flywheel.streams.routes import pack_routes, route_arrays, to_v1
 
 KEY = b"owner-a/thread-a"
 

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from flywheel.errors import ConfigError
-from replay.synthetic import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.synthetic import (
     DOMAIN_TAGS,
     SyntheticConfig,
     approx_tokens,

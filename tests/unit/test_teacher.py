@@ -13,12 +13,17 @@ from typing import Any
 import pytest
 import torch
 
-from flywheel.errors import ConfigError
-from replay.adapters import ADAPTERS, adapter_for
-from replay.exceptions import IdentityMismatchError, TeacherError, UnsupportedModelError
-from replay.routing import WEIGHT_SOFTMAX_TOPK, WEIGHT_SOFTMAX_TOPK_RENORMALIZED
-from replay.runtime_identity import build_runtime_identity, require_identity
-from replay.teacher import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.identity import compute_identity_id
+from hebrus_flywheel.replay.adapters import ADAPTERS, adapter_for
+from hebrus_flywheel.replay.exceptions import (
+    IdentityMismatchError,
+    TeacherError,
+    UnsupportedModelError,
+)
+from hebrus_flywheel.replay.routing import WEIGHT_SOFTMAX_TOPK, WEIGHT_SOFTMAX_TOPK_RENORMALIZED
+from hebrus_flywheel.replay.runtime_identity import build_runtime_identity, require_identity
+from hebrus_flywheel.replay.teacher import (
     MANIFEST_FILE,
     PRESETS,
     Teacher,
@@ -28,7 +33,6 @@ from replay.teacher import (
     load_teacher,
     read_manifest,
 )
-from schemas.identity import compute_identity_id
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,7 +111,7 @@ def test_digest_covers_config_and_weights_but_not_timestamps(
 
 
 def test_loaded_teacher_is_frozen_qwen3_next(teacher: Teacher, teacher_dir: Path) -> None:
-    from replay.tokenizer import load_tokenizer
+    from hebrus_flywheel.replay.tokenizer import load_tokenizer
 
     tok = load_tokenizer(teacher_dir)
     geometry = teacher.geometry
@@ -280,7 +284,7 @@ def test_cli_module_does_not_import_torch() -> None:
 def test_cli_describe_prints_identity(teacher_dir: Path, teacher: Teacher) -> None:
     from typer.testing import CliRunner
 
-    from replay.cli import teacher_app
+    from hebrus_flywheel.replay.cli import teacher_app
 
     result = CliRunner().invoke(teacher_app, ["describe", str(teacher_dir), "--json"])
     assert result.exit_code == 0, result.output
@@ -292,7 +296,7 @@ def test_cli_describe_prints_identity(teacher_dir: Path, teacher: Teacher) -> No
 def test_cli_init_creates_a_loadable_teacher(tmp_path: Path, teacher_dir: Path) -> None:
     from typer.testing import CliRunner
 
-    from replay.cli import teacher_app
+    from hebrus_flywheel.replay.cli import teacher_app
 
     out = tmp_path / "cli-teacher"
     result = CliRunner().invoke(teacher_app, ["init", "--out", str(out), "--seed", "0"])

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.errors import ConfigError
-from replay.exceptions import TokenizerError
-from replay.tokenizer import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.exceptions import TokenizerError
+from hebrus_flywheel.replay.tokenizer import (
     CHAT_TEMPLATE,
     SPECIAL_TOKENS,
     TokenizerBuildConfig,

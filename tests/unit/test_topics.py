@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from flywheel.errors import ConfigError
-from streams.exceptions import StreamsError, TopicError
-from streams.topics import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.exceptions import StreamsError, TopicError
+from hebrus_flywheel.streams.topics import (
     CATALOGUE,
     CONTROL_TOPIC,
     IDENTITIES_TOPIC,

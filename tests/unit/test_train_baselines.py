@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from flywheel.errors import ConfigError
-from train.baselines import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.baselines import (
     HISTORY_METHODS,
     BaselineConfig,
     FrequencyTable,
@@ -18,8 +18,8 @@ from train.baselines import (
     list_scores,
     ranked_scores,
 )
-from train.exceptions import BaselineError, BatchError, SplitMixingError
-from train.metrics import ranking
+from hebrus_flywheel.train.exceptions import BaselineError, BatchError, SplitMixingError
+from hebrus_flywheel.train.metrics import ranking
 
 torch.set_num_threads(1)
 CONFIG = BaselineConfig(layer_count=2, expert_count=8, lru_capacity=8)

@@ -14,11 +14,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from consumers.manifest import manifest_digest
-from train import data as data_module
-from train.data import Snapshot, SnapshotDataset, StreamConfig, make_loader
-from train.exceptions import SnapshotError
-from train.testing import PlantedConfig, PlantedSnapshot, make_writable, write_planted_snapshot
+from hebrus_flywheel.consumers.manifest import manifest_digest
+from hebrus_flywheel.train import data as data_module
+from hebrus_flywheel.train.data import Snapshot, SnapshotDataset, StreamConfig, make_loader
+from hebrus_flywheel.train.exceptions import SnapshotError
+from hebrus_flywheel.train.testing import (
+    PlantedConfig,
+    PlantedSnapshot,
+    make_writable,
+    write_planted_snapshot,
+)
 
 CONFIG = PlantedConfig(threads={"train": 5, "validation": 2, "stress_holdout": 1},
                        tokens_per_thread=24, anchors_per_window=6, offsets_per_shard=3,

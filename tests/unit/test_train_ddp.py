@@ -15,9 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from train.checkpoint import load_checkpoint
-from train.evaluate import EvaluateConfig, evaluate
-from train.testing import PlantedConfig, PlantedSnapshot, make_writable, write_planted_snapshot
+from hebrus_flywheel.train.checkpoint import load_checkpoint
+from hebrus_flywheel.train.evaluate import EvaluateConfig, evaluate
+from hebrus_flywheel.train.testing import (
+    PlantedConfig,
+    PlantedSnapshot,
+    make_writable,
+    write_planted_snapshot,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -65,10 +70,10 @@ def test_two_ranks_reach_the_metrics_of_one_process(planted: PlantedSnapshot,
     config = tmp_path / "train.toml"
     config.write_text(CONFIG)
     common = ["train", "--snapshot", str(planted.directory), "--config", str(config)]
-    _run(["-m", "train.cli", *common, "--out", str(tmp_path / "one"), "--batch-size", "256"],
-         tmp_path)
+    cli = "hebrus_flywheel.train.cli"
+    _run(["-m", cli, *common, "--out", str(tmp_path / "one"), "--batch-size", "256"], tmp_path)
     _run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-          "train.cli", *common, "--out", str(tmp_path / "two"), "--batch-size", "128"], tmp_path)
+          cli, *common, "--out", str(tmp_path / "two"), "--batch-size", "128"], tmp_path)
     one, two = (load_checkpoint(tmp_path / name) for name in ("one", "two"))
     assert one.lineage["world_size"] == 1 and two.lineage["world_size"] == 2
     best_one = one.lineage["training"]["best_validation"]

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from flywheel.errors import ConfigError
-from train.exceptions import BatchError
-from train.losses import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.exceptions import BatchError
+from hebrus_flywheel.train.losses import (
     LossConfig,
     SidecarLoss,
     WeightSchedule,

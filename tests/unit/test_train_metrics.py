@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from flywheel.errors import ConfigError
-from train.exceptions import BatchError, SplitMixingError
-from train.metrics import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.exceptions import BatchError, SplitMixingError
+from hebrus_flywheel.train.metrics import (
     EVALUATION_SPLITS,
     SPLITS,
     MetricsAccumulator,
@@ -158,7 +158,7 @@ def test_train_rows_never_reach_the_evaluator() -> None:
 
 
 def test_split_names_agree_with_the_stream_catalogue() -> None:
-    topics = pytest.importorskip("streams.topics")
+    topics = pytest.importorskip("hebrus_flywheel.streams.topics")
     assert topics.SPLITS == SPLITS
 
 

@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 import torch
 
-from flywheel.errors import ConfigError
-from train.baselines import BaselineConfig, FrequencyTable, frequency_scores
-from train.exceptions import BatchError
-from train.losses import LossConfig, SidecarLoss
-from train.metrics import MetricsAccumulator, MetricsConfig, ranking, row_metrics
-from train.models import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.baselines import BaselineConfig, FrequencyTable, frequency_scores
+from hebrus_flywheel.train.exceptions import BatchError
+from hebrus_flywheel.train.losses import LossConfig, SidecarLoss
+from hebrus_flywheel.train.metrics import MetricsAccumulator, MetricsConfig, ranking, row_metrics
+from hebrus_flywheel.train.models import (
     P1_OFFSETS,
     RouteSidecar,
     SidecarConfig,

@@ -16,9 +16,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from flywheel.errors import ConfigError
-from train.checkpoint import CHECKPOINT_FILE, LINEAGE_FILE, load_checkpoint
-from train.config import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.checkpoint import CHECKPOINT_FILE, LINEAGE_FILE, load_checkpoint
+from hebrus_flywheel.train.config import (
     DataOptions,
     ModelOptions,
     OptimConfig,
@@ -28,13 +28,18 @@ from train.config import (
     config_to_dict,
     load_config,
 )
-from train.data import Snapshot, SnapshotDataset, StreamConfig
-from train.evaluate import EvaluateConfig, RouterWeights, evaluate
-from train.exceptions import CheckpointError, SplitMixingError
-from train.models import rank_candidates
-from train.qualify.model_evidence import OfflineEvidence
-from train.testing import PlantedConfig, PlantedSnapshot, make_writable, write_planted_snapshot
-from train.trainer import Trainer, train
+from hebrus_flywheel.train.data import Snapshot, SnapshotDataset, StreamConfig
+from hebrus_flywheel.train.evaluate import EvaluateConfig, RouterWeights, evaluate
+from hebrus_flywheel.train.exceptions import CheckpointError, SplitMixingError
+from hebrus_flywheel.train.models import rank_candidates
+from hebrus_flywheel.train.qualify.model_evidence import OfflineEvidence
+from hebrus_flywheel.train.testing import (
+    PlantedConfig,
+    PlantedSnapshot,
+    make_writable,
+    write_planted_snapshot,
+)
+from hebrus_flywheel.train.trainer import Trainer, train
 
 SMALL = PlantedConfig(threads={"train": 8, "validation": 2}, tokens_per_thread=32,
                       anchors_per_window=8, offsets_per_shard=4, row_group_rows=16)
@@ -157,7 +162,7 @@ def test_split_mixing_is_refused_in_training_and_evaluation(small: PlantedSnapsh
         DataOptions(validation_split="train")
     with pytest.raises(ConfigError, match="never train"):
         EvaluateConfig(splits=("train",))
-    from train import ddp
+    from hebrus_flywheel.train import ddp
 
     snapshot = Snapshot(small.directory)
     trainer = Trainer(snapshot, trained / "unused", quick(), ddp.init_distributed("cpu"))
@@ -238,7 +243,7 @@ def test_the_cli_trains_and_prints_the_evaluation_table(small: PlantedSnapshot,
                                                         tmp_path: Path) -> None:
     import typer
 
-    from train.cli import evaluate_command, train_command
+    from hebrus_flywheel.train.cli import evaluate_command, train_command
 
     app = typer.Typer()
     app.command("train")(train_command)
@@ -268,7 +273,7 @@ def test_the_cli_module_does_not_import_torch() -> None:
 
 
 def test_learning_rate_warms_up_then_decays() -> None:
-    from train.trainer import learning_rate
+    from hebrus_flywheel.train.trainer import learning_rate
 
     config = quick(optim={"lr": 1.0, "min_lr": 0.1, "warmup_steps": 4, "max_steps": 14})
     rates = [learning_rate(s, config) for s in range(15)]

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flywheel.errors import ConfigError
-from schemas import exceptions as schema_errors
-from schemas.identity import with_identity_id
-from streams import routes
-from streams.exceptions import PublishValidationError
-from streams.validation import (
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.identity import with_identity_id
+from hebrus_flywheel.schemas import exceptions as schema_errors
+from hebrus_flywheel.streams import routes
+from hebrus_flywheel.streams.exceptions import PublishValidationError
+from hebrus_flywheel.streams.validation import (
     REASONS,
     OrdinalTracker,
     Reason,

@@ -2,7 +2,7 @@
 falsifiers, and a readable report. Pure functions over a typed input bundle; no Kafka,
 no torch. Typical use::
 
-    from train.qualify import QualificationConfig, load_inputs, qualify
+    from hebrus_flywheel.train.qualify import QualificationConfig, load_inputs, qualify
 
     inputs = load_inputs("inputs.json")            # or build QualificationInputs(...)
     outcome = qualify(inputs, "report-dir", QualificationConfig())
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.qualify.config import (
+from hebrus_flywheel.train.qualify.config import (
     CONTROL_METHODS,
     HEURISTIC_METHODS,
     DecodeGateConfig,
@@ -29,9 +29,9 @@ from train.qualify.config import (
     ReplayGateConfig,
     ShadowGateConfig,
 )
-from train.qualify.errors import InputError, QualificationError, ReportError
-from train.qualify.falsifiers import STATEMENTS, evaluate_falsifiers
-from train.qualify.gates import (
+from hebrus_flywheel.train.qualify.errors import InputError, QualificationError, ReportError
+from hebrus_flywheel.train.qualify.falsifiers import STATEMENTS, evaluate_falsifiers
+from hebrus_flywheel.train.qualify.gates import (
     evaluate_gates,
     gate1_replay,
     gate2_integrity,
@@ -40,7 +40,7 @@ from train.qualify.gates import (
     gate5_shadow,
     gate6_promotion,
 )
-from train.qualify.inputs import (
+from hebrus_flywheel.train.qualify.inputs import (
     Authorization,
     DecodeEvidence,
     DeterminismEvidence,
@@ -59,11 +59,21 @@ from train.qualify.inputs import (
     SplitIntegrity,
     ThroughputEvidence,
 )
-from train.qualify.objective import ServiceObjective, evaluate_objective
-from train.qualify.parse import dump_inputs, inputs_from_mapping, inputs_to_mapping, load_inputs
-from train.qualify.plots import PLOT_TITLES, render_plots
-from train.qualify.report import CLAIM_BOUNDARY, build_report, decision, write_report
-from train.qualify.verdict import (
+from hebrus_flywheel.train.qualify.objective import ServiceObjective, evaluate_objective
+from hebrus_flywheel.train.qualify.parse import (
+    dump_inputs,
+    inputs_from_mapping,
+    inputs_to_mapping,
+    load_inputs,
+)
+from hebrus_flywheel.train.qualify.plots import PLOT_TITLES, render_plots
+from hebrus_flywheel.train.qualify.report import (
+    CLAIM_BOUNDARY,
+    build_report,
+    decision,
+    write_report,
+)
+from hebrus_flywheel.train.qualify.verdict import (
     FAIL,
     FALSIFIED,
     NOT_FALSIFIED,

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from train.qualify.errors import InputError
+from hebrus_flywheel.train.qualify.errors import InputError
 
 
 def text(where: str, value: Any, *, optional: bool = False) -> None:

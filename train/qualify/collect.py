@@ -28,22 +28,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flywheel.configfile import read_toml
-from flywheel.errors import ConfigError
-from train.qualify import collect_data as data
-from train.qualify import collect_model as model
-from train.qualify.config import QualificationConfig
-from train.qualify.errors import InputError
-from train.qualify.inputs import QualificationInputs
-from train.qualify.model_evidence import (
+from hebrus_flywheel.core.configfile import read_toml
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.qualify import collect_data as data
+from hebrus_flywheel.train.qualify import collect_model as model
+from hebrus_flywheel.train.qualify.config import QualificationConfig
+from hebrus_flywheel.train.qualify.errors import InputError
+from hebrus_flywheel.train.qualify.inputs import QualificationInputs
+from hebrus_flywheel.train.qualify.model_evidence import (
     DecodeEvidence,
     EconomicsEvidence,
     OfflineEvidence,
     ShadowEvidence,
     ThroughputEvidence,
 )
-from train.qualify.objective import ServiceObjective
-from train.sim import SimConfig
+from hebrus_flywheel.train.qualify.objective import ServiceObjective
+from hebrus_flywheel.train.sim import SimConfig
 
 DEFAULT_OBJECTIVE = ServiceObjective(name="hide-ssd-wait", min_exposed_wait_reduction=0.2,
                                      max_p95_regression=0.0, max_p99_regression=0.0,
@@ -115,7 +115,9 @@ def _sweep(table: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
 
 def settings_from_mapping(raw: Mapping[str, Any], where: str = "config") -> QualifySettings:
     """:class:`QualifySettings` from the parsed TOML (see the module doc)."""
-    from train.config import from_mapping  # imports torch: only when a config is given
+    from hebrus_flywheel.train.config import (
+        from_mapping,  # imports torch: only when a config is given
+    )
 
     unknown = sorted(set(raw) - set(_TABLES))
     if unknown:
@@ -189,9 +191,9 @@ def kafka_streams_summary(bootstrap: str, prefix: str) -> dict[str, Any]:
     watermark per partition: every record the processors could have read)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    from streams.broker import probe_metadata
-    from streams.processors.inspect import summarize_topics
-    from streams.processors.topology import StreamTopics
+    from hebrus_flywheel.streams.broker import probe_metadata
+    from hebrus_flywheel.streams.processors.inspect import summarize_topics
+    from hebrus_flywheel.streams.processors.topology import StreamTopics
 
     if not probe_metadata(bootstrap, 5.0):
         raise InputError(f"no Kafka broker answers at {bootstrap}; start it (`flywheel broker "
@@ -291,7 +293,7 @@ def _decode(offline: OfflineEvidence, shadow: ShadowEvidence | None, top_k: int,
 
 def _model_pieces(request: CollectRequest, info: data.SnapshotInfo, parity: Any,
                   notes: dict[str, str], timings: dict[str, float]) -> dict[str, Any]:
-    from train.checkpoint import load_checkpoint
+    from hebrus_flywheel.train.checkpoint import load_checkpoint
 
     top_k, experts = int(info.manifest["geometry"]["top_k"]), int(info.identity["expert_count"])
     started = time.perf_counter()

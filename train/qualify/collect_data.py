@@ -25,11 +25,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from consumers.exceptions import ConsumersError
-from consumers.manifest import manifest_path
-from consumers.verify import verify_snapshot
-from train.metrics import SPLITS
-from train.qualify.data_evidence import (
+from hebrus_flywheel.consumers.exceptions import ConsumersError
+from hebrus_flywheel.consumers.manifest import manifest_path
+from hebrus_flywheel.consumers.verify import verify_snapshot
+from hebrus_flywheel.train.metrics import SPLITS
+from hebrus_flywheel.train.qualify.data_evidence import (
     Authorization,
     DeterminismEvidence,
     FailClosedEvidence,
@@ -39,8 +39,8 @@ from train.qualify.data_evidence import (
     ParityEvidence,
     SplitIntegrity,
 )
-from train.qualify.errors import InputError
-from train.qualify.inputs import Geometry, Identity
+from hebrus_flywheel.train.qualify.errors import InputError
+from hebrus_flywheel.train.qualify.inputs import Geometry, Identity
 
 DATASET_FILE = "dataset.json"
 HOLDOUT_SPLIT = "runtime_holdout"

@@ -35,11 +35,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from train.qualify.collect_data import HOLDOUT_SPLIT, SnapshotInfo
-from train.qualify.data_evidence import ParityEvidence
-from train.qualify.errors import InputError
-from train.qualify.model_evidence import OfflineEvidence, ShadowEvidence
-from train.sim import (
+from hebrus_flywheel.train.qualify.collect_data import HOLDOUT_SPLIT, SnapshotInfo
+from hebrus_flywheel.train.qualify.data_evidence import ParityEvidence
+from hebrus_flywheel.train.qualify.errors import InputError
+from hebrus_flywheel.train.qualify.model_evidence import OfflineEvidence, ShadowEvidence
+from hebrus_flywheel.train.sim import (
     DecodeTrace,
     PredictionSet,
     SimConfig,
@@ -231,7 +231,7 @@ def shadow_evidence(trace: DecodeTrace, predictions: PredictionSet, config: SimC
 
 def evaluation_budgets(top_k: int) -> tuple[int, ...]:
     """The evaluator's default budgets plus the native top-k (and the sweep's)."""
-    from train.evaluate import EvaluateConfig
+    from hebrus_flywheel.train.evaluate import EvaluateConfig
 
     return tuple(sorted({top_k, *SWEEP_BUDGETS, *EvaluateConfig().budgets}))
 
@@ -240,7 +240,7 @@ def offline_evidence(snapshot: Path, checkpoint: Path, *, teacher: Path | None, 
                      progress: bool) -> tuple[OfflineEvidence, dict[str, Any]]:
     """:func:`train.evaluate.evaluate` on every evaluation split; its ``offline`` node
     and the full report (skipped controls, frequency fit, ...)."""
-    from train.evaluate import EvaluateConfig, evaluate
+    from hebrus_flywheel.train.evaluate import EvaluateConfig, evaluate
 
     config = EvaluateConfig(budgets=evaluation_budgets(top_k), progress=progress)
     report = evaluate(snapshot, checkpoint, config, teacher_dir=teacher)

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from flywheel.errors import ConfigError
-from train.metrics import EVALUATION_SPLITS
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.metrics import EVALUATION_SPLITS
 
 CONTROL_METHODS: tuple[str, ...] = (
     "random", "frequency", "lru", "previous_token", "adjacent_layer", "native_gate",

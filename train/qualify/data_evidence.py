@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from train.metrics import SPLITS
-from train.qualify import checks as v
-from train.qualify.errors import InputError
+from hebrus_flywheel.train.metrics import SPLITS
+from hebrus_flywheel.train.qualify import checks as v
+from hebrus_flywheel.train.qualify.errors import InputError
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ Every class derives from :class:`QualificationError`, itself a
 
 from __future__ import annotations
 
-from train.exceptions import TrainError
+from hebrus_flywheel.train.exceptions import TrainError
 
 
 class QualificationError(TrainError):

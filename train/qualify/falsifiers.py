@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from train.qualify.config import HEURISTIC_METHODS, QualificationConfig
-from train.qualify.falsifiers_io import (
+from hebrus_flywheel.train.qualify.config import HEURISTIC_METHODS, QualificationConfig
+from hebrus_flywheel.train.qualify.falsifiers_io import (
     Outcome,
     f4_amplification,
     f5_late,
@@ -18,9 +18,9 @@ from train.qualify.falsifiers_io import (
     f10_loader,
     outcome,
 )
-from train.qualify.gates_offline import strongest_control
-from train.qualify.inputs import QualificationInputs
-from train.qualify.verdict import (
+from hebrus_flywheel.train.qualify.gates_offline import strongest_control
+from hebrus_flywheel.train.qualify.inputs import QualificationInputs
+from hebrus_flywheel.train.qualify.verdict import (
     FALSIFIED,
     NOT_FALSIFIED,
     NOT_MEASURABLE,

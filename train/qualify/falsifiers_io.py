@@ -7,11 +7,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from train.qualify.config import QualificationConfig
-from train.qualify.gates_io import amplification_ratio
-from train.qualify.inputs import QualificationInputs
-from train.qualify.model_evidence import ShadowEvidence
-from train.qualify.verdict import FALSIFIED, NOT_FALSIFIED, NOT_MEASURABLE
+from hebrus_flywheel.train.qualify.config import QualificationConfig
+from hebrus_flywheel.train.qualify.gates_io import amplification_ratio
+from hebrus_flywheel.train.qualify.inputs import QualificationInputs
+from hebrus_flywheel.train.qualify.model_evidence import ShadowEvidence
+from hebrus_flywheel.train.qualify.verdict import FALSIFIED, NOT_FALSIFIED, NOT_MEASURABLE
 
 Outcome = tuple[str, str, dict[str, Any]]
 

@@ -7,12 +7,12 @@ Each evaluator returns a :class:`~train.qualify.verdict.GateVerdict` whose statu
 
 from __future__ import annotations
 
-from train.qualify.config import QualificationConfig
-from train.qualify.gates_data import gate1_replay, gate2_integrity
-from train.qualify.gates_io import gate4_decode, gate5_shadow, gate6_promotion
-from train.qualify.gates_offline import gate3_offline, strongest_control
-from train.qualify.inputs import QualificationInputs
-from train.qualify.verdict import GateVerdict
+from hebrus_flywheel.train.qualify.config import QualificationConfig
+from hebrus_flywheel.train.qualify.gates_data import gate1_replay, gate2_integrity
+from hebrus_flywheel.train.qualify.gates_io import gate4_decode, gate5_shadow, gate6_promotion
+from hebrus_flywheel.train.qualify.gates_offline import gate3_offline, strongest_control
+from hebrus_flywheel.train.qualify.inputs import QualificationInputs
+from hebrus_flywheel.train.qualify.verdict import GateVerdict
 
 __all__ = [
     "evaluate_gates", "gate1_replay", "gate2_integrity", "gate3_offline", "gate4_decode",

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from train.metrics import EVALUATION_SPLITS, SPLITS
-from train.qualify.config import IntegrityGateConfig, ReplayGateConfig
-from train.qualify.data_evidence import (
+from hebrus_flywheel.train.metrics import EVALUATION_SPLITS, SPLITS
+from hebrus_flywheel.train.qualify.config import IntegrityGateConfig, ReplayGateConfig
+from hebrus_flywheel.train.qualify.data_evidence import (
     DeterminismEvidence,
     FailClosedEvidence,
     IntegrityEvidence,
     ParityEvidence,
 )
-from train.qualify.inputs import Identity, QualificationInputs
-from train.qualify.verdict import Check, GateVerdict, gate_verdict, measured, unmeasured
+from hebrus_flywheel.train.qualify.inputs import Identity, QualificationInputs
+from hebrus_flywheel.train.qualify.verdict import (
+    Check,
+    GateVerdict,
+    gate_verdict,
+    measured,
+    unmeasured,
+)
 
 GATE1_NAME = "replay correctness"
 GATE2_NAME = "data integrity and leakage"

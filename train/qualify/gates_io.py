@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from train.qualify.config import DecodeGateConfig, ShadowGateConfig
-from train.qualify.inputs import QualificationInputs
-from train.qualify.objective import evaluate_objective
-from train.qualify.verdict import (
+from hebrus_flywheel.train.qualify.config import DecodeGateConfig, ShadowGateConfig
+from hebrus_flywheel.train.qualify.inputs import QualificationInputs
+from hebrus_flywheel.train.qualify.objective import evaluate_objective
+from hebrus_flywheel.train.qualify.verdict import (
     FAIL,
     NOT_MEASURABLE,
     Check,

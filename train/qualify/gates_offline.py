@@ -5,12 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from train.metrics import EVALUATION_SPLITS
-from train.qualify.config import OfflineGateConfig
-from train.qualify.fmt import fmt_bytes
-from train.qualify.inputs import QualificationInputs
-from train.qualify.model_evidence import OfflineEvidence
-from train.qualify.verdict import Check, GateVerdict, gate_verdict, measured, unmeasured
+from hebrus_flywheel.train.metrics import EVALUATION_SPLITS
+from hebrus_flywheel.train.qualify.config import OfflineGateConfig
+from hebrus_flywheel.train.qualify.fmt import fmt_bytes
+from hebrus_flywheel.train.qualify.inputs import QualificationInputs
+from hebrus_flywheel.train.qualify.model_evidence import OfflineEvidence
+from hebrus_flywheel.train.qualify.verdict import (
+    Check,
+    GateVerdict,
+    gate_verdict,
+    measured,
+    unmeasured,
+)
 
 GATE3_NAME = "offline predictor value"
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.qualify import checks as v
-from train.qualify.data_evidence import (
+from hebrus_flywheel.train.qualify import checks as v
+from hebrus_flywheel.train.qualify.data_evidence import (
     Authorization,
     DeterminismEvidence,
     FailClosedEvidence,
@@ -26,8 +26,8 @@ from train.qualify.data_evidence import (
     ParityEvidence,
     SplitIntegrity,
 )
-from train.qualify.errors import InputError
-from train.qualify.model_evidence import (
+from hebrus_flywheel.train.qualify.errors import InputError
+from hebrus_flywheel.train.qualify.model_evidence import (
     DecodeEvidence,
     EconomicsEvidence,
     OfflineEvidence,
@@ -35,7 +35,7 @@ from train.qualify.model_evidence import (
     ShadowEvidence,
     ThroughputEvidence,
 )
-from train.qualify.objective import ServiceObjective
+from hebrus_flywheel.train.qualify.objective import ServiceObjective
 
 __all__ = [
     "Authorization", "DecodeEvidence", "DeterminismEvidence", "EconomicsEvidence",

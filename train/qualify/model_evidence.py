@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from train.metrics import EVALUATION_SPLITS, RESULT_SCHEMA, TRAIN_SPLIT
-from train.qualify import checks as v
-from train.qualify.config import CONTROL_METHODS
-from train.qualify.errors import InputError
+from hebrus_flywheel.train.metrics import EVALUATION_SPLITS, RESULT_SCHEMA, TRAIN_SPLIT
+from hebrus_flywheel.train.qualify import checks as v
+from hebrus_flywheel.train.qualify.config import CONTROL_METHODS
+from hebrus_flywheel.train.qualify.errors import InputError
 
 SHADOW_KEYS: tuple[str, ...] = (
     "accepted_tokens", "expert_bytes", "demands", "timely_recall", "recall",

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flywheel.errors import ConfigError
-from train.qualify.verdict import Check, measured, unmeasured
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.qualify.verdict import Check, measured, unmeasured
 
 EVIDENCE_SOURCES: tuple[str, ...] = ("simulator", "runtime")
 

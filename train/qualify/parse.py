@@ -10,9 +10,9 @@ from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
-from train.qualify.config import CONTROL_METHODS
-from train.qualify.errors import InputError
-from train.qualify.inputs import (
+from hebrus_flywheel.train.qualify.config import CONTROL_METHODS
+from hebrus_flywheel.train.qualify.errors import InputError
+from hebrus_flywheel.train.qualify.inputs import (
     Authorization,
     DecodeEvidence,
     DeterminismEvidence,
@@ -31,8 +31,8 @@ from train.qualify.inputs import (
     SplitIntegrity,
     ThroughputEvidence,
 )
-from train.qualify.objective import ServiceObjective
-from train.qualify.verdict import jsonable
+from hebrus_flywheel.train.qualify.objective import ServiceObjective
+from hebrus_flywheel.train.qualify.verdict import jsonable
 
 Converter = Callable[[Any, str], Any]
 

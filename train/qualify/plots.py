@@ -15,11 +15,11 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from train.metrics import EVALUATION_SPLITS
-from train.qualify.config import QualificationConfig
-from train.qualify.falsifiers_io import reference_rows
-from train.qualify.gates_io import amplification_ratio
-from train.qualify.inputs import QualificationInputs
+from hebrus_flywheel.train.metrics import EVALUATION_SPLITS
+from hebrus_flywheel.train.qualify.config import QualificationConfig
+from hebrus_flywheel.train.qualify.falsifiers_io import reference_rows
+from hebrus_flywheel.train.qualify.gates_io import amplification_ratio
+from hebrus_flywheel.train.qualify.inputs import QualificationInputs
 
 PLOT_TITLES: dict[str, str] = {
     "recall_curves": "Recall at equal candidate (byte) budgets, per method",

@@ -15,13 +15,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from train.qualify.config import QualificationConfig
-from train.qualify.errors import ReportError
-from train.qualify.inputs import QualificationInputs
-from train.qualify.parse import inputs_to_mapping
-from train.qualify.plots import PLOT_TITLES, render_plots
-from train.qualify.report_html import render_html
-from train.qualify.verdict import FALSIFIED, PASS, FalsifierVerdict, GateVerdict, jsonable
+from hebrus_flywheel.train.qualify.config import QualificationConfig
+from hebrus_flywheel.train.qualify.errors import ReportError
+from hebrus_flywheel.train.qualify.inputs import QualificationInputs
+from hebrus_flywheel.train.qualify.parse import inputs_to_mapping
+from hebrus_flywheel.train.qualify.plots import PLOT_TITLES, render_plots
+from hebrus_flywheel.train.qualify.report_html import render_html
+from hebrus_flywheel.train.qualify.verdict import (
+    FALSIFIED,
+    PASS,
+    FalsifierVerdict,
+    GateVerdict,
+    jsonable,
+)
 
 REPORT_SCHEMA = "flywheel.qualify.report.v1"
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 from typing import Any
 
-from train.qualify.fmt import fmt_bytes, fmt_num
+from hebrus_flywheel.train.qualify.fmt import fmt_bytes, fmt_num
 
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from train.qualify.errors import QualificationError
+from hebrus_flywheel.train.qualify.errors import QualificationError
 
 PASS = "pass"
 FAIL = "fail"

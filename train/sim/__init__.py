@@ -2,7 +2,7 @@
 
 Pure functions over numpy arrays; no I/O. Typical use::
 
-    from train.sim import DecodeTrace, PredictionBuilder, SimConfig, shadow_io
+    from hebrus_flywheel.train.sim import DecodeTrace, PredictionBuilder, SimConfig, shadow_io
 
     trace = DecodeTrace(routes=routes, num_experts=512)   # routes: (rows, layers, K)
     metrics = shadow_io(trace, predictions, SimConfig(ssd_bandwidth_bytes_per_s=5e9))
@@ -14,19 +14,19 @@ models, and :mod:`train.sim.metrics` for the metric definitions.
 
 from __future__ import annotations
 
-from train.sim.config import EVICTION_POLICIES, SimConfig
-from train.sim.errors import SimulationError, TraceError
-from train.sim.metrics import (
+from hebrus_flywheel.train.sim.config import EVICTION_POLICIES, SimConfig
+from hebrus_flywheel.train.sim.errors import SimulationError, TraceError
+from hebrus_flywheel.train.sim.metrics import (
     Metrics,
     break_even,
     summarize,
     supported_block_sizes,
     unique_experts_per_layer,
 )
-from train.sim.predictors import oracle_predictions, previous_token_predictions
-from train.sim.simulator import COUNTERS, SimResult, simulate
-from train.sim.sweep import shadow_io, sweep
-from train.sim.trace import (
+from hebrus_flywheel.train.sim.predictors import oracle_predictions, previous_token_predictions
+from hebrus_flywheel.train.sim.simulator import COUNTERS, SimResult, simulate
+from hebrus_flywheel.train.sim.sweep import shadow_io, sweep
+from hebrus_flywheel.train.sim.trace import (
     DecodeTrace,
     PredictionBuilder,
     PredictionSet,

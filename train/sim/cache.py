@@ -23,7 +23,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Collection
 
-from train.sim.ssd import Read
+from hebrus_flywheel.train.sim.ssd import Read
 
 LOADING, RESIDENT = 0, 1
 _DEAD, _COLD, _LIVE = "dead", "cold", "live"

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from flywheel.errors import ConfigError
+from hebrus_flywheel.core.errors import ConfigError
 
 EvictionPolicy = Literal["lru", "priority"]
 EVICTION_POLICIES: tuple[str, ...] = ("lru", "priority")

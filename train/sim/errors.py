@@ -6,7 +6,7 @@ Both classes derive from :class:`train.exceptions.TrainError` (and so from
 
 from __future__ import annotations
 
-from train.exceptions import TrainError
+from hebrus_flywheel.train.exceptions import TrainError
 
 
 class SimulationError(TrainError):

@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from train.sim.errors import TraceError
-from train.sim.simulator import SimResult
-from train.sim.trace import DecodeTrace
+from hebrus_flywheel.train.sim.errors import TraceError
+from hebrus_flywheel.train.sim.simulator import SimResult
+from hebrus_flywheel.train.sim.trace import DecodeTrace
 
 Metrics = dict[str, float | int | bool | None]
 

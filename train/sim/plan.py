@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from train.sim.trace import DecodeTrace, PredictionSet
+from hebrus_flywheel.train.sim.trace import DecodeTrace, PredictionSet
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from train.sim.errors import TraceError
-from train.sim.trace import DecodeTrace, PredictionBuilder, PredictionSet
+from hebrus_flywheel.train.sim.errors import TraceError
+from hebrus_flywheel.train.sim.trace import DecodeTrace, PredictionBuilder, PredictionSet
 
 
 def _step_first_rows(trace: DecodeTrace) -> np.ndarray:

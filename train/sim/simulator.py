@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from train.sim.cache import RESIDENT, Entry, ExpertCache
-from train.sim.config import SimConfig
-from train.sim.errors import SimulationError
-from train.sim.plan import Plan, build_plan
-from train.sim.ssd import PENDING, Read, SsdQueue
-from train.sim.trace import DecodeTrace, PredictionSet, boundary_key, moe_key
+from hebrus_flywheel.train.sim.cache import RESIDENT, Entry, ExpertCache
+from hebrus_flywheel.train.sim.config import SimConfig
+from hebrus_flywheel.train.sim.errors import SimulationError
+from hebrus_flywheel.train.sim.plan import Plan, build_plan
+from hebrus_flywheel.train.sim.ssd import PENDING, Read, SsdQueue
+from hebrus_flywheel.train.sim.trace import DecodeTrace, PredictionSet, boundary_key, moe_key
 
 COUNTERS: dict[str, str] = {
     "demands": "exact selected experts: unique (step, layer, expert) the router chose",

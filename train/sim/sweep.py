@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from flywheel.errors import ConfigError
-from train.sim.config import SimConfig
-from train.sim.metrics import Metrics, summarize
-from train.sim.simulator import simulate
-from train.sim.trace import DecodeTrace, PredictionSet
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.sim.config import SimConfig
+from hebrus_flywheel.train.sim.metrics import Metrics, summarize
+from hebrus_flywheel.train.sim.simulator import simulate
+from hebrus_flywheel.train.sim.trace import DecodeTrace, PredictionSet
 
 
 def shadow_io(trace: DecodeTrace, predictions: PredictionSet,

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from train.sim.errors import TraceError
+from hebrus_flywheel.train.sim.errors import TraceError
 
 
 def boundary_key(step: int, boundary: int, num_layers: int) -> int:

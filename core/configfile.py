@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from flywheel.errors import ConfigError
+from hebrus_flywheel.core.errors import ConfigError
 
 
 def read_toml(path: Path) -> dict[str, Any]:

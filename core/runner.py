@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import typer
 
-from flywheel.errors import FlywheelError
+from hebrus_flywheel.core.errors import FlywheelError
 
 
 def offline_environment() -> None:
