@@ -39,41 +39,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import (
     WEIGHT_SOFTMAX_TOPK,
     WEIGHT_SOFTMAX_TOPK_RENORMALIZED,
     topk_with_tie_break,
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class RouteGeometry:
-    """The routing shape of one checkpoint.
-
-    Fields:
-        family: transformers ``model_type`` (e.g. ``qwen3_next``).
-        layer_count: decoder layers in the model (routed or not).
-        routed_layers: model indices of the routed (sparse MoE) layers, ascending.
-        expert_count: routed experts per layer (E).
-        top_k: experts selected per token and layer (K).
-        weight_rule: one of :data:`replay.routing.WEIGHT_RULES`.
-        hidden_size: residual stream width (H).
-        routed_intermediate_size: per-expert intermediate width.
-    """
-
-    family: str
-    layer_count: int
-    routed_layers: tuple[int, ...]
-    expert_count: int
-    top_k: int
-    weight_rule: str
-    hidden_size: int
-    routed_intermediate_size: int
-
-    @property
-    def routed_layer_count(self) -> int:
-        return len(self.routed_layers)
 
 
 class FamilyAdapter:

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import torch
 
+from hebrus_flywheel.core.geometry import (
+    WEIGHT_RULES,
+    WEIGHT_SOFTMAX_TOPK,
+    WEIGHT_SOFTMAX_TOPK_RENORMALIZED,
+)
 from hebrus_flywheel.core.identity import TIE_BREAK_SCORE_DESC_ID_ASC
 from hebrus_flywheel.replay.exceptions import RoutingError
 
-WEIGHT_SOFTMAX_TOPK_RENORMALIZED = "softmax_topk_renormalized"
-WEIGHT_SOFTMAX_TOPK = "softmax_topk"
-WEIGHT_RULES: tuple[str, ...] = (WEIGHT_SOFTMAX_TOPK_RENORMALIZED, WEIGHT_SOFTMAX_TOPK)
 TIE_BREAK_RULE = TIE_BREAK_SCORE_DESC_ID_ASC
 
 __all__ = [

@@ -1,0 +1,132 @@
+"""The one routing geometry every stage shares, derived from the teacher identity.
+
+Legend: L routed layers (slots), E experts per routed layer, K experts chosen per token
+and layer, H hidden width, I routed-expert intermediate width.
+
+A *slot* is the position of a routed layer among the routed layers (``0..L-1``); it is
+what capture records, window labels and shard columns index. ``routed_layers[slot]`` is
+the model's own decoder-layer index, which differs from the slot when a family keeps
+some layers dense.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.identity import TIE_BREAK_SCORE_DESC_ID_ASC
+
+WEIGHT_SOFTMAX_TOPK_RENORMALIZED = "softmax_topk_renormalized"
+WEIGHT_SOFTMAX_TOPK = "softmax_topk"
+WEIGHT_RULES: tuple[str, ...] = (WEIGHT_SOFTMAX_TOPK_RENORMALIZED, WEIGHT_SOFTMAX_TOPK)
+"""How the recorded weights derive from the router logits."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouteGeometry:
+    """The routing shape of one teacher.
+
+    Fields:
+        family: transformers ``model_type`` (e.g. ``qwen3_next``).
+        routed_layers: model decoder-layer index of each routed slot, ascending (L).
+        layer_count: decoder layers in the model, routed or not.
+        expert_count: routed experts per layer (E).
+        top_k: experts selected per token and layer (K).
+        hidden_size: residual stream width (H).
+        routed_intermediate_size: per-expert intermediate width (I).
+        weight_rule: one of :data:`WEIGHT_RULES`.
+        tie_break_rule: how equal router scores are ordered.
+    """
+
+    family: str
+    routed_layers: tuple[int, ...]
+    layer_count: int
+    expert_count: int
+    top_k: int
+    hidden_size: int
+    routed_intermediate_size: int
+    weight_rule: str = WEIGHT_SOFTMAX_TOPK_RENORMALIZED
+    tie_break_rule: str = TIE_BREAK_SCORE_DESC_ID_ASC
+    _slots: Mapping[int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "routed_layers", tuple(int(i) for i in self.routed_layers))
+        for name in ("layer_count", "expert_count", "top_k", "hidden_size",
+                     "routed_intermediate_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"RouteGeometry.{name} must be a positive integer, "
+                                  f"got {value!r}")
+        layers = self.routed_layers
+        if not layers:
+            raise ConfigError("RouteGeometry.routed_layers must name at least one layer")
+        if list(layers) != sorted(set(layers)) or layers[0] < 0 or layers[-1] >= self.layer_count:
+            raise ConfigError(f"RouteGeometry.routed_layers must be ascending, distinct and in "
+                              f"[0, layer_count={self.layer_count}), got {list(layers)}")
+        if self.top_k > self.expert_count:
+            raise ConfigError(f"RouteGeometry.top_k ({self.top_k}) exceeds expert_count "
+                              f"({self.expert_count})")
+        if self.weight_rule not in WEIGHT_RULES:
+            raise ConfigError(f"RouteGeometry.weight_rule must be one of {WEIGHT_RULES}, "
+                              f"got {self.weight_rule!r}")
+        object.__setattr__(self, "_slots", {layer: s for s, layer in enumerate(layers)})
+
+    @property
+    def routed_layer_count(self) -> int:
+        """L: routed slots per token."""
+        return len(self.routed_layers)
+
+    def slot_of(self, model_layer: int) -> int:
+        """The routed slot of a model decoder-layer index; ConfigError if it is dense."""
+        try:
+            return self._slots[model_layer]
+        except KeyError:
+            raise ConfigError(f"model layer {model_layer} is not routed; routed layers are "
+                              f"{list(self.routed_layers)}") from None
+
+    def expert_bytes(self, dtype_bytes: float) -> float:
+        """Bytes of one routed expert's gate, up and down projections."""
+        return 3 * self.hidden_size * self.routed_intermediate_size * dtype_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able fields (``routed_layers`` as a list)."""
+        out = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        out["routed_layers"] = list(self.routed_layers)
+        return out
+
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any]) -> RouteGeometry:
+        """The inverse of :meth:`to_dict`; unknown keys are an error."""
+        known = {f for f in cls.__dataclass_fields__ if not f.startswith("_")}
+        extra = set(fields) - known
+        if extra:
+            raise ConfigError(f"unknown RouteGeometry fields {sorted(extra)}")
+        try:
+            return cls(**{k: (tuple(v) if k == "routed_layers" else v)
+                          for k, v in fields.items()})
+        except TypeError as exc:
+            raise ConfigError(f"incomplete RouteGeometry: {exc}") from exc
+
+    @classmethod
+    def from_identity(cls, identity: Mapping[str, Any]) -> RouteGeometry:
+        """The geometry a ``RuntimeIdentity`` record pins.
+
+        Identity records name the routed-layer count, not the model layer of each slot;
+        unless the record carries ``routed_layers`` the slots are taken as contiguous
+        model layers ``0..L-1`` (true of every family this project ships adapters for).
+        """
+        count = int(identity["routed_layer_count"])
+        layers = tuple(identity.get("routed_layers") or range(count))
+        return cls(
+            family=str(identity["model_family"]),
+            routed_layers=layers,
+            layer_count=int(identity.get("layer_count") or (max(layers) + 1)),
+            expert_count=int(identity["expert_count"]),
+            top_k=int(identity["top_k"]),
+            hidden_size=int(identity["hidden_size"]),
+            routed_intermediate_size=int(identity["routed_intermediate_size"]),
+            weight_rule=str(identity["weight_rule"]),
+            tie_break_rule=str(identity["tie_break_rule"]),
+        )
