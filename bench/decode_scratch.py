@@ -10,15 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
-from pathlib import Path as _Path
-
-# Run by path, sys.path[0] is bench/, whose train.py/replay.py/streams.py would shadow
-# the packages of the same names: put the repository root first.
-sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch

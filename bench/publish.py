@@ -21,16 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-# Run by path, sys.path[0] is bench/, where bench/streams.py would shadow the ``streams``
-# package: the repository root goes in front of it before any project import.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -12,13 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path as _Path
-
-# Run by path, sys.path[0] is bench/, whose train.py/replay.py/streams.py would shadow
-# the packages of the same names: put the repository root first.
-sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))
 
 import numpy as np
 

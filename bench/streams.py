@@ -31,8 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-# Run by path, sys.path[0] is bench/, where this very file would shadow the ``streams``
-# package: the repository root goes in front of it before any project import.
+# Run by path, sys.path[0] is bench/: the repository root makes tests.support importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -40,7 +39,10 @@ from fastavro import schemaless_reader
 
 from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
-from hebrus_flywheel.streams.processors.harness import (
+from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
+from hebrus_flywheel.streams.processors.topology import StreamTopics
+from hebrus_flywheel.streams.topics import catalogue, create_topics, delete_topics, describe_topics
+from tests.support.streams_harness import (
     WorkerProcess,
     produce,
     producer,
@@ -48,16 +50,13 @@ from hebrus_flywheel.streams.processors.harness import (
     wait_until,
     worker_processor_config,
 )
-from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
-from hebrus_flywheel.streams.processors.synthetic import (
+from tests.support.streams_synthetic import (
     ProducerClock,
     identity_message,
     make_identity,
     random_specs,
     thread_messages,
 )
-from hebrus_flywheel.streams.processors.topology import StreamTopics
-from hebrus_flywheel.streams.topics import catalogue, create_topics, delete_topics, describe_topics
 
 FLAGS = {"runtime_holdout_fraction": 0.2}
 

@@ -36,7 +36,8 @@ class RouteGeometry:
         top_k: experts selected per token and layer (K).
         hidden_size: residual stream width (H).
         routed_intermediate_size: per-expert intermediate width (I).
-        weight_rule: one of :data:`WEIGHT_RULES`.
+        weight_rule: how weights derive from logits; the teacher writes one of
+            :data:`WEIGHT_RULES`, runtimes may name others.
         tie_break_rule: how equal router scores are ordered.
     """
 
@@ -68,9 +69,9 @@ class RouteGeometry:
         if self.top_k > self.expert_count:
             raise ConfigError(f"RouteGeometry.top_k ({self.top_k}) exceeds expert_count "
                               f"({self.expert_count})")
-        if self.weight_rule not in WEIGHT_RULES:
-            raise ConfigError(f"RouteGeometry.weight_rule must be one of {WEIGHT_RULES}, "
-                              f"got {self.weight_rule!r}")
+        if not isinstance(self.weight_rule, str) or not self.weight_rule:
+            raise ConfigError(f"RouteGeometry.weight_rule must name a rule (e.g. one of "
+                              f"{WEIGHT_RULES}), got {self.weight_rule!r}")
         object.__setattr__(self, "_slots", {layer: s for s, layer in enumerate(layers)})
 
     @property
@@ -103,9 +104,11 @@ class RouteGeometry:
         extra = set(fields) - known
         if extra:
             raise ConfigError(f"unknown RouteGeometry fields {sorted(extra)}")
+        values: dict[str, Any] = dict(fields)
+        if "routed_layers" in values:
+            values["routed_layers"] = tuple(values["routed_layers"])
         try:
-            return cls(**{k: (tuple(v) if k == "routed_layers" else v)
-                          for k, v in fields.items()})
+            return cls(**values)
         except TypeError as exc:
             raise ConfigError(f"incomplete RouteGeometry: {exc}") from exc
 

@@ -9,16 +9,12 @@ yields a different id.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from hebrus_flywheel.core.jsonio import canonical_json
+
 TIE_BREAK_SCORE_DESC_ID_ASC = "score_desc_then_expert_id_asc"
-
-
-def canonical_json(fields: Mapping[str, Any]) -> bytes:
-    text = json.dumps(dict(fields), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return text.encode()
 
 
 def compute_identity_id(fields: Mapping[str, Any]) -> str:

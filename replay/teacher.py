@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -46,9 +45,10 @@ import torch
 from torch import nn
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.files import atomic_replace_dir
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.adapters import (
     FamilyAdapter,
-    RouteGeometry,
     RouterPass,
     adapter_for,
     forward_routes,
@@ -320,7 +320,7 @@ def init_teacher(
         _write_checkpoint(staging, chosen, seed)
         if target.exists():
             shutil.rmtree(target)
-        os.replace(staging, target)
+        atomic_replace_dir(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

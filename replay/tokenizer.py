@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -33,6 +32,7 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.files import atomic_write_text
 from hebrus_flywheel.replay.exceptions import TokenizerError
 
 ENDOFTEXT = "<|endoftext|>"
@@ -231,13 +231,6 @@ def _special_tokens_map() -> dict[str, Any]:
     }
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
-
-
 def _dump(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
@@ -268,9 +261,9 @@ def build_tokenizer(
             "tokenizer, not from the request",
             tokenizer.get_vocab_size(), cfg.vocab_size,
         )
-    _write_atomic(target / TOKENIZER_FILE, tokenizer.to_str(pretty=True) + "\n")
-    _write_atomic(target / CONFIG_FILE, _dump(_tokenizer_config(cfg)))
-    _write_atomic(target / SPECIAL_TOKENS_MAP_FILE, _dump(_special_tokens_map()))
+    atomic_write_text(target / TOKENIZER_FILE, tokenizer.to_str(pretty=True) + "\n")
+    atomic_write_text(target / CONFIG_FILE, _dump(_tokenizer_config(cfg)))
+    atomic_write_text(target / SPECIAL_TOKENS_MAP_FILE, _dump(_special_tokens_map()))
     return target
 
 

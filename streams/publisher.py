@@ -46,6 +46,7 @@ from hebrus_flywheel.streams.exceptions import (
     PublishValidationError,
     QueueFullError,
 )
+from hebrus_flywheel.streams.rules import IdentityRules
 from hebrus_flywheel.streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ class RuntimePublisher:
                          (IDENTITY_SCHEMA, TURN_SCHEMA, OBSERVATION_SCHEMA)}
         self._headers: dict[str, HeadersType] = {
             name: list(kafka_headers(e)) for name, e in self._entries.items()}
-        self._geometries: dict[str, validation.RouteGeometry] = {}
+        self._geometries: dict[str, IdentityRules] = {}
         if identity is not None:
             self._register(identity)
         self._obs_tracker = validation.OrdinalTracker(field="token_ordinal")

@@ -29,7 +29,7 @@ import numpy as np
 from hebrus_flywheel.streams.exceptions import PublishValidationError
 
 if TYPE_CHECKING:
-    from hebrus_flywheel.streams.validation import RouteGeometry
+    from hebrus_flywheel.streams.rules import IdentityRules
 
 ID_DTYPE = np.dtype("<u2")
 WEIGHT_DTYPE = np.dtype("<f4")
@@ -186,7 +186,7 @@ def _layer_range(count: int) -> list[int]:
     return list(range(count))
 
 
-def _check_rows(record: Mapping[str, Any], geometry: RouteGeometry) -> int:
+def _check_rows(record: Mapping[str, Any], geometry: IdentityRules) -> int:
     """``layers`` and ``stages``: one row per routed layer; returns the row count."""
     layers, stages = _int_list(record, "layers"), _int_list(record, "stages")
     rows = geometry.routed_layer_count
@@ -210,7 +210,7 @@ def _check_rows(record: Mapping[str, Any], geometry: RouteGeometry) -> int:
     return rows
 
 
-def _check_shape(record: Mapping[str, Any], rows: int, geometry: RouteGeometry
+def _check_shape(record: Mapping[str, Any], rows: int, geometry: IdentityRules
                  ) -> tuple[bytes, bytes]:
     top_k = _present(record, "top_k")
     if type(top_k) is not int and (
@@ -250,7 +250,7 @@ def _row_ends(rows: int, k: int) -> np.ndarray:
 _MAX, _MIN, _ALL = np.maximum.reduce, np.minimum.reduce, np.logical_and.reduce
 
 
-def _check_ids(ids_RK: np.ndarray, geometry: RouteGeometry) -> None:
+def _check_ids(ids_RK: np.ndarray, geometry: IdentityRules) -> None:
     if geometry.expert_count < ID_LIMIT and _MAX(ids_RK, None) >= geometry.expert_count:
         row = _row(ids_RK >= geometry.expert_count)
         raise _fail("expert_id_out_of_range", f"expert_ids row {row} = {ids_RK[row].tolist()} "
@@ -263,7 +263,7 @@ def _check_ids(ids_RK: np.ndarray, geometry: RouteGeometry) -> None:
                     "repeats an id", "expert_ids")
 
 
-def _check_weights(flat: np.ndarray, rows: int, geometry: RouteGeometry) -> None:
+def _check_weights(flat: np.ndarray, rows: int, geometry: IdentityRules) -> None:
     # min/max propagate NaN, so this one test proves every weight finite and >= 0
     if not (_MIN(flat) >= 0.0 and _MAX(flat) <= _FLOAT32_MAX):
         weights_RK = flat.reshape(rows, -1)
@@ -285,7 +285,7 @@ def _check_weights(flat: np.ndarray, rows: int, geometry: RouteGeometry) -> None
                     "increases along rank; rank 0 must be the highest router score", "weights")
 
 
-def check_packed_routes(record: Mapping[str, Any], geometry: RouteGeometry) -> None:
+def check_packed_routes(record: Mapping[str, Any], geometry: IdentityRules) -> None:
     """Check the packed route fields of a v2 observation against its identity's geometry.
 
     Covers the Avro types of those fields too, so a record that passes encodes without

@@ -23,15 +23,16 @@ import numbers
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
 from itertools import chain, pairwise
 from typing import Any
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.core.identity import compute_identity_id
 from hebrus_flywheel.streams import routes
 from hebrus_flywheel.streams.exceptions import PublishValidationError
+from hebrus_flywheel.streams.rules import INT32_MAX, IdentityRules
 
 
 class Reason(StrEnum):
@@ -68,10 +69,8 @@ class Reason(StrEnum):
 
 REASONS: tuple[str, ...] = tuple(r.value for r in Reason)
 
-INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT32_MAX = 3.4028234663852886e38
-MONOTONE_WEIGHT_RULES = frozenset({"softmax_topk_renormalized", "softmax_topk", "softmax"})
 """Weight rules under which weights never increase along rank; checked when declared."""
 ROLES = ("system", "user", "assistant", "tool")
 SEGMENT_KINDS = ("header", "content", "tool_call", "footer")
@@ -143,40 +142,6 @@ def _all(values: Sequence[Any], fast: type, kind: type) -> bool:
     return all(isinstance(v, kind) and not isinstance(v, bool) for v in values)
 
 
-@dataclass(frozen=True, kw_only=True)
-class RouteGeometry:
-    """What the checks need from a runtime identity.
-
-    Attributes:
-        identity_id: the identity digest records must carry.
-        routed_layer_count: routed layers per token; one route per layer.
-        expert_count: experts per routed layer; ids lie in ``[0, expert_count)``.
-        top_k: experts chosen per layer; every route has exactly ``top_k`` ids.
-        monotone_weights: weights never increase along rank (checked when true).
-        vocab_size: token ids lie in ``[0, vocab_size)``; ``None`` checks int32 only.
-    """
-
-    identity_id: str
-    routed_layer_count: int
-    expert_count: int
-    top_k: int
-    monotone_weights: bool = False
-    vocab_size: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("routed_layer_count", "expert_count", "top_k", "vocab_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"RouteGeometry.{name} must be ≥ 1, got {value}")
-        if self.top_k > self.expert_count:
-            raise ConfigError(f"RouteGeometry.top_k ({self.top_k}) exceeds expert_count "
-                              f"({self.expert_count})")
-
-    @property
-    def token_id_limit(self) -> int:
-        return self.vocab_size if self.vocab_size is not None else INT32_MAX + 1
-
-
 _IDENTITY_STRINGS = (
     "identity_id", "model_family", "model_artifact_digest", "tokenizer_digest",
     "chat_template_digest", "dtype", "quantization", "tie_break_rule", "weight_rule",
@@ -187,8 +152,8 @@ _IDENTITY_SIZES = ("routed_layer_count", "expert_count", "top_k", "hidden_size",
 
 
 def validate_identity(identity: Mapping[str, Any], *, vocab_size: int | None = None
-                      ) -> RouteGeometry:
-    """Check a ``RuntimeIdentity`` record (fields, sizes, digest) and return its geometry."""
+                      ) -> IdentityRules:
+    """Check a ``RuntimeIdentity`` record (fields, sizes, digest) and return its rules."""
     _mapping(identity, "identity")
     for name in _IDENTITY_STRINGS:
         _str(identity, name)
@@ -202,18 +167,16 @@ def validate_identity(identity: Mapping[str, Any], *, vocab_size: int | None = N
         raise _fail(Reason.IDENTITY_DIGEST_MISMATCH,
                     f"identity_id {identity['identity_id']} is not the digest {expected} of the "
                     "other fields; build it with schemas.identity.with_identity_id", "identity_id")
-    return RouteGeometry(
-        identity_id=identity["identity_id"],
-        routed_layer_count=identity["routed_layer_count"],
-        expert_count=identity["expert_count"],
-        top_k=identity["top_k"],
-        monotone_weights=identity["weight_rule"] in MONOTONE_WEIGHT_RULES,
-        vocab_size=vocab_size,
-    )
+    try:
+        geometry = RouteGeometry.from_identity(identity)
+    except ConfigError as exc:
+        raise _fail(Reason.VALUE_OUT_OF_RANGE, f"identity geometry is invalid: {exc}") from exc
+    return IdentityRules(identity_id=identity["identity_id"], geometry=geometry,
+                         vocab_size=vocab_size)
 
 
-def resolve_geometry(record: Mapping[str, Any], known: Mapping[str, RouteGeometry]
-                     ) -> RouteGeometry:
+def resolve_geometry(record: Mapping[str, Any], known: Mapping[str, IdentityRules]
+                     ) -> IdentityRules:
     """The geometry of the identity a record names; ``unknown_identity`` if not in ``known``."""
     identity_id = _str(_mapping(record, "record"), "identity_id")
     if identity_id not in known:
@@ -222,7 +185,7 @@ def resolve_geometry(record: Mapping[str, Any], known: Mapping[str, RouteGeometr
     return known[identity_id]
 
 
-def _check_common(record: Mapping[str, Any], geometry: RouteGeometry) -> None:
+def _check_common(record: Mapping[str, Any], geometry: IdentityRules) -> None:
     """Identity, thread key and producer fields shared by turns and observations."""
     identity_id = _str(record, "identity_id")
     if identity_id != geometry.identity_id:
@@ -239,13 +202,13 @@ def _check_common(record: Mapping[str, Any], geometry: RouteGeometry) -> None:
     _int(record, "turn_index", 0, INT32_MAX)
 
 
-def _check_token_id(token: int, path: str, geometry: RouteGeometry) -> None:
+def _check_token_id(token: int, path: str, geometry: IdentityRules) -> None:
     if not 0 <= token < geometry.token_id_limit:
         raise _fail(Reason.TOKEN_ID_OUT_OF_RANGE,
                     f"{path}={token} is outside [0, {geometry.token_id_limit})", path)
 
 
-def validate_route(route: Any, index: int, geometry: RouteGeometry) -> int:
+def validate_route(route: Any, index: int, geometry: IdentityRules) -> int:
     """Check one ``LayerRoute`` (``layers[index]``); returns its layer index."""
     path = f"layers[{index}]"
     route = _mapping(route, path)
@@ -282,7 +245,7 @@ def validate_route(route: Any, index: int, geometry: RouteGeometry) -> int:
     return layer
 
 
-def _layers_fast(layers: Sequence[Any], g: RouteGeometry) -> bool:
+def _layers_fast(layers: Sequence[Any], g: IdentityRules) -> bool:
     """True when every route is certainly valid, using builtins over all layers at once."""
     try:
         ids = [r["expert_ids"] for r in layers]
@@ -311,7 +274,7 @@ def _layers_fast(layers: Sequence[Any], g: RouteGeometry) -> bool:
     return not g.monotone_weights or all(w == sorted(w, reverse=True) for w in weights)
 
 
-def _check_layers(record: Mapping[str, Any], geometry: RouteGeometry) -> None:
+def _check_layers(record: Mapping[str, Any], geometry: IdentityRules) -> None:
     if routes.is_packed(record):
         routes.check_packed_routes(record, geometry)
         return
@@ -355,7 +318,7 @@ def observation_ordinal_key(record: Mapping[str, Any]) -> tuple[Any, ...]:
     return key if spec is None else (*key, spec["proposal_id"])
 
 
-def validate_observation(obs: Mapping[str, Any], geometry: RouteGeometry, *,
+def validate_observation(obs: Mapping[str, Any], geometry: IdentityRules, *,
                          tracker: OrdinalTracker | None = None) -> None:
     """Check a ``RouteObservation`` (v1 or packed v2 shape); with ``tracker``, also that
     ``token_ordinal`` increases."""
@@ -399,7 +362,7 @@ def _check_sampling(turn: Mapping[str, Any]) -> None:
     _int(sampling, "sampling.seed", INT64_MIN)
 
 
-def validate_turn(turn: Mapping[str, Any], geometry: RouteGeometry, *,
+def validate_turn(turn: Mapping[str, Any], geometry: IdentityRules, *,
                   tracker: OrdinalTracker | None = None) -> None:
     """Check a ``TranscriptTurn``; with ``tracker``, also that ``turn_index`` increases
     per ``(owner, thread, generation)``."""

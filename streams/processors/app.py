@@ -51,11 +51,11 @@ from typing import Any
 import faust
 from faust.serializers import codecs
 
+from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
-from hebrus_flywheel.streams.processors.common import StageCounters
 from hebrus_flywheel.streams.processors.dedup import DedupStage
 from hebrus_flywheel.streams.processors.identities import IdentityBook
 from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
@@ -166,7 +166,7 @@ class StreamsWorker:
             config.bootstrap, self.topics.runs, app_id=config.full_app_id,
             config=config.processors, capture_topics=self.topics.capture_kinds().values(),
         )
-        self.counters = StageCounters()
+        self.counters = Counters()
         self.identities = IdentityBook(bootstrap=config.bootstrap, topic=self.topics.identities)
         self.identities.load()
         self._last_input = time.monotonic()

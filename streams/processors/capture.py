@@ -17,9 +17,9 @@ import logging
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, NamedTuple
 
+from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.streams.processors import assemble as asm
 from hebrus_flywheel.streams.processors.common import (
-    StageCounters,
     counter_key,
     header_key,
     instance_id,
@@ -40,7 +40,7 @@ from hebrus_flywheel.streams.processors.validate import (
     decode_capture,
     quarantine_record,
 )
-from hebrus_flywheel.streams.validation import RouteGeometry
+from hebrus_flywheel.streams.rules import IdentityRules
 
 log = logging.getLogger(__name__)
 QUARANTINE = "quarantine"
@@ -63,12 +63,12 @@ class CaptureStage:
         *,
         topics: Mapping[str, str],
         store: MutableMapping[str, Any],
-        identities: MutableMapping[str, RouteGeometry | None],
+        identities: MutableMapping[str, IdentityRules | None],
         validate_config: ValidateConfig | None = None,
         assemble_config: asm.AssembleConfig | None = None,
         dedup_config: DedupConfig | None = None,
         resolve_identity: Callable[[str], None] | None = None,
-        counters: StageCounters | None = None,
+        counters: Counters | None = None,
     ) -> None:
         self.kinds = {name: kind for kind, name in topics.items()}
         self.topics = dict(topics)
@@ -78,7 +78,7 @@ class CaptureStage:
         self.aconf = assemble_config or asm.AssembleConfig()
         self.dconf = dedup_config or DedupConfig()
         self.resolve_identity = resolve_identity
-        self.counters = counters or StageCounters()
+        self.counters = counters or Counters()
 
     # -- entry points -------------------------------------------------------------
 
@@ -180,7 +180,7 @@ class CaptureStage:
             problem = check_message_key(record, key)
         return problem, routes
 
-    def _identity_of(self, record: Mapping[str, Any]) -> RouteGeometry | Rejection:
+    def _identity_of(self, record: Mapping[str, Any]) -> IdentityRules | Rejection:
         identity_id = record.get("identity_id")
         if (
             isinstance(identity_id, str)

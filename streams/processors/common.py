@@ -1,4 +1,4 @@
-"""Small helpers shared by the processor cores: state keys, ordinal ranges, counters, hashes.
+"""Small helpers shared by the processor cores: state keys, ordinal ranges, hashes.
 
 State lives in one mutable mapping per stage (a faust table in the worker, a dict in
 tests and the bench). Keys are strings built here so that every stage agrees on them;
@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import json
-from collections import Counter
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 SEP = "\x1f"
 """Separator inside state keys (ASCII unit separator: never part of an owner or thread)."""
@@ -97,10 +94,6 @@ def iter_ranges(ranges: Ranges) -> Iterable[int]:
         yield from range(lo, hi)
 
 
-def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def sha256_hex(*parts: bytes) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -113,28 +106,3 @@ def unit_interval(salt: str, *parts: str) -> float:
     """A deterministic number in ``[0, 1)`` from a salted SHA-256 of ``parts``."""
     digest = hashlib.sha256(SEP.join((salt, *parts)).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
-
-
-class StageCounters:
-    """Per-stage event counters in the datatrove style: ``stage/name -> count``."""
-
-    def __init__(self) -> None:
-        self._counts: Counter[str] = Counter()
-
-    def inc(self, stage: str, name: str, amount: int = 1) -> None:
-        self._counts[f"{stage}/{name}"] += amount
-
-    def get(self, stage: str, name: str) -> int:
-        return self._counts.get(f"{stage}/{name}", 0)
-
-    def stage(self, stage: str) -> dict[str, int]:
-        prefix = f"{stage}/"
-        return {
-            k[len(prefix) :]: v for k, v in sorted(self._counts.items()) if k.startswith(prefix)
-        }
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(sorted(self._counts.items()))
-
-    def merge(self, other: Mapping[str, int]) -> None:
-        self._counts.update(other)

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 from datasketch import MinHash, MinHashLSH
 
+from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.streams.processors.common import SEP, StageCounters, thread_key
+from hebrus_flywheel.streams.processors.common import SEP, thread_key
 from hebrus_flywheel.streams.processors.split import SplitConfig, assign_split
 
 _SCHEME = "affine32"
@@ -218,12 +219,12 @@ class DedupStage:
         split_config: SplitConfig,
         dedup_config: DedupConfig,
         store: MutableMapping[str, Any],
-        counters: StageCounters | None = None,
+        counters: Counters | None = None,
     ) -> None:
         self.split_config = split_config
         self.dedup_config = dedup_config
         self.store = store
-        self.counters = counters or StageCounters()
+        self.counters = counters or Counters()
         self._index: DedupIndex | None = None
         lsh_params(dedup_config.threshold, dedup_config.num_perm)  # once, at start-up
 

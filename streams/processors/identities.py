@@ -20,13 +20,14 @@ from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
 from hebrus_flywheel.streams.exceptions import PublishValidationError
 from hebrus_flywheel.streams.processors.exceptions import WorkerError
-from hebrus_flywheel.streams.validation import RouteGeometry, validate_identity
+from hebrus_flywheel.streams.rules import IdentityRules
+from hebrus_flywheel.streams.validation import validate_identity
 
 log = logging.getLogger(__name__)
 
 
 class IdentityBook:
-    """``identity_id -> RouteGeometry`` (None for a published but refused identity)."""
+    """``identity_id -> IdentityRules`` (None for a published but refused identity)."""
 
     def __init__(
         self,
@@ -40,7 +41,7 @@ class IdentityBook:
         self.topic = topic
         self.refresh_interval_s = refresh_interval_s
         self.timeout_s = timeout_s
-        self.identities: MutableMapping[str, RouteGeometry | None] = {}
+        self.identities: MutableMapping[str, IdentityRules | None] = {}
         self._misses: dict[str, float] = {}
 
     def load(self) -> int:

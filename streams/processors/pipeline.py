@@ -26,16 +26,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.jsonio import canonical_json
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, SUMMARY, CaptureStage, Emit
-from hebrus_flywheel.streams.processors.common import StageCounters, canonical_json, sha256_hex
+from hebrus_flywheel.streams.processors.common import sha256_hex
 from hebrus_flywheel.streams.processors.dedup import DedupConfig, DedupStage
 from hebrus_flywheel.streams.processors.split import SplitConfig
 from hebrus_flywheel.streams.processors.validate import ValidateConfig
 from hebrus_flywheel.streams.processors.window import WindowConfig, WindowStage
+from hebrus_flywheel.streams.rules import IdentityRules
 from hebrus_flywheel.streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
-from hebrus_flywheel.streams.validation import RouteGeometry
 
 _STAGE_TYPES: dict[str, type] = {
     "validate": ValidateConfig, "assemble": AssembleConfig, "split": SplitConfig,
@@ -122,10 +124,10 @@ class LocalPipeline:
         release_order: Sequence[str] | None = None,
     ) -> None:
         self.topics = capture_topics(prefix)
-        self.counters = StageCounters()
+        self.counters = Counters()
         self.capture_store: dict[str, Any] = {}
         self.dedup_store: dict[str, Any] = {}
-        self.identities: dict[str, RouteGeometry | None] = {}
+        self.identities: dict[str, IdentityRules | None] = {}
         self.windows: list[dict[str, Any]] = []
         self.decisions: list[dict[str, Any]] = []
         self.quarantined: list[dict[str, Any]] = []

@@ -29,7 +29,7 @@ from hebrus_flywheel.schemas.registry import SchemaEntry, SchemaKey, default_reg
 from hebrus_flywheel.streams import routes
 from hebrus_flywheel.streams import validation as sv
 from hebrus_flywheel.streams.exceptions import PublishValidationError
-from hebrus_flywheel.streams.validation import RouteGeometry
+from hebrus_flywheel.streams.rules import IdentityRules
 
 PROCESSOR_REASONS: dict[str, str] = {
     "oversized": "the message is larger than the configured maximum record size",
@@ -225,7 +225,7 @@ def check_message_key(record: Mapping[str, Any], key: bytes | None) -> Rejection
 
 def check_identity_record(
     record: Mapping[str, Any], key: bytes | None
-) -> RouteGeometry | Rejection:
+) -> IdentityRules | Rejection:
     """A RuntimeIdentity must be valid (``streams.validation``) and keyed by its id."""
     geometry = _run(sv.validate_identity, record)
     if isinstance(geometry, Rejection):
@@ -236,8 +236,8 @@ def check_identity_record(
 
 
 def check_identity_ref(
-    record: Mapping[str, Any], identities: Mapping[str, RouteGeometry | None]
-) -> RouteGeometry | Rejection:
+    record: Mapping[str, Any], identities: Mapping[str, IdentityRules | None]
+) -> IdentityRules | Rejection:
     """The geometry of the identity a record names, or why it cannot be used."""
     identity_id = record.get("identity_id")
     geometry = identities.get(identity_id) if isinstance(identity_id, str) else None
@@ -252,7 +252,7 @@ def check_identity_ref(
     return _run(sv.resolve_geometry, record, {})
 
 
-def check_turn(record: Mapping[str, Any], geometry: RouteGeometry) -> Rejection | None:
+def check_turn(record: Mapping[str, Any], geometry: IdentityRules) -> Rejection | None:
     """``streams.validation.validate_turn`` plus: only assistant tokens are generated."""
     problem = _run(sv.validate_turn, record, geometry)
     if problem is not None:
@@ -267,7 +267,7 @@ def check_turn(record: Mapping[str, Any], geometry: RouteGeometry) -> Rejection 
 
 
 def check_observation(
-    record: Mapping[str, Any], geometry: RouteGeometry
+    record: Mapping[str, Any], geometry: IdentityRules
 ) -> PackedRoutes | Rejection:
     """``streams.validation.validate_observation``, then the routes packed in layer order.
 

@@ -15,22 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.jsonio import canonical_json
 from hebrus_flywheel.streams.processors import assemble as asm
-from hebrus_flywheel.streams.processors.common import (
-    StageCounters,
-    canonical_json,
-    header_key,
-    sha256_hex,
-    thread_key,
-)
+from hebrus_flywheel.streams.processors.common import header_key, sha256_hex, thread_key
 
 _TOKEN_BYTES = 5
 _ROUTE_BYTES_PER_SLOT = 6
@@ -176,7 +171,7 @@ def content_digest(window: Mapping[str, Any]) -> str:
         return value
 
     body = {k: plain(v) for k, v in window.items() if k != "content_digest"}
-    return sha256_hex(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    return sha256_hex(canonical_json(body))
 
 
 def _anchors_and_cap(
@@ -265,11 +260,11 @@ class WindowStage:
         *,
         config: WindowConfig,
         store: MutableMapping[str, Any],
-        counters: StageCounters | None = None,
+        counters: Counters | None = None,
     ) -> None:
         self.config = config
         self.store = store
-        self.counters = counters or StageCounters()
+        self.counters = counters or Counters()
 
     def windows_for(self, decision: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The windows to publish for ``decision`` (none when dropped or already done)."""

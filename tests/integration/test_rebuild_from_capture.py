@@ -34,10 +34,10 @@ from hebrus_flywheel.replay.capture import CaptureConfig
 from hebrus_flywheel.replay.capture_cli import run_capture
 from hebrus_flywheel.replay.synthetic import generate_threads
 from hebrus_flywheel.schemas import codec
-from hebrus_flywheel.streams.processors.harness import WorkerProcess, wait_until
 from hebrus_flywheel.streams.processors.runs import group_members, read_runs
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.topics import OBSERVATIONS_TOPIC, STREAMS_RUNS_TOPIC, catalogue
+from tests.support.streams_harness import WorkerProcess, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -18,7 +18,12 @@ from typing import Any
 import pytest
 
 from hebrus_flywheel.streams.processors.dedup import DedupConfig, minhash_of
-from hebrus_flywheel.streams.processors.harness import (
+from hebrus_flywheel.streams.processors.inspect import read_topic, summarize_topics
+from hebrus_flywheel.streams.processors.split import SplitConfig, owner_split
+from hebrus_flywheel.streams.processors.topology import StreamTopics
+from hebrus_flywheel.streams.routes import to_v1
+from hebrus_flywheel.streams.topics import catalogue
+from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
     produce,
@@ -28,9 +33,7 @@ from hebrus_flywheel.streams.processors.harness import (
     window_pairs,
     worker_processor_config,
 )
-from hebrus_flywheel.streams.processors.inspect import read_topic, summarize_topics
-from hebrus_flywheel.streams.processors.split import SplitConfig, owner_split
-from hebrus_flywheel.streams.processors.synthetic import (
+from tests.support.streams_synthetic import (
     ProducerClock,
     ThreadSpec,
     encode_message,
@@ -39,9 +42,6 @@ from hebrus_flywheel.streams.processors.synthetic import (
     random_specs,
     thread_messages,
 )
-from hebrus_flywheel.streams.processors.topology import StreamTopics
-from hebrus_flywheel.streams.routes import to_v1
-from hebrus_flywheel.streams.topics import catalogue
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
 from hebrus_flywheel.streams.processors.common import ranges_add, ranges_contains, ranges_covers
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
-from hebrus_flywheel.streams.processors.synthetic import (
+from tests.support.streams_synthetic import (
     Feeder,
     ProducerClock,
     Scenario,
@@ -143,7 +143,7 @@ def test_redelivered_refusal_gets_the_same_verdict() -> None:
     earlier = copy.deepcopy(messages[0][2])
     sc.send(kind, key, later)
     part, _ = sc.feeder.place(kind, key)
-    from hebrus_flywheel.streams.processors.synthetic import encode_message
+    from tests.support.streams_synthetic import encode_message
 
     value, _ = encode_message(kind, earlier)
     sc.pipeline.feed(kind, part, 1, key, value)

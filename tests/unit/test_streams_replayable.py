@@ -23,8 +23,8 @@ from hebrus_flywheel.streams.processors.pipeline import (
 )
 from hebrus_flywheel.streams.processors.runs import StreamsRun, StreamsRunError
 from hebrus_flywheel.streams.processors.split import SplitConfig
-from hebrus_flywheel.streams.processors.synthetic import Scenario, ThreadSpec
 from hebrus_flywheel.streams.processors.window import WindowConfig
+from tests.support.streams_synthetic import Scenario, ThreadSpec
 
 ALL_VALIDATION = SplitConfig(validation_fraction=1.0, runtime_holdout_fraction=0.0,
                              stress_rate=0.0)

@@ -14,7 +14,7 @@ from hebrus_flywheel.streams.processors.split import (
     owner_split,
     thread_tags,
 )
-from hebrus_flywheel.streams.processors.synthetic import Scenario, ThreadSpec, random_specs
+from tests.support.streams_synthetic import Scenario, ThreadSpec, random_specs
 
 T0 = 1_767_225_600_000
 

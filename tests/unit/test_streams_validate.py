@@ -14,12 +14,6 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
-from hebrus_flywheel.streams.processors.synthetic import (
-    Scenario,
-    ThreadSpec,
-    encode_message,
-    make_identity,
-)
 from hebrus_flywheel.streams.processors.validate import (
     NOT_PRODUCED_AFTER_DECODE,
     REASONS,
@@ -27,6 +21,12 @@ from hebrus_flywheel.streams.processors.validate import (
     ValidateConfig,
 )
 from hebrus_flywheel.streams.routes import pack_routes, route_arrays, to_v1
+from tests.support.streams_synthetic import (
+    Scenario,
+    ThreadSpec,
+    encode_message,
+    make_identity,
+)
 
 KEY = b"owner-a/thread-a"
 

@@ -11,9 +11,9 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
 from hebrus_flywheel.streams.processors.split import SplitConfig
-from hebrus_flywheel.streams.processors.synthetic import Scenario, ThreadSpec, make_identity
 from hebrus_flywheel.streams.processors.window import WindowConfig, group_anchors, route_anchor_cap
 from hebrus_flywheel.streams.routes import pack_routes, route_arrays, to_v1
+from tests.support.streams_synthetic import Scenario, ThreadSpec, make_identity
 
 SMALL = WindowConfig(
     context_length=64,

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.core.identity import with_identity_id
 from hebrus_flywheel.schemas import exceptions as schema_errors
 from hebrus_flywheel.streams import routes
 from hebrus_flywheel.streams.exceptions import PublishValidationError
 from hebrus_flywheel.streams.validation import (
     REASONS,
+    IdentityRules,
     OrdinalTracker,
     Reason,
-    RouteGeometry,
     counter_tracker,
     resolve_geometry,
     validate_identity,
@@ -268,12 +269,23 @@ def test_turn_tracker_checks_turn_index_per_thread_generation() -> None:
 
 
 @pytest.mark.parametrize("change", [{"top_k": 0}, {"expert_count": 2, "top_k": 3},
-                                    {"vocab_size": 0}])
+                                    {"routed_layers": ()}, {"routed_layers": (1, 0)},
+                                    {"routed_layers": (0, 4)}, {"weight_rule": ""}])
 def test_geometry_config_errors(change: dict[str, Any]) -> None:
-    fields = {"identity_id": "x", "routed_layer_count": 2, "expert_count": 8, "top_k": 2,
-              **change}
+    fields = {"family": "f", "routed_layers": (0, 1), "layer_count": 2, "expert_count": 8,
+              "top_k": 2, "hidden_size": 4, "routed_intermediate_size": 4, **change}
     with pytest.raises(ConfigError):
         RouteGeometry(**fields)
+
+
+def test_rules_config_errors() -> None:
+    with pytest.raises(ConfigError, match="vocab_size"):
+        IdentityRules(identity_id="x", geometry=GEOMETRY.geometry, vocab_size=0)
+
+
+def test_rules_take_the_geometry_of_the_identity() -> None:
+    assert GEOMETRY.geometry == RouteGeometry.from_identity(identity())
+    assert GEOMETRY.geometry.routed_layers == tuple(range(GEOMETRY.routed_layer_count))
 
 
 def test_containers_must_be_lists() -> None:

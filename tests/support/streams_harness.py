@@ -1,6 +1,7 @@
-"""Drive real workers from tests, the bench and the demo: subprocesses, producing, reading.
+"""Drive real workers from tests and the bench: subprocesses, producing, reading.
 
-``WorkerProcess`` runs ``python -m streams.processors.cli worker`` with a set of flags;
+``WorkerProcess`` runs ``python -m hebrus_flywheel.streams.processors.cli worker``
+with a set of flags;
 :func:`worker_processor_config` turns the same flags into the :class:`ProcessorConfig`
 the worker uses, so an in-process :class:`LocalPipeline` can compute the windows a
 clean run must produce.
@@ -24,8 +25,8 @@ from hebrus_flywheel.streams.processors.cli import processor_config
 from hebrus_flywheel.streams.processors.exceptions import WorkerError
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
-from hebrus_flywheel.streams.processors.synthetic import Message, encode_message
 from hebrus_flywheel.streams.processors.topology import StreamTopics
+from tests.support.streams_synthetic import Message, encode_message
 
 DEFAULT_FLAGS: dict[str, Any] = {
     "salt": "hebrus-flywheel-split-v1",
