@@ -42,7 +42,7 @@ lint: install
 	$(BIN)/ruff check .
 	# import-linter and mypy read packages from disk: give them the installed layout.
 	$(BIN)/python tools/lint_tree.py .lint
-	cd .lint && PYTHONPATH=$(CURDIR)/.lint $(CURDIR)/$(BIN)/lint-imports --config $(CURDIR)/pyproject.toml
+	cd .lint && PYTHONPATH=$(CURDIR)/.lint $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml
 	cd .lint && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p hebrus_flywheel
 
 bench: broker-up
