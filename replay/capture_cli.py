@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from hebrus_flywheel.core.files import atomic_write_json
 from hebrus_flywheel.core.settings import bootstrap_servers
 
 
@@ -43,7 +43,7 @@ def capture_command(
     )
     _print_summary(summary)
     if summary_json is not None:
-        summary_json.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        atomic_write_json(summary_json, summary)
 
 
 def run_capture(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.files import atomic_write_text
 from hebrus_flywheel.replay.exceptions import WindowSourceError
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ def parity_command(
     typer.echo(format_table(result))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(result.to_json() + "\n", encoding="utf-8")
+        atomic_write_text(out, result.to_json() + "\n")
         typer.echo(f"wrote {out}")
     if not result.authoritative:
         raise typer.Exit(1)

@@ -38,6 +38,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.files import atomic_write_text
 from hebrus_flywheel.core.settings import (
     EMBEDDED_BROKER_PORT,
     EMBEDDED_CONTROLLER_PORT,
@@ -418,9 +419,7 @@ class EmbeddedBroker:
             ensure_jars(cfg)
             for d in (cfg.data_dir, cfg.logs_dir):
                 d.mkdir(parents=True, exist_ok=True)
-            tmp = cfg.server_properties.with_suffix(".tmp")
-            tmp.write_text(render_server_properties(cfg))
-            tmp.replace(cfg.server_properties)
+            atomic_write_text(cfg.server_properties, render_server_properties(cfg))
             ensure_formatted(cfg, java)
             proc = self._spawn(java)
             self._wait_ready(proc.pid, proc)

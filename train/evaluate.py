@@ -20,7 +20,6 @@ takes: ``candidate``, ``features`` and one :meth:`MetricsAccumulator.result` per
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import torch
 from tqdm import tqdm
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.files import atomic_write_json
 from hebrus_flywheel.train.baselines import (
     BaselineConfig,
     FrequencyTable,
@@ -328,4 +328,4 @@ def evaluate(snapshot_path: Path, checkpoint_path: Path, config: EvaluateConfig,
 
 def write_report(report: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_write_json(path, report)
