@@ -140,12 +140,12 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``python -m train.cli`` (one process per torchrun rank)."""
+    """Entry point of ``python -m hebrus_flywheel.train.cli`` (one process per torchrun rank)."""
     offline_environment()
     main_rank = int(os.environ.get("RANK", "0")) == 0
     logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = typer.Typer(name="hebrus_flywheel.train.cli", no_args_is_help=True, add_completion=False,
+    app = typer.Typer(name="flywheel-train", no_args_is_help=True, add_completion=False,
                       pretty_exceptions_enable=False)
     app.command("train")(train_command)
     app.command("evaluate")(evaluate_command)

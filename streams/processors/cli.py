@@ -1,7 +1,7 @@
 """``flywheel streams worker`` and ``flywheel streams inspect``.
 
 Mounted by ``flywheel.cli`` as ``flywheel streams …``; also runnable on its own as
-``python -m streams.processors.cli …`` (the integration tests do that).
+``python -m hebrus_flywheel.streams.processors.cli …`` (the integration tests do that).
 """
 
 from __future__ import annotations
