@@ -48,7 +48,7 @@ def emit(figure: str, value: float, unit: str, **extra: Any) -> None:
 
 
 def build(root: Path, args: argparse.Namespace) -> Any:
-    from hebrus_flywheel.train.testing import PlantedConfig, write_planted_snapshot
+    from tests.support.planted import PlantedConfig, write_planted_snapshot
 
     config = PlantedConfig(threads={"train": args.threads, "validation": 2},
                            tokens_per_thread=args.tokens, anchors_per_window=8,

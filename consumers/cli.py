@@ -81,7 +81,7 @@ def worker_command(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
     stats = worker.run()
-    typer.echo(json.dumps(stats.as_dict(), indent=2, sort_keys=True))
+    typer.echo(json.dumps(stats.report(), indent=2, sort_keys=True))
 
 
 def seal_command(

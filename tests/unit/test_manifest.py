@@ -27,8 +27,8 @@ from hebrus_flywheel.consumers.manifest import (
 )
 from hebrus_flywheel.consumers.seal import SealConfig, check_policy, resolve_parity
 from hebrus_flywheel.consumers.shards import ShardConfig, ShardName, shard_relpath, write_shard
-from hebrus_flywheel.consumers.testing import synthetic_labels
 from hebrus_flywheel.consumers.verify import verify_snapshot
+from tests.support.windows import synthetic_labels
 
 TOPIC = "flywheel.windows.train.v1"
 GEOMETRY = ShardGeometry(layers=4, top_k=10, feature_dim=16, hidden_dim=64)

@@ -38,8 +38,8 @@ from hebrus_flywheel.consumers.shards import (
     sha256_file,
     write_shard,
 )
-from hebrus_flywheel.consumers.testing import make_window, router_labels, synthetic_labels
 from hebrus_flywheel.schemas import codec
+from tests.support.windows import make_window, router_labels, synthetic_labels
 
 L, K, D, H = 4, 10, 16, 64
 GEOMETRY = ShardGeometry(layers=L, top_k=K, feature_dim=D, hidden_dim=H)

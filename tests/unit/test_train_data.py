@@ -18,7 +18,7 @@ from hebrus_flywheel.consumers.manifest import manifest_digest
 from hebrus_flywheel.train import data as data_module
 from hebrus_flywheel.train.data import Snapshot, SnapshotDataset, StreamConfig, make_loader
 from hebrus_flywheel.train.exceptions import SnapshotError
-from hebrus_flywheel.train.testing import (
+from tests.support.planted import (
     PlantedConfig,
     PlantedSnapshot,
     make_writable,

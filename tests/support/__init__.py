@@ -1,0 +1,4 @@
+"""Test scaffolding shared by tests and benches: planted snapshots, synthetic windows and labels.
+
+Not part of the installed package; import as ``tests.support.<name>`` from the repository root.
+"""
