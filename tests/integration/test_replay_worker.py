@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets, read_ranges
-from hebrus_flywheel.consumers.labels import U8_MAX_ABS_ERROR, dequantize_weights_u8
-from hebrus_flywheel.consumers.shards import STAGING_DIR, ShardConfig, iter_shards, sha256_file
+from hebrus_flywheel.consumers.shards import STAGING_DIR, ShardConfig, iter_shards
 from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
+from hebrus_flywheel.core.snapshot import U8_MAX_ABS_ERROR, dequantize_weights_u8, sha256_file
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.topics import QUARANTINE_TOPIC, catalogue, window_topic
 from tests.support.windows import (
