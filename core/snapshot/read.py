@@ -124,8 +124,9 @@ class SealedSnapshot:
         where = f"snapshot {self.snapshot_id}: {entry.path}"
         problems = _file_problems(self.directory, entry, hash_bytes=self._hash_on_read)
         if problems:
-            raise VerifyError(f"{where}: {problems[0]}; do not train on it: restore the file "
-                              "or rebuild the snapshot (`flywheel rebuild`)")
+            raise VerifyError(f"snapshot {self.snapshot_id}: {problems[0]}, so it differs from "
+                              "its manifest; do not train on it: restore the file or rebuild "
+                              "the snapshot (`flywheel rebuild`)")
         self._check_footer(entry, self.directory / entry.path, self.row_groups(index), where)
         self._checked.add(index)
 
