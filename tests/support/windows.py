@@ -26,7 +26,8 @@ from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.window import content_digest
 from hebrus_flywheel.streams.topics import window_topic
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "replay" / "data"
+# The corpus ships inside the package (replay/data), two folders above tests/support.
+DATA_DIR = Path(__file__).resolve().parents[2] / "replay" / "data"
 
 
 def _sha(text: bytes) -> str:

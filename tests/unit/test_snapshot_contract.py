@@ -58,7 +58,7 @@ def test_the_manifest_type_exposes_the_layout_and_refuses_edits(planted: Planted
     edited = {**manifest.to_dict(), "epoch": 7}
     with pytest.raises(ManifestError, match="hashes to"):
         parse_manifest(edited)
-    with pytest.raises(ManifestError, match="not a hebrus-flywheel-snapshot/v2"):
+    with pytest.raises(ManifestError, match=r"not a hebrus-flywheel-snapshot/v2"):
         parse_manifest({**manifest.to_dict(), "format": "hebrus-flywheel-snapshot/v1"})
 
 
@@ -71,6 +71,6 @@ def test_shards_describe_themselves_and_flat_keys_must_agree(planted: PlantedSna
     assert json.loads(meta[b"flywheel.feature_projection"]) == {
         "id": planted.projection.digest, "seed": 0}
     meta[b"flywheel.top_k"] = b"5"
-    with pytest.raises(ShardFormatError, match="flywheel.top_k"):
+    with pytest.raises(ShardFormatError, match=r"flywheel\.top_k"):
         read_shard_metadata(meta)
     assert sealed.read_shard(0, ["expert_ids"]).num_rows == sealed.manifest.shards[0].rows
