@@ -194,14 +194,19 @@ def make_replayers(teacher: Teacher, length: int, others: dict[str, Teacher]
 
 
 def _pack(labels: list[WindowLabels], layers: int, top_k: int, encoding: str) -> Any:
-    from hebrus_flywheel.consumers.labels import ShardGeometry, SourceRef, pack_rows
+    from hebrus_flywheel.consumers.labels import SourceRef, pack_rows
+    from hebrus_flywheel.core.geometry import RouteGeometry
+    from hebrus_flywheel.core.snapshot import ShardLayout
 
-    geometry = ShardGeometry(layers=layers, top_k=top_k,
-                             feature_dim=int(labels[0].features_ALD.shape[-1]),
-                             hidden_dim=1, weight_encoding=encoding)
+    # Only L and K shape the label columns; the other routing fields are placeholders.
+    route = RouteGeometry(family="bench", routed_layers=tuple(range(layers)),
+                          layer_count=layers, expert_count=max(top_k, 512), top_k=top_k,
+                          hidden_size=1, routed_intermediate_size=1)
+    layout = ShardLayout(route=route, feature_dim=int(labels[0].features_ALD.shape[-1]),
+                         hidden_dim=1, weight_encoding=encoding)
     items = [(lab, SourceRef(topic="bench", partition=0, offset=i))
              for i, lab in enumerate(labels)]
-    return pack_rows(items, geometry)
+    return pack_rows(items, layout)
 
 
 def _write_consumers(table: Any, root: Path, name: str) -> int:

@@ -1,7 +1,7 @@
 """Loader versus trainer throughput on a sealed snapshot; one JSON line per figure.
 
 Builds a planted sealed snapshot at the default geometry (48 routed layers, 512 experts,
-top-10, D = H = 64; no broker, see :mod:`train.testing`), then in one run measures:
+top-10, D = H = 64; no broker, see ``tests/support/planted.py``), then in one run measures:
 
 * ``loader_rows_per_s``: (token, layer) rows per second that the snapshot dataset
   delivers through its DataLoader alone (shard verification, Parquet decoding,
@@ -38,6 +38,8 @@ from typing import Any
 # would shadow the ``train`` package. Drop the folder so the package is imported.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _HERE]
+# The planted snapshot builder is test scaffolding (tests/support), not installed.
+sys.path.insert(0, str(_HERE.parent))
 
 GOAL_RATIO = 5.0
 
@@ -48,7 +50,7 @@ def emit(figure: str, value: float, unit: str, **extra: Any) -> None:
 
 
 def build(root: Path, args: argparse.Namespace) -> Any:
-    from hebrus_flywheel.train.testing import PlantedConfig, write_planted_snapshot
+    from tests.support.planted import PlantedConfig, write_planted_snapshot
 
     config = PlantedConfig(threads={"train": args.threads, "validation": 2},
                            tokens_per_thread=args.tokens, anchors_per_window=8,

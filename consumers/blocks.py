@@ -10,7 +10,7 @@ poll timing, so labels do not depend on which other partitions happened to be po
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,7 +21,7 @@ from hebrus_flywheel.consumers import faults
 from hebrus_flywheel.consumers.epochs import Block
 from hebrus_flywheel.consumers.exceptions import ShardError, WorkerError
 from hebrus_flywheel.consumers.intake import Accepted
-from hebrus_flywheel.consumers.labels import ShardGeometry, SourceRef, pack_rows, shard_metadata
+from hebrus_flywheel.consumers.labels import SourceRef, pack_rows
 from hebrus_flywheel.consumers.shards import (
     ShardConfig,
     ShardInfo,
@@ -29,7 +29,9 @@ from hebrus_flywheel.consumers.shards import (
     shard_relpath,
     write_shard,
 )
-from hebrus_flywheel.consumers.stats import Stats
+from hebrus_flywheel.core.counters import Counters
+from hebrus_flywheel.core.geometry import RouteGeometry
+from hebrus_flywheel.core.snapshot import ShardLayout, shard_metadata
 
 log = logging.getLogger(__name__)
 
@@ -48,23 +50,24 @@ class BlockSettings:
         root: dataset root the shards go under.
         shard: cutting and Parquet writer settings.
         batch_windows: windows per engine call (consecutive, within one block).
-        layers, top_k, hidden_dim: the teacher's routed layers, top-k and hidden width.
+        route: the teacher's routing geometry (slots, experts, top-k, hidden width).
         identity_id: runtime identity every label is produced under.
         config_digest: digest of the determinism config, stamped into each shard.
+        feature_contract: the engine's feature projection contract (digest and seed are
+            stamped into each shard); None when the engine records none.
     """
 
     root: Path
     shard: ShardConfig
     batch_windows: int
-    layers: int
-    top_k: int
-    hidden_dim: int
+    route: RouteGeometry
     identity_id: str
     config_digest: str
+    feature_contract: Mapping[str, Any] | None = None
 
 
 def _replay_batches(engine: Replayer, items: Sequence[Accepted], batch: int,
-                    stats: Stats) -> list[tuple[Any, SourceRef]]:
+                    stats: Counters) -> list[tuple[Any, SourceRef]]:
     out: list[tuple[Any, SourceRef]] = []
     for start in range(0, len(items), batch):
         chunk = items[start:start + batch]
@@ -84,42 +87,42 @@ def _replay_batches(engine: Replayer, items: Sequence[Accepted], batch: int,
     return out
 
 
-def _geometry(settings: BlockSettings, first: Any) -> ShardGeometry:
+def _layout(settings: BlockSettings, first: Any) -> ShardLayout:
+    route = settings.route
     shape: tuple[int, ...] = tuple(getattr(first.expert_ids_ALK, "shape", ()))
     features: tuple[int, ...] = tuple(getattr(first.features_ALD, "shape", ()))
-    if len(shape) != 3 or tuple(shape[1:]) != (settings.layers, settings.top_k):
+    if len(shape) != 3 or tuple(shape[1:]) != (route.routed_layer_count, route.top_k):
         raise ShardError(
             f"engine labels have expert_ids shape {shape}, but the teacher routes "
-            f"{settings.layers} layers x top-{settings.top_k}; engine and teacher disagree"
+            f"{route.routed_layer_count} layers x top-{route.top_k}; engine and teacher disagree"
         )
     if len(features) != 3:
         raise ShardError(f"engine features have shape {features}, expected [anchors, L, D]")
     dtype = "float32" if first.features_ALD.dtype == np.float32 else "float16"
-    return ShardGeometry(layers=settings.layers, top_k=settings.top_k,
-                         feature_dim=int(features[2]), hidden_dim=settings.hidden_dim,
-                         weight_encoding=settings.shard.weight_encoding, feature_dtype=dtype)
+    contract = settings.feature_contract or {}
+    return ShardLayout(route=route, feature_dim=int(features[2]), hidden_dim=route.hidden_size,
+                       weight_encoding=settings.shard.weight_encoding, feature_dtype=dtype,
+                       projection_id=contract.get("projection_digest"),
+                       projection_seed=contract.get("seed"))
 
 
 def close_block(engine: Replayer, settings: BlockSettings, block: Block, split: str,
-                items: Sequence[Accepted], stats: Stats) -> ShardInfo | None:
+                items: Sequence[Accepted], stats: Counters) -> ShardInfo | None:
     """Replay and write one block; None (no file) when no window of it was accepted."""
     if not items:
         stats.inc("write", "empty_blocks")
         return None
     labelled = _replay_batches(engine, items, settings.batch_windows, stats)
-    geometry = _geometry(settings, labelled[0][0])
+    layout = _layout(settings, labelled[0][0])
     with stats.timer("pack"):
-        table = pack_rows(labelled, geometry)
+        table = pack_rows(labelled, layout)
     name = ShardName(topic=block.topic, partition=block.partition,
                      first_offset=block.first, last_offset=block.last)
-    table = table.replace_schema_metadata(shard_metadata({
+    table = table.replace_schema_metadata(shard_metadata(layout, {
         "epoch": block.epoch, "split": split, "topic": block.topic,
         "partition": block.partition, "first_offset": block.first, "last_offset": block.last,
         "identity_id": settings.identity_id, "config_digest": settings.config_digest,
-        "windows": len(items), "rows": table.num_rows, "layers": geometry.layers,
-        "top_k": geometry.top_k, "feature_dim": geometry.feature_dim,
-        "hidden_dim": geometry.hidden_dim, "weight_encoding": geometry.weight_encoding,
-        "feature_dtype": geometry.feature_dtype,
+        "windows": len(items), "rows": table.num_rows,
     }))
     with stats.timer("write"):
         info = write_shard(settings.root, shard_relpath(block.epoch, split, name), table,

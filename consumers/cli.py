@@ -81,7 +81,7 @@ def worker_command(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
     stats = worker.run()
-    typer.echo(json.dumps(stats.as_dict(), indent=2, sort_keys=True))
+    typer.echo(json.dumps(stats.report(), indent=2, sort_keys=True))
 
 
 def seal_command(
@@ -128,7 +128,7 @@ def verify_command(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Check every shard's bytes and SHA-256 and that no file is missing or extra."""
-    from hebrus_flywheel.consumers.verify import verify_snapshot
+    from hebrus_flywheel.core.snapshot import verify_snapshot
 
     report = verify_snapshot(snapshot, expected_id=snapshot_id)
     if as_json:

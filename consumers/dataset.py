@@ -16,22 +16,16 @@ different identity, config or library versions is refused with the differing fie
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import platform
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hebrus_flywheel.consumers.exceptions import DatasetError
-from hebrus_flywheel.consumers.shards import (
-    STAGING_DIR,
-    ShardName,
-    fsync_path,
-    iter_shards,
-    read_window_ids,
-)
+from hebrus_flywheel.consumers.shards import STAGING_DIR, ShardName, iter_shards, read_window_ids
+from hebrus_flywheel.core.files import atomic_write_json
+from hebrus_flywheel.core.jsonio import canonical_digest, canonical_json
 
 DATASET_FILE = "dataset.json"
 DATASET_FORMAT = "hebrus-flywheel-dataset/v1"
@@ -51,13 +45,9 @@ def writer_versions() -> dict[str, str]:
     return out
 
 
-def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def config_digest(determinism: Mapping[str, Any]) -> str:
     """Hex SHA-256 of the canonical JSON of a determinism record (stamped into shards)."""
-    return hashlib.sha256(canonical_json(determinism)).hexdigest()
+    return canonical_digest(determinism)
 
 
 def dataset_record(*, identity: Mapping[str, Any], determinism: Mapping[str, Any],
@@ -70,24 +60,6 @@ def dataset_record(*, identity: Mapping[str, Any], determinism: Mapping[str, Any
         "writer": writer_versions(),
         "source": dict(source),
     }
-
-
-def write_json_atomic(path: Path, value: Any, *, tmp_dir: Path | None = None) -> None:
-    """Write ``value`` as indented, key-sorted JSON via a fsynced temporary file.
-
-    The temporary file lives in ``tmp_dir`` (same filesystem) or beside ``path``.
-    """
-    tmp = (tmp_dir or path.parent) / f".{path.name}.{os.getpid()}.tmp"
-    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    try:
-        with tmp.open("w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        fsync_path(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def read_dataset(root: Path) -> dict[str, Any]:
@@ -124,7 +96,7 @@ def open_dataset(root: Path, record: Mapping[str, Any]) -> Path:
     (root / STAGING_DIR).mkdir(parents=True, exist_ok=True)
     path = root / DATASET_FILE
     if not path.exists():
-        write_json_atomic(path, dict(record))
+        atomic_write_json(path, dict(record))
         return root
     existing = read_dataset(root)
     diffs = [d for field in _COMPARED

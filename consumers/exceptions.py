@@ -3,11 +3,18 @@
 Every class derives from :class:`ConsumersError`, itself a
 :class:`flywheel.errors.FlywheelError`, so the CLI turns any of them into a clear
 message and exit status 2. Messages say what was wrong and what to do about it.
+``ManifestError`` and ``VerifyError`` are the snapshot contract's own
+(:mod:`hebrus_flywheel.core.snapshot`), re-exported so that writer and readers raise
+and catch one type.
 """
 
 from __future__ import annotations
 
 from hebrus_flywheel.core.errors import FlywheelError
+from hebrus_flywheel.core.snapshot.errors import ManifestError, VerifyError
+
+__all__ = ["ConsumersError", "ControlError", "DatasetError", "ManifestError", "RebuildError",
+           "SealError", "ShardError", "VerifyError", "WorkerError"]
 
 
 class ConsumersError(FlywheelError):
@@ -32,14 +39,6 @@ class WorkerError(ConsumersError):
 
 class SealError(ConsumersError):
     """An epoch cannot be sealed (out of order, workers behind, parity refused, conflict)."""
-
-
-class ManifestError(ConsumersError):
-    """A manifest is missing, malformed, or its digest does not match its content."""
-
-
-class VerifyError(ConsumersError):
-    """A sealed snapshot differs from its manifest (byte flip, missing or extra file)."""
 
 
 class RebuildError(ConsumersError):

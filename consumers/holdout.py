@@ -26,8 +26,8 @@ import pyarrow.parquet as pq
 from hebrus_flywheel.consumers.epochs import EpochBoundary
 from hebrus_flywheel.consumers.exceptions import SealError
 from hebrus_flywheel.consumers.kafka_io import read_ranges
-from hebrus_flywheel.consumers.labels import U8_MAX_ABS_ERROR, dequantize_weights_u8
 from hebrus_flywheel.consumers.shards import iter_shards
+from hebrus_flywheel.core.snapshot import U8_MAX_ABS_ERROR, dequantize_weights_u8
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
 

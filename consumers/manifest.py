@@ -1,21 +1,14 @@
-"""Snapshot manifests: what a sealed epoch holds, and the digest that names it.
+"""Build and write a sealed epoch's manifest (the writer side of the snapshot contract).
 
-A snapshot is one epoch directory ``ROOT/epoch=N/``: its shards under ``split=S/`` and
-``manifest.json``. The manifest lists every shard (path relative to the epoch
-directory, SHA-256, bytes, rows, windows, source topic/partition/offset range), split
-counts, the runtime identity with the teacher and tokenizer digests, the determinism
-config and writer library versions, the epoch's per-partition offset ranges, the
-parity result and any parity override.
-
-The snapshot id is the hex SHA-256 of the manifest's canonical JSON (sorted keys, no
-whitespace, UTF-8) without the ``snapshot_id`` field itself. The manifest holds no
-timestamps or host names, so sealing the same shards twice gives the same id and a
-byte-identical rebuild reproduces the id too.
+The manifest format, its ``Manifest`` type, digest (= snapshot id), parsing and
+verification are the contract's (:mod:`hebrus_flywheel.core.snapshot`,
+``docs/snapshot-format.md``). This module describes the shards on disk, checks them
+against the epoch boundary and writes ``epoch=N/manifest.json`` atomically. It records
+no timestamps or host names, so sealing the same shards twice gives the same id.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
@@ -23,28 +16,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hebrus_flywheel.consumers.dataset import canonical_json, write_json_atomic
 from hebrus_flywheel.consumers.epochs import EpochBoundary, offsets_json
-from hebrus_flywheel.consumers.exceptions import ManifestError, SealError
-from hebrus_flywheel.consumers.labels import U8_MAX_ABS_ERROR
-from hebrus_flywheel.consumers.shards import (
-    STAGING_DIR,
-    ShardName,
-    iter_shards,
+from hebrus_flywheel.consumers.exceptions import SealError
+from hebrus_flywheel.consumers.shards import STAGING_DIR, ShardName, iter_shards, shard_summary
+from hebrus_flywheel.core.files import atomic_write_json
+from hebrus_flywheel.core.snapshot import (
+    MANIFEST_FILE,
+    MANIFEST_FORMAT,
+    ShardLayout,
+    manifest_digest,
     sha256_file,
-    shard_summary,
 )
 
-MANIFEST_FILE = "manifest.json"
-MANIFEST_FORMAT = "hebrus-flywheel-snapshot/v1"
 _GEOMETRY_KEYS = ("layers", "top_k", "feature_dim", "hidden_dim", "weight_encoding",
-                  "feature_dtype", "identity_id", "config_digest")
-
-
-def manifest_digest(manifest: Mapping[str, Any]) -> str:
-    """The snapshot id: SHA-256 of the canonical JSON without ``snapshot_id``."""
-    body = {k: v for k, v in manifest.items() if k != "snapshot_id"}
-    return hashlib.sha256(canonical_json(body)).hexdigest()
+                  "feature_dtype", "route", "projection", "identity_id", "config_digest")
 
 
 def _shard_entry(root: Path, epoch: int, split: str, path: Path) -> dict[str, Any]:
@@ -105,6 +90,12 @@ def _geometry(shards: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     return dict(shards[0]["geometry"]) if shards else None
 
 
+def _label_encoding(geometry: Mapping[str, Any] | None) -> dict[str, Any]:
+    weights = None if geometry is None else ShardLayout.from_dict(geometry).weight_quantization()
+    return {"expert_ids": "uint16, rank 0 first (exact)", "weights": weights,
+            "features": None if geometry is None else geometry["feature_dtype"]}
+
+
 def _splits(shards: Sequence[Mapping[str, Any]], layers: int) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for s in shards:
@@ -151,9 +142,7 @@ def build_manifest(*, epoch: int, dataset: Mapping[str, Any], boundary: EpochBou
         "determinism": dataset["determinism"], "writer": dataset["writer"],
         "source": _source(boundary, splits_by_topic, dataset["source"]),
         "geometry": geometry,
-        "label_encoding": {"expert_ids": "uint16, rank 0 first (exact)",
-                           "weights_u8": f"q/255, max abs error {U8_MAX_ABS_ERROR:.6f}",
-                           "weights_f16": "IEEE half", "features": "float16"},
+        "label_encoding": _label_encoding(geometry),
         "shards": entries, "splits": _splits(entries, layers),
         "totals": {**totals, "shards": len(entries), "labels": totals["rows"] * layers},
         "parity": None if parity is None else dict(parity),
@@ -163,39 +152,13 @@ def build_manifest(*, epoch: int, dataset: Mapping[str, Any], boundary: EpochBou
     return manifest
 
 
-def manifest_path(snapshot: Path) -> Path:
-    """``snapshot`` itself when it is a manifest file, else ``snapshot/manifest.json``."""
-    snapshot = Path(snapshot)
-    return snapshot if snapshot.name == MANIFEST_FILE else snapshot / MANIFEST_FILE
-
-
-def load_manifest(snapshot: Path) -> dict[str, Any]:
-    """Read a manifest (epoch dir or file) and check its format and its own digest."""
-    path = manifest_path(snapshot)
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ManifestError(f"{path} does not exist; point at a sealed epoch directory") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"cannot read {path}: {exc}; the manifest is damaged") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise ManifestError(f"{path} is not a {MANIFEST_FORMAT} manifest")
-    digest = manifest_digest(manifest)
-    if manifest.get("snapshot_id") != digest:
-        raise ManifestError(
-            f"{path} claims snapshot id {manifest.get('snapshot_id')} but its content hashes "
-            f"to {digest}: the manifest was edited or damaged; restore it from a copy"
-        )
-    return manifest
-
-
 def write_manifest(root: Path, epoch_dir: Path, manifest: Mapping[str, Any]) -> Path:
     """Write ``manifest.json`` into ``epoch_dir`` atomically (via a temporary file)."""
     path = epoch_dir / MANIFEST_FILE
     epoch_dir.mkdir(parents=True, exist_ok=True)
     staging = root / STAGING_DIR
     staging.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, dict(manifest), tmp_dir=staging)
+    atomic_write_json(path, dict(manifest), tmp_dir=staging)
     return path
 
 

@@ -40,13 +40,13 @@ from hebrus_flywheel.consumers.kafka_io import read_ranges
 from hebrus_flywheel.consumers.manifest import (
     build_manifest,
     describe_shards,
-    load_manifest,
     make_read_only,
     write_manifest,
 )
 from hebrus_flywheel.consumers.shards import ShardConfig, epoch_dir
-from hebrus_flywheel.consumers.stats import Stats
+from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.snapshot import load_manifest
 
 log = logging.getLogger(__name__)
 
@@ -149,13 +149,14 @@ def _classify(msg: Any, split: str, settings: BlockSettings, bundle: Any, check:
 
 
 def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: Path,
-            stats: Stats, fresh: Mapping[str, bytes] | None = None) -> None:
+            stats: Counters, fresh: Mapping[str, bytes] | None = None) -> None:
     det = manifest["determinism"]
     boundary, splits = _boundary(manifest)
     settings = BlockSettings(
         root=root, shard=ShardConfig(**det["shard"]), batch_windows=det["batch_windows"],
-        layers=bundle.layers, top_k=bundle.top_k, hidden_dim=bundle.hidden_dim,
-        identity_id=bundle.identity["identity_id"], config_digest=config_digest(det))
+        route=bundle.teacher.geometry, identity_id=bundle.identity["identity_id"],
+        config_digest=config_digest(det),
+        feature_contract=bundle.replay_config.get("feature_contract"))
     plan = EpochPlan(settings.shard.offsets_per_shard, [boundary])
     logs = {(t, p): PartitionLog(topic=t, partition=p, split=splits[t],
                                  base=boundary.start_of(t, p))
@@ -192,14 +193,14 @@ def _differences(original: dict[str, Any], rebuilt: dict[str, Any]) -> list[str]
 
 def rebuild_snapshot(config: RebuildConfig, *, teacher: Any = None) -> dict[str, Any]:
     """Rebuild one sealed epoch into ``config.out`` and compare it; a report dict."""
-    manifest = load_manifest(config.snapshot)
+    manifest = load_manifest(config.snapshot).to_dict()
     out = Path(config.out).resolve()
     target = epoch_dir(out, manifest["epoch"])
     if target.exists():
         raise RebuildError(f"{target} already exists; choose an empty --out directory")
     capture = _capture_check(config, manifest) if config.from_capture else None
     bundle = _load(config, manifest, teacher)
-    stats = Stats()
+    stats = Counters()
     _replay(config, manifest, bundle, out, stats,
             None if capture is None else capture.fresh.encoded)
     boundary, splits = _boundary(manifest)
@@ -218,7 +219,7 @@ def rebuild_snapshot(config: RebuildConfig, *, teacher: Any = None) -> dict[str,
               "shards": len(rebuilt["shards"]), "rows": rebuilt["totals"]["rows"],
               "identical": not diffs, "differences": diffs, "out": str(target),
               "snapshot_id_match": manifest["snapshot_id"] == rebuilt["snapshot_id"],
-              "stats": stats.as_dict(), **({} if capture is None else capture.report())}
+              "stats": stats.report(), **({} if capture is None else capture.report())}
     if diffs:
         drift = {k: (v, writer_versions().get(k)) for k, v in manifest["writer"].items()
                  if writer_versions().get(k) != v}

@@ -43,16 +43,15 @@ from hebrus_flywheel.consumers.exceptions import ManifestError, SealError
 from hebrus_flywheel.consumers.holdout import HOLDOUT_SPLIT, holdout_parity
 from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets
 from hebrus_flywheel.consumers.manifest import (
-    MANIFEST_FILE,
     build_manifest,
     check_ranges,
     describe_shards,
-    load_manifest,
     make_read_only,
     write_manifest,
 )
 from hebrus_flywheel.consumers.shards import epoch_dir
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.snapshot import MANIFEST_FILE, load_manifest
 from hebrus_flywheel.streams.processors.pipeline import capture_topics
 from hebrus_flywheel.streams.processors.runs import StreamsRunError, read_runs
 from hebrus_flywheel.streams.topics import CONTROL_TOPIC, SPLITS, STREAMS_RUNS_TOPIC, window_topic
@@ -231,7 +230,7 @@ def seal_epoch(config: SealConfig) -> SealResult:
     dataset = read_dataset(root)
     edir = epoch_dir(root, config.epoch)
     if (edir / MANIFEST_FILE).exists():
-        manifest = load_manifest(edir)
+        manifest = load_manifest(edir).to_dict()
         return SealResult(snapshot_id=manifest["snapshot_id"], manifest_path=edir / MANIFEST_FILE,
                           manifest=manifest, already_sealed=True)
     prefix, group_id = dataset["source"]["prefix"], dataset["source"]["group_id"]

@@ -9,7 +9,8 @@ folders ``epoch=<N>/split=<split>/``. The range is the *block* the rows came fro
 Bytes: rows arrive sorted (:func:`consumers.labels.pack_rows`), every writer option is
 pinned (format version, zstd level, dictionary and page sizes, fixed row-group size,
 page checksums, sorting-columns metadata) and the only key/value metadata are the Arrow
-schema and a canonical-JSON ``flywheel.shard`` record without timestamps. Parquet's
+schema and the contract's ``flywheel.*`` keys (:func:`core.snapshot.shard_metadata`),
+without timestamps. Parquet's
 ``created_by`` is ``parquet-cpp-arrow version <pyarrow version>``: stable for one
 pyarrow version, which is why manifests record the writer versions and rebuilds check
 them. The same rows therefore give byte-identical files.
@@ -24,7 +25,6 @@ is a determinism bug and raises :class:`ShardError`.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -41,8 +41,15 @@ import pyarrow.parquet as pq
 
 from hebrus_flywheel.consumers import faults
 from hebrus_flywheel.consumers.exceptions import ShardError
-from hebrus_flywheel.consumers.labels import SORT_COLUMNS, read_shard_metadata
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.files import fsync_path
+from hebrus_flywheel.core.snapshot import (
+    SORT_COLUMNS,
+    WEIGHT_ENCODINGS,
+    ShardFormatError,
+    read_shard_metadata,
+    sha256_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +92,7 @@ class ShardConfig:
         level = self.compression_level
         if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= 22:
             raise ConfigError(f"ShardConfig.compression_level must be 1..22, got {level!r}")
-        if self.weight_encoding not in ("uint8", "float16"):
+        if self.weight_encoding not in WEIGHT_ENCODINGS:
             raise ConfigError(
                 f"ShardConfig.weight_encoding must be 'uint8' or 'float16', "
                 f"got {self.weight_encoding!r}"
@@ -136,23 +143,6 @@ class ShardInfo:
     bytes: int
     rows: int
     windows: int
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory by path."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _writer(path: Path, schema: pa.Schema, config: ShardConfig) -> pq.ParquetWriter:
@@ -265,10 +255,11 @@ def shard_summary(path: Path) -> dict[str, Any]:
     """Rows, row groups and ``flywheel.shard`` metadata of a shard (reads the footer only)."""
     try:
         meta = pq.read_metadata(path)
-    except (OSError, pa.ArrowException) as exc:
+        shard = read_shard_metadata(meta.metadata)
+    except (OSError, pa.ArrowException, ShardFormatError) as exc:
         raise ShardError(f"cannot read the Parquet footer of {path}: {exc}") from exc
     return {"rows": meta.num_rows, "row_groups": meta.num_row_groups,
-            "created_by": meta.created_by, "shard": read_shard_metadata(meta.metadata)}
+            "created_by": meta.created_by, "shard": shard}
 
 
 def read_window_ids(path: Path) -> list[str]:

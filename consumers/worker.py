@@ -39,7 +39,7 @@ from hebrus_flywheel.consumers.exceptions import WorkerError
 from hebrus_flywheel.consumers.intake import PartitionLog, Verdict, classify, quarantine_record
 from hebrus_flywheel.consumers.labels import SourceRef
 from hebrus_flywheel.consumers.shards import ShardConfig, clean_staging
-from hebrus_flywheel.consumers.stats import Stats
+from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.topics import CONTROL_TOPIC, QUARANTINE_TOPIC, SPLITS, window_topic
@@ -136,7 +136,7 @@ class ReplayWorker:
         from hebrus_flywheel.consumers.engine import determinism_record, load_engine, window_check
 
         self.config = config
-        self.stats = Stats()
+        self.stats = Counters()
         self._stop = threading.Event()
         self.bundle = load_engine(teacher_dir=config.teacher, dtype=config.dtype,
                                   replay_options=config.replay_options,
@@ -152,9 +152,9 @@ class ReplayWorker:
         clean_staging(self.root)
         self.settings = BlockSettings(
             root=self.root, shard=config.shard, batch_windows=config.batch_windows,
-            layers=self.bundle.layers, top_k=self.bundle.top_k, hidden_dim=self.bundle.hidden_dim,
-            identity_id=self.bundle.identity["identity_id"],
-            config_digest=config_digest(record["determinism"]))
+            route=self.bundle.teacher.geometry, identity_id=self.bundle.identity["identity_id"],
+            config_digest=config_digest(record["determinism"]),
+            feature_contract=self.bundle.replay_config.get("feature_contract"))
         self._check = window_check(self.bundle.engine)
         self.splits = config.window_topics()
         self.logs: dict[tuple[str, int], PartitionLog] = {}
@@ -318,7 +318,7 @@ class ReplayWorker:
         boundary = self.plan.boundaries[epoch]
         return all(p.base >= boundary.end_of(t, n) for (t, n), p in self.logs.items())
 
-    def run(self) -> Stats:
+    def run(self) -> Counters:
         """Consume until stopped (``stop()``, idle exit, or ``stop_after_epoch``)."""
         self.consumer.subscribe(list(self.splits), on_assign=self._on_assign,
                                 on_revoke=self._on_revoke)
@@ -338,7 +338,7 @@ class ReplayWorker:
                 now = time.monotonic()
                 if now - last_stats > self.config.stats_interval_s:
                     last_stats = now
-                    log.info("replay worker stats %s", self.stats.as_dict())
+                    log.info("replay worker stats %s", self.stats.report())
                 idle = self.config.idle_exit_s
                 if self._epoch_done() or (idle is not None and self._assigned_once
                                           and now - self._last_input > idle):
@@ -360,4 +360,4 @@ class ReplayWorker:
         self.producer.flush(30)
         self.consumer.close()
         self.control.close()
-        log.info("replay worker stopped: %s", self.stats.as_dict())
+        log.info("replay worker stopped: %s", self.stats.report())

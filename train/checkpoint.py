@@ -12,15 +12,14 @@ only valid for features made the same way), the full training config and seed, t
 version (package version, git commit and whether the tree was dirty, torch version), the
 world size and the training outcome. ``checkpoint_id`` is the SHA-256 of the canonical
 lineage and the parameter bytes, so the same seed, data and code give the same id.
-Files are written through a temporary name and renamed, so a crash leaves the previous
-checkpoint intact.
+Files are written through a fsynced temporary name and renamed
+(:mod:`hebrus_flywheel.core.files`), so a crash leaves the previous checkpoint intact.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -30,8 +29,9 @@ from typing import Any
 
 import torch
 
-from hebrus_flywheel.consumers.dataset import canonical_json
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.files import atomic_write, atomic_write_json
+from hebrus_flywheel.core.jsonio import canonical_json
 from hebrus_flywheel.train.exceptions import CheckpointError
 from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig
 
@@ -75,15 +75,6 @@ def checkpoint_id(state_dict: Mapping[str, torch.Tensor], lineage: Mapping[str, 
     return digest.hexdigest()
 
 
-def _replace(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def save_checkpoint(directory: Path, config: SidecarConfig,
                     state_dict: Mapping[str, torch.Tensor],
                     lineage: Mapping[str, Any]) -> dict[str, Any]:
@@ -94,9 +85,8 @@ def save_checkpoint(directory: Path, config: SidecarConfig,
     plain["checkpoint_id"] = checkpoint_id(state, plain)
     payload = {"format": CHECKPOINT_FORMAT, "model_config": _config_dict(config),
                "state_dict": state, "lineage": plain}
-    _replace(directory / CHECKPOINT_FILE, lambda p: torch.save(payload, p))
-    text = json.dumps(plain, indent=2, sort_keys=True) + "\n"
-    _replace(directory / LINEAGE_FILE, lambda p: p.write_text(text, encoding="utf-8"))
+    atomic_write(directory / CHECKPOINT_FILE, lambda handle: torch.save(payload, handle))
+    atomic_write_json(directory / LINEAGE_FILE, plain)
     return plain
 
 

@@ -4,8 +4,9 @@ Opening reads ``manifest.json`` only: its digest must equal its snapshot id (and
 expected id, when one is given), so a snapshot of 10,000 shards opens without touching
 a shard. Each shard is verified (regular file, byte count, SHA-256, row count, row
 groups, geometry in its footer) by the process that first reads it, before any of its
-rows is used; ``verify="full"`` runs :func:`consumers.verify.verify_snapshot` at open
-instead (also refuses extra files). Any mismatch raises SnapshotError.
+rows is used; ``verify="full"`` runs :func:`core.snapshot.verify_snapshot` at open
+instead (also refuses extra files). Any mismatch raises SnapshotError. The checks are
+the snapshot contract's (:mod:`hebrus_flywheel.core.snapshot`).
 
 Work division. A *unit* is one (shard, row group) of the selected splits, in manifest
 order (row groups per shard follow from its row count and the recorded
@@ -32,7 +33,6 @@ A batch (dict) holds ``B`` (token, layer) rows, O layer offsets:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,16 +40,16 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from hebrus_flywheel.consumers.exceptions import ConsumersError
-from hebrus_flywheel.consumers.labels import U8_LEVELS, read_shard_metadata
-from hebrus_flywheel.consumers.manifest import load_manifest, manifest_path
-from hebrus_flywheel.consumers.shards import sha256_file
-from hebrus_flywheel.consumers.verify import verify_snapshot
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.snapshot import (
+    U8_LEVELS,
+    SnapshotContractError,
+    manifest_path,
+    open_snapshot,
+)
 from hebrus_flywheel.train.exceptions import SnapshotError
 from hebrus_flywheel.train.metrics import NO_DOMAIN, SPLITS
 
@@ -75,47 +75,28 @@ class Snapshot:
                  verify: Literal["lazy", "full"] = "lazy") -> None:
         if verify not in ("lazy", "full"):
             raise ConfigError(f"verify must be 'lazy' or 'full', got {verify!r}")
-        self.directory = manifest_path(Path(path)).parent
         try:
-            if verify == "full":
-                verify_snapshot(self.directory, expected_id=expected_id)
-            self.manifest = load_manifest(self.directory)
-        except ConsumersError as exc:
-            raise SnapshotError(f"refusing snapshot {self.directory}: {exc}") from exc
-        if expected_id is not None and self.snapshot_id != expected_id:
-            raise SnapshotError(
-                f"snapshot {self.directory} is {self.snapshot_id}, expected {expected_id}; "
-                "point at the snapshot you meant, or drop the expected id")
-        self.geometry = self._geometry()
-        self.expert_count = self._expert_count()
-        self.row_group_rows = (self.manifest.get("determinism") or {}).get("shard", {}).get(
-            "row_group_rows")
-        self._verified: set[int] = set()
-        self._hash_on_read = verify == "lazy"  # "full" hashed every shard already
+            self._sealed = open_snapshot(Path(path), expected_id=expected_id, verify=verify)
+        except SnapshotContractError as exc:
+            raise SnapshotError(f"refusing snapshot {manifest_path(Path(path)).parent}: "
+                                f"{exc}") from exc
+        self.directory = self._sealed.directory
+        self.manifest = self._sealed.manifest
+        if self.manifest.layout is None or not self.manifest.shards:
+            raise SnapshotError(f"snapshot {self.snapshot_id} holds no shards; nothing to read")
+        self.layout = self.manifest.layout
+        self.geometry = dict(self.manifest["geometry"])
+        self.expert_count = self.layout.route.expert_count
+        self.row_group_rows = self.manifest.row_group_rows
 
     @property
     def snapshot_id(self) -> str:
-        return str(self.manifest["snapshot_id"])
-
-    def _geometry(self) -> dict[str, Any]:
-        geometry = self.manifest.get("geometry")
-        if not geometry or not self.manifest.get("shards"):
-            raise SnapshotError(f"snapshot {self.snapshot_id} holds no shards; nothing to read")
-        return dict(geometry)
-
-    def _expert_count(self) -> int:
-        count = (self.manifest.get("identity") or {}).get("expert_count")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise SnapshotError(f"snapshot {self.snapshot_id}: identity.expert_count is "
-                                f"{count!r}; the manifest does not say how many experts exist")
-        return count
+        return self.manifest.snapshot_id
 
     @property
     def feature_contract(self) -> dict[str, Any] | None:
         """The replay's feature contract (projection seed, H, D, digest), if recorded."""
-        replay = (self.manifest.get("determinism") or {}).get("replay_config") or {}
-        contract = replay.get("feature_contract")
-        return dict(contract) if isinstance(contract, dict) else None
+        return self.manifest.feature_contract
 
     def split_rows(self, split: str) -> int:
         """Tokens (rows) of ``split``; 0 when the snapshot has none."""
@@ -126,61 +107,25 @@ class Snapshot:
         unknown = set(splits) - set(SPLITS)
         if unknown:
             raise ConfigError(f"unknown split(s) {sorted(unknown)}; use {', '.join(SPLITS)}")
-        out: list[Unit] = []
-        for index, entry in enumerate(self.manifest["shards"]):
-            if entry["split"] in splits:
-                out.extend(Unit(shard=index, row_group=g) for g in self._row_groups(entry))
-        return out
-
-    def _row_groups(self, entry: dict[str, Any]) -> list[int | None]:
-        if not isinstance(self.row_group_rows, int) or self.row_group_rows < 1:
-            return [None]
-        return list(range(math.ceil(int(entry["rows"]) / self.row_group_rows)))
+        return [Unit(shard=index, row_group=g)
+                for index, entry in enumerate(self.manifest.shards) if entry.split in splits
+                for g in self._sealed.row_groups(index)]
 
     def lineage(self) -> dict[str, Any]:
         """What a checkpoint records about the data it was trained on."""
         return {"snapshot_id": self.snapshot_id, "path": str(self.directory),
                 "epoch": self.manifest.get("epoch"),
-                "identity_id": (self.manifest.get("identity") or {}).get("identity_id"),
+                "identity_id": self.manifest.identity.get("identity_id"),
                 "geometry": {**self.geometry, "expert_count": self.expert_count},
                 "feature_contract": self.feature_contract,
                 "splits": self.manifest.get("splits")}
 
     def read(self, unit: Unit, columns: Sequence[str]) -> pa.Table:
         """Rows of one unit (verifying its shard first, once per process)."""
-        entry = self.manifest["shards"][unit.shard]
-        path = self.directory / entry["path"]
-        if unit.shard not in self._verified:
-            self._verify_shard(entry, path)
-            self._verified.add(unit.shard)
         try:
-            handle = pq.ParquetFile(path)
-            if unit.row_group is None:
-                return handle.read(columns=list(columns))
-            return handle.read_row_group(unit.row_group, columns=list(columns))
-        except (OSError, pa.ArrowException) as exc:
-            raise SnapshotError(f"cannot read {path}: {exc}; verify the snapshot") from exc
-
-    def _verify_shard(self, entry: dict[str, Any], path: Path) -> None:
-        where = f"snapshot {self.snapshot_id}: {entry['path']}"
-        if path.is_symlink() or not path.is_file():
-            raise SnapshotError(f"{where} is missing or not a regular file; restore it or "
-                                "rebuild the snapshot (`flywheel rebuild`)")
-        if path.stat().st_size != entry["bytes"] or (
-                self._hash_on_read and sha256_file(path) != entry["sha256"]):
-            raise SnapshotError(f"{where} differs from its manifest (bytes or SHA-256); do not "
-                                "train on it: restore the file or rebuild the snapshot")
-        try:
-            meta = pq.read_metadata(path)
-            info = read_shard_metadata(meta.metadata)
-        except (OSError, pa.ArrowException, ConsumersError) as exc:
-            raise SnapshotError(f"{where} has an unreadable footer: {exc}") from exc
-        wrong = [k for k in _GEOMETRY_CHECKED if info.get(k) != self.geometry.get(k)]
-        groups = self._row_groups(entry)
-        if meta.num_rows != entry["rows"] or info.get("split") != entry["split"] or wrong or (
-                groups != [None] and meta.num_row_groups != len(groups)):
-            raise SnapshotError(f"{where}: footer disagrees with the manifest (rows, split, row "
-                                f"groups or geometry {wrong}); the snapshot is inconsistent")
+            return self._sealed.read_shard(unit.shard, columns, unit.row_group)
+        except SnapshotContractError as exc:
+            raise SnapshotError(str(exc)) from exc
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,8 +181,7 @@ class SnapshotDataset(IterableDataset):
         self.config = config
         self.units = snapshot.units(config.splits)
         self._rank, self._world = rank, world_size
-        weights = "weights_u8" if snapshot.geometry["weight_encoding"] == "uint8" else (
-            "weights_f16")
+        weights = snapshot.layout.weight_column
         lineage = _LINEAGE_COLUMNS if config.lineage else ("split", "token_ordinal")
         self._columns = (*lineage, "features", "expert_ids", weights)
 

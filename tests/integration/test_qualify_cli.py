@@ -17,7 +17,7 @@ import typer
 from typer.testing import CliRunner
 
 from hebrus_flywheel.train.qualify_cli import qualify_command
-from hebrus_flywheel.train.testing import (
+from tests.support.planted import (
     PlantedConfig,
     PlantedSnapshot,
     make_writable,

@@ -28,8 +28,8 @@ from hebrus_flywheel.consumers.kafka_io import end_offsets, read_ranges
 from hebrus_flywheel.consumers.rebuild import RebuildConfig, rebuild_snapshot
 from hebrus_flywheel.consumers.seal import SealConfig, SealResult, seal_epoch
 from hebrus_flywheel.consumers.shards import ShardConfig
-from hebrus_flywheel.consumers.verify import verify_snapshot
 from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
+from hebrus_flywheel.core.snapshot import verify_snapshot
 from hebrus_flywheel.replay.capture import CaptureConfig
 from hebrus_flywheel.replay.capture_cli import run_capture
 from hebrus_flywheel.replay.synthetic import generate_threads

@@ -20,18 +20,18 @@ import numpy as np
 import pytest
 
 from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets, read_ranges
-from hebrus_flywheel.consumers.labels import U8_MAX_ABS_ERROR, dequantize_weights_u8
-from hebrus_flywheel.consumers.shards import STAGING_DIR, ShardConfig, iter_shards, sha256_file
-from hebrus_flywheel.consumers.testing import (
+from hebrus_flywheel.consumers.shards import STAGING_DIR, ShardConfig, iter_shards
+from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
+from hebrus_flywheel.core.snapshot import U8_MAX_ABS_ERROR, dequantize_weights_u8, sha256_file
+from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams.topics import QUARANTINE_TOPIC, catalogue, window_topic
+from tests.support.windows import (
     WorkerProcess,
     corpus_token_ids,
     make_window,
     publish_windows,
     thread_windows,
 )
-from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
-from hebrus_flywheel.schemas import codec
-from hebrus_flywheel.streams.topics import QUARANTINE_TOPIC, catalogue, window_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -118,7 +118,7 @@ def test_worker_writes_one_shard_per_full_block_and_commits_its_end(
     assert names == sorted([f"{train_topic}.p000.o{a:020d}-{b:020d}.parquet"
                             for a, b in ((0, 3), (4, 7), (8, 11))]
                            + [f"{validation_topic}.p000.o{0:020d}-{3:020d}.parquet"])
-    counts = e2e.worker.stats.as_dict()["counts"]
+    counts = e2e.worker.stats.report()["counts"]
     assert counts["intake/duplicate"] == 1 and counts["intake/accepted"] == 13
     committed = committed_offsets(topic_factory.bootstrap, e2e.worker.config.full_group_id,
                                   [(train_topic, 0), (validation_topic, 0)])
@@ -149,7 +149,7 @@ def test_shard_labels_equal_a_direct_engine_replay(e2e: EndToEnd, teacher: Any) 
 def test_refused_windows_go_to_the_quarantine_topic_with_a_reason(
     e2e: EndToEnd, topic_factory: Any,
 ) -> None:
-    counts = e2e.worker.stats.as_dict()["counts"]
+    counts = e2e.worker.stats.report()["counts"]
     assert counts["quarantine/identity_mismatch"] == 1
     assert counts["quarantine/token_id_out_of_range"] == 1
     quarantine = e2e.prefix + QUARANTINE_TOPIC

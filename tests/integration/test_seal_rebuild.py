@@ -29,19 +29,18 @@ import pytest
 from hebrus_flywheel.consumers.control import ControlChannel
 from hebrus_flywheel.consumers.exceptions import SealError
 from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets
-from hebrus_flywheel.consumers.labels import dequantize_weights_u8
 from hebrus_flywheel.consumers.rebuild import RebuildConfig, rebuild_snapshot
 from hebrus_flywheel.consumers.seal import SealConfig, SealResult, seal_epoch
 from hebrus_flywheel.consumers.shards import ShardConfig
-from hebrus_flywheel.consumers.testing import (
+from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
+from hebrus_flywheel.core.snapshot import dequantize_weights_u8, verify_snapshot
+from hebrus_flywheel.streams.topics import CONTROL_TOPIC, SPLITS, catalogue, window_topic
+from tests.support.windows import (
     corpus_token_ids,
     holdout_window,
     publish_windows,
     thread_windows,
 )
-from hebrus_flywheel.consumers.verify import verify_snapshot
-from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
-from hebrus_flywheel.streams.topics import CONTROL_TOPIC, SPLITS, catalogue, window_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from hebrus_flywheel.train.cli import evaluate_command, train_command
 from hebrus_flywheel.train.exceptions import BaselineError
-from hebrus_flywheel.train.testing import (
+from tests.support.planted import (
     PlantedConfig,
     PlantedSnapshot,
     make_writable,

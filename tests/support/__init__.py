@@ -1,1 +1,5 @@
-"""Test scaffolding shared by the tests and the benchmarks; not part of the installed package."""
+"""Test scaffolding shared by tests and benches: planted snapshots, synthetic windows and
+records, worker drivers.
+
+Not part of the installed package; import as ``tests.support.<name>`` from the repository root.
+"""

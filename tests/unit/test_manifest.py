@@ -14,24 +14,27 @@ import pytest
 
 from hebrus_flywheel.consumers.epochs import EpochBoundary, freeze_offsets
 from hebrus_flywheel.consumers.exceptions import ManifestError, SealError, VerifyError
-from hebrus_flywheel.consumers.labels import ShardGeometry, SourceRef, pack_rows, shard_metadata
+from hebrus_flywheel.consumers.labels import SourceRef, pack_rows
 from hebrus_flywheel.consumers.manifest import (
-    MANIFEST_FILE,
     build_manifest,
     check_ranges,
     describe_shards,
-    load_manifest,
     make_read_only,
-    manifest_digest,
     write_manifest,
 )
 from hebrus_flywheel.consumers.seal import SealConfig, check_policy, resolve_parity
 from hebrus_flywheel.consumers.shards import ShardConfig, ShardName, shard_relpath, write_shard
-from hebrus_flywheel.consumers.testing import synthetic_labels
-from hebrus_flywheel.consumers.verify import verify_snapshot
+from hebrus_flywheel.core.snapshot import (
+    MANIFEST_FILE,
+    load_manifest,
+    manifest_digest,
+    shard_metadata,
+    verify_snapshot,
+)
+from tests.support.windows import synthetic_labels, synthetic_layout
 
 TOPIC = "flywheel.windows.train.v1"
-GEOMETRY = ShardGeometry(layers=4, top_k=10, feature_dim=16, hidden_dim=64)
+GEOMETRY = synthetic_layout(layers=4, top_k=10, feature_dim=16, hidden_dim=64)
 DATASET: dict[str, Any] = {
     "identity": {"identity_id": "i" * 64, "model_family": "qwen3_next",
                  "model_artifact_digest": "a" * 64, "tokenizer_digest": "t" * 64,
@@ -51,10 +54,8 @@ def write_block(root: Path, epoch: int, first: int, last: int) -> Path:
     table = pack_rows(rows, GEOMETRY)
     info = {"epoch": epoch, "split": "train", "topic": TOPIC, "partition": 0,
             "first_offset": first, "last_offset": last, "identity_id": "i" * 64,
-            "config_digest": "d" * 64, "windows": len(rows), "rows": table.num_rows,
-            "layers": 4, "top_k": 10, "feature_dim": 16, "hidden_dim": 64,
-            "weight_encoding": "uint8", "feature_dtype": "float16"}
-    table = table.replace_schema_metadata(shard_metadata(info))
+            "config_digest": "d" * 64, "windows": len(rows), "rows": table.num_rows}
+    table = table.replace_schema_metadata(shard_metadata(GEOMETRY, info))
     name = ShardName(topic=TOPIC, partition=0, first_offset=first, last_offset=last)
     rel = shard_relpath(epoch, "train", name)
     write_shard(root, rel, table, ShardConfig(), windows=len(rows))

@@ -28,7 +28,7 @@ from hebrus_flywheel.train.qualify.collect import (
 from hebrus_flywheel.train.qualify.config import IntegrityGateConfig
 from hebrus_flywheel.train.qualify.errors import InputError
 from hebrus_flywheel.train.qualify.inputs import Geometry, Identity, QualificationInputs
-from hebrus_flywheel.train.testing import PlantedConfig, make_writable, write_planted_snapshot
+from tests.support.planted import PlantedConfig, make_writable, write_planted_snapshot
 
 PLANTED = PlantedConfig(threads={"train": 3, "validation": 2, "runtime_holdout": 3},
                         tokens_per_thread=20, anchors_per_window=6, layers=3, experts=16,

@@ -19,30 +19,36 @@ import pytest
 from hebrus_flywheel.consumers.epochs import EpochBoundary, EpochPlan, freeze_offsets
 from hebrus_flywheel.consumers.exceptions import ShardError
 from hebrus_flywheel.consumers.intake import PartitionLog, classify
-from hebrus_flywheel.consumers.labels import (
-    SHARD_METADATA_KEY,
-    U8_MAX_ABS_ERROR,
-    ShardGeometry,
-    SourceRef,
-    dequantize_weights_u8,
-    pack_rows,
-    quantize_weights_u8,
-    shard_metadata,
-    shard_schema,
-)
+from hebrus_flywheel.consumers.labels import SourceRef, pack_rows, quantize_weights_u8
 from hebrus_flywheel.consumers.shards import (
     STAGING_DIR,
     ShardConfig,
     ShardName,
     clean_staging,
-    sha256_file,
     write_shard,
 )
-from hebrus_flywheel.consumers.testing import make_window, router_labels, synthetic_labels
+from hebrus_flywheel.core.snapshot import (
+    METADATA_KEYS,
+    SHARD_FORMAT,
+    U8_MAX_ABS_ERROR,
+    ShardLayout,
+    dequantize_weights_u8,
+    read_shard_metadata,
+    sha256_file,
+    shard_layout,
+    shard_metadata,
+    shard_schema,
+)
 from hebrus_flywheel.schemas import codec
+from tests.support.windows import (
+    make_window,
+    router_labels,
+    synthetic_labels,
+    synthetic_layout,
+)
 
 L, K, D, H = 4, 10, 16, 64
-GEOMETRY = ShardGeometry(layers=L, top_k=K, feature_dim=D, hidden_dim=H)
+GEOMETRY = synthetic_layout(layers=L, top_k=K, feature_dim=D, hidden_dim=H)
 TOPIC = "flywheel.windows.train.v1"
 
 
@@ -51,9 +57,10 @@ def items(n: int = 3, anchors: int = 5) -> list[tuple[Any, SourceRef]]:
              SourceRef(topic=TOPIC, partition=0, offset=i)) for i in range(n)]
 
 
-def table_for(rows: list[tuple[Any, SourceRef]], geometry: ShardGeometry = GEOMETRY) -> pa.Table:
+def table_for(rows: list[tuple[Any, SourceRef]], geometry: ShardLayout = GEOMETRY) -> pa.Table:
     table = pack_rows(rows, geometry)
-    return table.replace_schema_metadata(shard_metadata({"epoch": 0, "rows": table.num_rows}))
+    info = {"epoch": 0, "rows": table.num_rows, "identity_id": "i" * 64}
+    return table.replace_schema_metadata(shard_metadata(geometry, info))
 
 
 # --- rows and schema -------------------------------------------------------------------
@@ -109,9 +116,14 @@ def test_same_rows_give_byte_identical_files(tmp_path: Path) -> None:
     meta = pq.read_metadata(tmp_path / "a" / a.relpath)
     assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [4, 4, 4, 3]
     assert meta.created_by == f"parquet-cpp-arrow version {pa.__version__}"
-    assert set(meta.metadata) == {b"ARROW:schema", SHARD_METADATA_KEY}
-    assert json.loads(meta.metadata[SHARD_METADATA_KEY]) == {
-        "format": "hebrus-flywheel-shard/v1", "epoch": 0, "rows": 15}
+    assert set(meta.metadata) == {b"ARROW:schema", *METADATA_KEYS}
+    record = read_shard_metadata(meta.metadata)
+    assert record["format"] == SHARD_FORMAT and (record["epoch"], record["rows"]) == (0, 15)
+    assert shard_layout(meta.metadata) == GEOMETRY
+    assert json.loads(meta.metadata[b"flywheel.routed_layers"]) == [0, 1, 2, 3]
+    assert meta.metadata[b"flywheel.expert_count"] == b"512"
+    assert json.loads(meta.metadata[b"flywheel.weight_quantization"])["max_abs_error"] == (
+        U8_MAX_ABS_ERROR)
 
 
 def test_rewrite_of_identical_bytes_is_accepted_and_different_bytes_refused(
@@ -204,8 +216,8 @@ def _column_bytes(path: Path) -> dict[str, int]:
 
 @pytest.mark.parametrize("encoding", ["uint8", "float16"])
 def test_bytes_per_token_layer_label_at_48_layers_top10(tmp_path: Path, encoding: str) -> None:
-    geometry = ShardGeometry(layers=48, top_k=K, feature_dim=D, hidden_dim=H,
-                             weight_encoding=encoding)
+    geometry = synthetic_layout(layers=48, top_k=K, feature_dim=D, hidden_dim=H,
+                                weight_encoding=encoding)
     rows = [(synthetic_labels(f"w{i}", 128, seed=i, first=128 * i, layers=48),
              SourceRef(topic=TOPIC, partition=0, offset=i)) for i in range(8)]
     info = write_shard(tmp_path, "x.parquet", table_for(rows, geometry),

@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hebrus_flywheel.consumers.manifest import manifest_digest
-from hebrus_flywheel.train import data as data_module
+from hebrus_flywheel.core.snapshot import manifest_digest
+from hebrus_flywheel.core.snapshot import read as read_module
 from hebrus_flywheel.train.data import Snapshot, SnapshotDataset, StreamConfig, make_loader
 from hebrus_flywheel.train.exceptions import SnapshotError
-from hebrus_flywheel.train.testing import (
+from tests.support.planted import (
     PlantedConfig,
     PlantedSnapshot,
     make_writable,
@@ -71,9 +71,9 @@ def test_a_manifest_of_10000_shards_opens_without_touching_a_shard(
     manifest["snapshot_id"] = manifest_digest(manifest)
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     touched: list[Any] = []
-    monkeypatch.setattr(data_module, "sha256_file", lambda p: touched.append(p))
-    monkeypatch.setattr(data_module.pq, "ParquetFile", lambda *a, **k: touched.append(a))
-    monkeypatch.setattr(data_module.pq, "read_metadata", lambda *a, **k: touched.append(a))
+    monkeypatch.setattr(read_module, "sha256_file", lambda p: touched.append(p))
+    monkeypatch.setattr(read_module.pq, "ParquetFile", lambda *a, **k: touched.append(a))
+    monkeypatch.setattr(read_module.pq, "read_metadata", lambda *a, **k: touched.append(a))
     snapshot = Snapshot(tmp_path)  # none of the 10,000 files exists
     dataset = stream(snapshot, splits=("train",))
     assert len(dataset.units) == 10_000 * -(-template["rows"] // 8) and touched == []

@@ -17,7 +17,7 @@ import pytest
 
 from hebrus_flywheel.train.checkpoint import load_checkpoint
 from hebrus_flywheel.train.evaluate import EvaluateConfig, evaluate
-from hebrus_flywheel.train.testing import (
+from tests.support.planted import (
     PlantedConfig,
     PlantedSnapshot,
     make_writable,

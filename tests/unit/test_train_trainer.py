@@ -33,13 +33,13 @@ from hebrus_flywheel.train.evaluate import EvaluateConfig, RouterWeights, evalua
 from hebrus_flywheel.train.exceptions import CheckpointError, SplitMixingError
 from hebrus_flywheel.train.models import rank_candidates
 from hebrus_flywheel.train.qualify.model_evidence import OfflineEvidence
-from hebrus_flywheel.train.testing import (
+from hebrus_flywheel.train.trainer import Trainer, train
+from tests.support.planted import (
     PlantedConfig,
     PlantedSnapshot,
     make_writable,
     write_planted_snapshot,
 )
-from hebrus_flywheel.train.trainer import Trainer, train
 
 SMALL = PlantedConfig(threads={"train": 8, "validation": 2}, tokens_per_thread=32,
                       anchors_per_window=8, offsets_per_shard=4, row_group_rows=16)

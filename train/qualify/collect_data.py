@@ -25,9 +25,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hebrus_flywheel.consumers.exceptions import ConsumersError
-from hebrus_flywheel.consumers.manifest import manifest_path
-from hebrus_flywheel.consumers.verify import verify_snapshot
+from hebrus_flywheel.core.snapshot import (
+    SnapshotContractError,
+    load_manifest,
+    manifest_path,
+    verify_snapshot,
+)
 from hebrus_flywheel.train.metrics import SPLITS
 from hebrus_flywheel.train.qualify.data_evidence import (
     Authorization,
@@ -88,9 +91,9 @@ def open_snapshot(path: Path) -> SnapshotInfo:
     directory = manifest_path(Path(path)).parent
     try:
         verify_snapshot(directory)
-    except ConsumersError as exc:
+        manifest = load_manifest(directory).to_dict()
+    except SnapshotContractError as exc:
         raise InputError(f"refusing to qualify on {directory}: {exc}") from exc
-    manifest = read_json(directory / "manifest.json", "snapshot manifest")
     dataset_file = directory.parent / DATASET_FILE
     dataset = read_json(dataset_file, "dataset record") if dataset_file.is_file() else None
     info = SnapshotInfo(directory=directory, manifest=manifest, dataset=dataset)

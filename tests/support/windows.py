@@ -26,7 +26,8 @@ from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.window import content_digest
 from hebrus_flywheel.streams.topics import window_topic
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "replay" / "data"
+# The corpus ships inside the package (replay/data), two folders above tests/support.
+DATA_DIR = Path(__file__).resolve().parents[2] / "replay" / "data"
 
 
 def _sha(text: bytes) -> str:
@@ -208,3 +209,17 @@ class WorkerProcess:
 
     def output(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def synthetic_layout(*, layers: int = 4, top_k: int = 10, feature_dim: int = 16,
+                     hidden_dim: int = 64, experts: int = 512,
+                     weight_encoding: str = "uint8") -> Any:
+    """A ``ShardLayout`` for :func:`synthetic_labels` rows (contiguous routed layers)."""
+    from hebrus_flywheel.core.geometry import RouteGeometry
+    from hebrus_flywheel.core.snapshot import ShardLayout
+
+    route = RouteGeometry(family="synthetic", routed_layers=tuple(range(layers)),
+                          layer_count=layers, expert_count=experts, top_k=top_k,
+                          hidden_size=hidden_dim, routed_intermediate_size=16)
+    return ShardLayout(route=route, feature_dim=feature_dim, hidden_dim=hidden_dim,
+                       weight_encoding=weight_encoding, projection_id="p" * 64, projection_seed=0)

@@ -1,7 +1,8 @@
 """Small sealed snapshots with a *planted* router, for tests, the bench and the demo.
 
 No broker and no teacher forward: rows are made by a known linear router and written
-with the real shard writer, manifest builder and seal helpers of :mod:`consumers`, so
+with the real shard writer, manifest builder and seal helpers of :mod:`consumers` into
+the layout of :mod:`hebrus_flywheel.core.snapshot`, so
 the result is a genuine sealed epoch (``ROOT/epoch=0/manifest.json`` + checksummed
 shards) that ``flywheel verify`` accepts.
 
@@ -32,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from hebrus_flywheel.consumers.dataset import canonical_json, writer_versions
+from hebrus_flywheel.consumers.dataset import writer_versions
 from hebrus_flywheel.consumers.epochs import EpochBoundary, freeze_offsets
-from hebrus_flywheel.consumers.labels import ShardGeometry, SourceRef, pack_rows, shard_metadata
+from hebrus_flywheel.consumers.labels import SourceRef, pack_rows
 from hebrus_flywheel.consumers.manifest import (
     build_manifest,
     describe_shards,
@@ -43,6 +44,9 @@ from hebrus_flywheel.consumers.manifest import (
 )
 from hebrus_flywheel.consumers.shards import ShardConfig, ShardName, shard_relpath, write_shard
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.geometry import RouteGeometry
+from hebrus_flywheel.core.jsonio import canonical_json
+from hebrus_flywheel.core.snapshot import ShardLayout, shard_metadata
 from hebrus_flywheel.replay.features import FeatureProjection
 
 TOPIC = "flywheel.windows.{split}.v1"
@@ -197,21 +201,18 @@ def _windows(config: PlantedConfig, split: str, thread: int, states_NLH: np.ndar
 
 
 def _write_split(root: Path, config: PlantedConfig, split: str, windows: list[Any],
-                 geometry: ShardGeometry, identity_id: str) -> int:
+                 layout: ShardLayout, identity_id: str) -> int:
     topic, shard = TOPIC.format(split=split), _shard_config(config)
     per = config.offsets_per_shard
     for first in range(0, len(windows), per):
         items = [(w, SourceRef(topic=topic, partition=0, offset=first + i))
                  for i, w in enumerate(windows[first:first + per])]
         last = first + len(items) - 1
-        table = pack_rows(items, geometry)
-        table = table.replace_schema_metadata(shard_metadata({
+        table = pack_rows(items, layout)
+        table = table.replace_schema_metadata(shard_metadata(layout, {
             "epoch": 0, "split": split, "topic": topic, "partition": 0, "first_offset": first,
             "last_offset": last, "identity_id": identity_id, "config_digest": "0" * 64,
-            "windows": len(items), "rows": table.num_rows, "layers": geometry.layers,
-            "top_k": geometry.top_k, "feature_dim": geometry.feature_dim,
-            "hidden_dim": geometry.hidden_dim, "weight_encoding": geometry.weight_encoding,
-            "feature_dtype": geometry.feature_dtype}))
+            "windows": len(items), "rows": table.num_rows}))
         name = ShardName(topic=topic, partition=0, first_offset=first, last_offset=last)
         write_shard(root, shard_relpath(0, split, name), table, shard, windows=len(items))
     return len(windows)
@@ -241,9 +242,10 @@ def write_planted_snapshot(root: Path, config: PlantedConfig | None = None, *,
     projection = FeatureProjection.create(seed=config.projection_seed,
                                           hidden_size=config.hidden_dim,
                                           feature_dim=config.feature_dim)
-    geometry = ShardGeometry(layers=config.layers, top_k=config.top_k,
-                             feature_dim=config.feature_dim, hidden_dim=config.hidden_dim,
-                             weight_encoding=config.weight_encoding)
+    layout = ShardLayout(route=RouteGeometry.from_identity(ident),
+                         feature_dim=config.feature_dim, hidden_dim=config.hidden_dim,
+                         weight_encoding=config.weight_encoding,
+                         projection_id=projection.digest, projection_seed=projection.seed)
     root = Path(root)
     ends: dict[str, dict[int, int]] = {}
     for s_index, (split, count) in enumerate(sorted(config.threads.items())):
@@ -252,7 +254,7 @@ def write_planted_snapshot(root: Path, config: PlantedConfig | None = None, *,
                                projection, ident["identity_id"]) for t in range(count)]
         interleaved = [w for group in zip(*per_thread, strict=True) for w in group]
         ends[TOPIC.format(split=split)] = {0: _write_split(root, config, split, interleaved,
-                                                           geometry, ident["identity_id"])}
+                                                           layout, ident["identity_id"])}
     manifest = _seal(root, config, ident, ends, projection)
     if read_only:
         make_read_only(root / "epoch=0")

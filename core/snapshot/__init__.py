@@ -1,0 +1,58 @@
+"""The snapshot contract: shard row schema, Parquet footer keys, manifest, verification.
+
+The writer (``consumers``) and every reader (``train``, qualification, outside tools)
+import this package and nothing else to agree on what a sealed snapshot is.
+``docs/snapshot-format.md`` is the same contract for readers with only DuckDB.
+"""
+
+from __future__ import annotations
+
+from hebrus_flywheel.core.snapshot.errors import (
+    ManifestError,
+    ShardFormatError,
+    SnapshotContractError,
+    VerifyError,
+)
+from hebrus_flywheel.core.snapshot.manifest import (
+    MANIFEST_FILE,
+    MANIFEST_FORMAT,
+    Manifest,
+    ShardEntry,
+    load_manifest,
+    manifest_digest,
+    manifest_path,
+    parse_manifest,
+)
+from hebrus_flywheel.core.snapshot.read import (
+    SealedSnapshot,
+    open_snapshot,
+    sha256_file,
+    verify_snapshot,
+)
+from hebrus_flywheel.core.snapshot.shard import (
+    CONTRACT_VERSION,
+    F16_MAX_REL_ERROR,
+    FEATURE_DTYPES,
+    METADATA_KEYS,
+    SHARD_FORMAT,
+    SORT_COLUMNS,
+    U8_LEVELS,
+    U8_MAX_ABS_ERROR,
+    WEIGHT_ENCODINGS,
+    ShardLayout,
+    dequantize_weights_u8,
+    read_shard_metadata,
+    shard_layout,
+    shard_metadata,
+    shard_schema,
+)
+
+__all__ = [
+    "CONTRACT_VERSION", "F16_MAX_REL_ERROR", "FEATURE_DTYPES", "MANIFEST_FILE",
+    "MANIFEST_FORMAT", "METADATA_KEYS", "SHARD_FORMAT", "SORT_COLUMNS", "U8_LEVELS",
+    "U8_MAX_ABS_ERROR", "WEIGHT_ENCODINGS", "Manifest", "ManifestError", "SealedSnapshot",
+    "ShardEntry", "ShardFormatError", "ShardLayout", "SnapshotContractError", "VerifyError",
+    "dequantize_weights_u8", "load_manifest", "manifest_digest", "manifest_path",
+    "open_snapshot", "parse_manifest", "read_shard_metadata", "sha256_file", "shard_layout",
+    "shard_metadata", "shard_schema", "verify_snapshot",
+]
