@@ -1,4 +1,4 @@
-"""``python -m hebrus_flywheel.consumers``: the consumers' commands without the root CLI (tests, debugging).
+"""``python -m hebrus_flywheel.consumers``: the consumers' commands without the root CLI.
 
 Same commands and exit statuses as ``flywheel replay worker|seal|verify|rebuild``:
 a deliberate error prints one message and exits with status 2.

@@ -44,6 +44,8 @@ from tests.support.windows import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+CONSUMERS_CLI = (sys.executable, "-m", "hebrus_flywheel.consumers")
+
 
 @dataclass
 class Scenario:
@@ -190,7 +192,7 @@ def test_sealing_is_idempotent_and_in_order(scenario: Scenario) -> None:
 
 
 def _verify_cli(snapshot: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "consumers", "verify", str(snapshot)],
+    return subprocess.run([*CONSUMERS_CLI, "verify", str(snapshot)],
                           capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -230,7 +232,7 @@ def test_rebuild_regenerates_byte_identical_shards(scenario: Scenario, tmp_path:
         rebuilt = Path(report["out"])
         assert verify_snapshot(rebuilt)["snapshot_id"] == result.snapshot_id
     cli = subprocess.run(
-        [sys.executable, "-m", "consumers", "rebuild", "--snapshot",
+        [*CONSUMERS_CLI, "rebuild", "--snapshot",
          str(scenario.epochs[1].manifest_path.parent), "--out", str(tmp_path / "cli"),
          "--teacher", str(scenario.teacher_dir), "--bootstrap-servers", scenario.bootstrap,
          "--json"], capture_output=True, text=True, timeout=300, check=False)

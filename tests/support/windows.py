@@ -3,8 +3,9 @@
 :func:`make_window` builds a valid ``Window.v1`` record (window id and content digest
 computed the way the stream processors compute them) from real token ids of the
 teacher's tokenizer; :func:`publish_windows` produces records to the window topics with
-the codec's headers; :class:`WorkerProcess` runs ``python -m consumers replay worker``
-as a subprocess (optionally with ``FLYWHEEL_FAULT`` set, for kill -9 tests).
+the codec's headers; :class:`WorkerProcess` runs
+``python -m hebrus_flywheel.consumers replay worker`` as a subprocess (optionally with
+``FLYWHEEL_FAULT`` set, for kill -9 tests).
 """
 
 from __future__ import annotations
@@ -181,7 +182,10 @@ def synthetic_labels(wid: str, anchors: int, *, seed: int = 0, first: int = 0, l
 
 
 class WorkerProcess:
-    """``python -m consumers replay worker ARGS`` as a subprocess (its output in a log file)."""
+    """``python -m hebrus_flywheel.consumers replay worker ARGS`` as a subprocess.
+
+    Its output goes to a log file.
+    """
 
     def __init__(self, args: Sequence[str], *, log_path: Path, fault: str | None = None,
                  env: Mapping[str, str] | None = None) -> None:
@@ -192,7 +196,7 @@ class WorkerProcess:
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "consumers", "replay", "worker", *args],
+            [sys.executable, "-m", "hebrus_flywheel.consumers", "replay", "worker", *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
 
     def wait(self, timeout_s: float) -> int:

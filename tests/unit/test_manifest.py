@@ -46,6 +46,8 @@ DATASET: dict[str, Any] = {
 BOUNDARY = EpochBoundary(epoch=0, start=freeze_offsets({TOPIC: {0: 0, 1: 0}}),
                          end=freeze_offsets({TOPIC: {0: 6, 1: 0}}))
 
+CONSUMERS_CLI = (sys.executable, "-m", "hebrus_flywheel.consumers")
+
 
 def write_block(root: Path, epoch: int, first: int, last: int) -> Path:
     rows = [(synthetic_labels(f"w{o}", 3, seed=o, first=o * 3), SourceRef(topic=TOPIC, partition=0,
@@ -169,13 +171,13 @@ def test_verify_fails_on_an_edited_manifest(snapshot: Any) -> None:
 
 def test_verify_cli_exits_2_with_a_clear_message(snapshot: Any) -> None:
     directory, manifest = snapshot
-    ok = subprocess.run([sys.executable, "-m", "consumers", "verify", str(directory)],
+    ok = subprocess.run([*CONSUMERS_CLI, "verify", str(directory)],
                         capture_output=True, text=True, timeout=120, check=False)
     assert ok.returncode == 0 and manifest["snapshot_id"] in ok.stdout
     shard = directory / manifest["shards"][0]["path"]
     _writable(shard)
     shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
-    bad = subprocess.run([sys.executable, "-m", "consumers", "verify", str(directory)],
+    bad = subprocess.run([*CONSUMERS_CLI, "verify", str(directory)],
                          capture_output=True, text=True, timeout=120, check=False)
     assert bad.returncode == 2
     assert "failed verification" in bad.stderr and "flywheel rebuild" in bad.stderr
