@@ -105,12 +105,15 @@ class QualificationOutcome:
 
 
 def qualify(inputs: QualificationInputs, out_dir: str | Path,
-            config: QualificationConfig | None = None) -> QualificationOutcome:
-    """Evaluate every gate and falsifier on ``inputs`` and write the report to ``out_dir``."""
+            config: QualificationConfig | None = None, *,
+            date: str | None = None) -> QualificationOutcome:
+    """Evaluate every gate and falsifier on ``inputs`` and write the report to ``out_dir``
+    (``date``: the ISO day the report is dated, None to leave it out)."""
     config = QualificationConfig() if config is None else config
     verdicts = evaluate_gates(inputs, config)
     falsifiers = evaluate_falsifiers(inputs, config)
-    json_path, html_path = write_report(inputs, verdicts, falsifiers, out_dir, config=config)
+    json_path, html_path = write_report(inputs, verdicts, falsifiers, out_dir, config=config,
+                                         date=date)
     return QualificationOutcome(verdicts=verdicts, falsifiers=falsifiers,
                                 report_json=json_path, report_html=html_path)
 

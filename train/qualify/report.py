@@ -72,13 +72,16 @@ def decision(verdicts: Sequence[GateVerdict],
 def build_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
                  falsifiers: Sequence[FalsifierVerdict], *,
                  config: QualificationConfig | None = None,
-                 plots: dict[str, bytes] | None = None) -> dict[str, Any]:
-    """The report document (JSON types only)."""
+                 plots: dict[str, bytes] | None = None,
+                 date: str | None = None) -> dict[str, Any]:
+    """The report document (JSON types only); ``date`` (ISO day of the run) is left out
+    when None, so the same inputs give the same bytes."""
     config = QualificationConfig() if config is None else config
     plots = {} if plots is None else plots
     return jsonable({
         "schema": REPORT_SCHEMA,
         "snapshot_id": inputs.snapshot_id,
+        "date": date,
         "checkpoint": inputs.checkpoint,
         "checkpoint_lineage": list(inputs.checkpoint_lineage),
         "identity": dataclasses.asdict(inputs.identity),
@@ -99,13 +102,14 @@ def build_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
 
 def write_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
                  falsifiers: Sequence[FalsifierVerdict], out_dir: str | Path, *,
-                 config: QualificationConfig | None = None) -> tuple[Path, Path]:
+                 config: QualificationConfig | None = None,
+                 date: str | None = None) -> tuple[Path, Path]:
     """Write ``report.json``, ``report.html`` and one PNG per figure into ``out_dir``
     (created if needed); returns ``(report.json, report.html)``. Same inputs, same bytes."""
     config = QualificationConfig() if config is None else config
     out = Path(out_dir)
     plots = render_plots(inputs, config)
-    report = build_report(inputs, verdicts, falsifiers, config=config, plots=plots)
+    report = build_report(inputs, verdicts, falsifiers, config=config, plots=plots, date=date)
     try:
         json.dumps(report, allow_nan=False)
     except (TypeError, ValueError) as exc:
