@@ -82,12 +82,13 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], klass: str = ""
     return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def kv_table(mapping: Mapping[str, Any] | None, klass: str = "meta") -> str:
-    """Two columns: figure, value."""
+def kv_table(mapping: Mapping[str, Any] | None, klass: str = "meta", *,
+             ordered: bool = False) -> str:
+    """Two columns: figure, value (sorted by name unless ``ordered``)."""
     if not mapping:
         return "<p><em>not available</em></p>"
-    return table(("figure", "value"), [(_label(k), v) for k, v in sorted(mapping.items())],
-                 klass)
+    items = list(mapping.items()) if ordered else sorted(mapping.items())
+    return table(("figure", "value"), [(_label(k), v) for k, v in items], klass)
 
 
 def badge(status: str) -> str:
@@ -288,7 +289,7 @@ def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes]) -> str:
     boundary = "".join(f"<li>{escape(line)}</li>" for line in report["claim_boundary"])
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
-            f"<header><h1>{escape(title)}</h1>{kv_table(meta)}</header>"
+            f"<header><h1>{escape(title)}</h1>{kv_table(meta, ordered=True)}</header>"
             f"{_summary(report)}{gates}{_falsifiers(report)}"
             f'<section id="claim-boundary"><h2>Claim boundary</h2><ul>{boundary}</ul>'
             "</section>"
