@@ -120,8 +120,9 @@ def _gate_line(gate: Mapping[str, Any]) -> str:
     """One sentence for the summary row: the decisive check, and how many passed."""
     checks = gate["checks"]
     passed = sum(c["status"] == "pass" for c in checks)
-    order = {"fail": 0, "not_measurable": 1, "pass": 2}
-    decisive = sorted(checks, key=lambda c: (order[c["status"]], not c["required"]))
+    def rank(c: Mapping[str, Any]) -> int:
+        return {"fail": 0, "pass": 2}.get(c["status"], 1 if c["required"] else 3)
+    decisive = sorted(checks, key=rank)
     head = sentence(decisive[0]) if decisive else "no checks were evaluated"
     return f"{head} ({passed} of {len(checks)} checks passed)"
 
