@@ -15,7 +15,7 @@ explicit override.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ class StoredLabels:
 
     window_id: str
     anchor_ordinals_A: np.ndarray
+    token_ids_A: np.ndarray
     expert_ids_ALK: np.ndarray
     weights_ALK: np.ndarray
     margins_AL: np.ndarray
@@ -50,8 +51,8 @@ def stored_labels(path: Path) -> tuple[dict[str, StoredLabels], str]:
     """Labels per window of one shard, and the name of its weight column."""
     schema = pq.read_schema(path)
     weight = "weights_u8" if "weights_u8" in schema.names else "weights_f16"
-    table = pq.read_table(path, columns=["window_id", "token_ordinal", "expert_ids", weight,
-                                         "margins"]).to_pydict()
+    table = pq.read_table(path, columns=["window_id", "token_ordinal", "token_id", "expert_ids",
+                                         weight, "margins"]).to_pydict()
     rows: dict[str, list[int]] = {}
     for i, wid in enumerate(table["window_id"]):
         rows.setdefault(wid, []).append(i)
@@ -61,6 +62,7 @@ def stored_labels(path: Path) -> tuple[dict[str, StoredLabels], str]:
         out[wid] = StoredLabels(
             window_id=wid,
             anchor_ordinals_A=np.asarray([table["token_ordinal"][i] for i in idx], np.int64),
+            token_ids_A=np.asarray([table["token_id"][i] for i in idx], np.int32),
             expert_ids_ALK=np.asarray([table["expert_ids"][i] for i in idx], np.uint16),
             weights_ALK=(dequantize_weights_u8(raw_w) if weight == "weights_u8"
                          else raw_w.astype(np.float32)),
@@ -81,6 +83,21 @@ def _captured_windows(bootstrap: str, topic: str, boundary: EpochBoundary) -> li
     return out
 
 
+def sequence_id_reuse(windows: Iterable[Mapping[str, Any]], *, max_examples: int = 10
+                      ) -> dict[str, Any]:
+    """Opaque runtime sequence ids (``Window.turns[].sequence_id``) seen under more than
+    one owner or more than one generation: ``{"sequence_ids", "reused", "examples"}``."""
+    seen: dict[str, set[tuple[str, int]]] = {}
+    for window in windows:
+        owner, generation = str(window.get("owner")), int(window.get("generation") or 0)
+        for turn in window.get("turns") or ():
+            seen.setdefault(str(turn.get("sequence_id")), set()).add((owner, generation))
+    reused = sorted(sid for sid, where in seen.items() if len(where) > 1)
+    return {"sequence_ids": len(seen), "reused": len(reused),
+            "examples": [f"{sid}: " + ", ".join(f"{o} g{g}" for o, g in sorted(seen[sid]))
+                         for sid in reused[:max_examples]]}
+
+
 def holdout_parity(bootstrap: str, topic: str, root: Path, boundary: EpochBoundary,
                    identity: Mapping[str, Any]) -> dict[str, Any]:
     """The parity gate's result over the epoch's stored runtime_holdout labels (JSON-ready)."""
@@ -97,7 +114,8 @@ def holdout_parity(bootstrap: str, topic: str, root: Path, boundary: EpochBounda
         identity_id=str(identity["identity_id"]), teacher_dtype=str(identity["dtype"]),
         tie_break_rule=str(identity["tie_break_rule"]), weight_rule=str(identity["weight_rule"]))
     seen: set[str] = set()
-    for window in _captured_windows(bootstrap, topic, boundary):
+    captured = _captured_windows(bootstrap, topic, boundary)
+    for window in captured:
         wid = window.get("window_id")
         if wid in seen or wid not in stored:
             continue  # a repeat, or refused by the worker
@@ -109,4 +127,8 @@ def holdout_parity(bootstrap: str, topic: str, root: Path, boundary: EpochBounda
         acc.add(window, stored[wid])  # type: ignore[arg-type]
     result = acc.result().to_dict()
     result["source"] = f"sealed {HOLDOUT_SPLIT} shards of epoch {boundary.epoch} vs Window.routes"
+    result["opaque_ids"] = {**sequence_id_reuse(captured),
+                            "source": f"Window.turns[].sequence_id of the {len(captured)} "
+                                      f"captured {HOLDOUT_SPLIT} windows of epoch "
+                                      f"{boundary.epoch}"}
     return result

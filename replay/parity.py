@@ -22,6 +22,11 @@ tokens) diverge with ordinary margins. Primary mismatches at tiny label margins 
 rounding differences between kernels; primary mismatches at large margins mean a real
 bug (wrong positions, wrong weights, wrong rule, wrong tokens).
 
+Token ids and positions are compared too: at every anchor, the replayed token id and
+thread ordinal must equal the captured window's ``token_ids[anchor_positions]`` and
+``first_token_ordinal + anchor_positions`` (``tokens_compared``, ``token_id_mismatches``,
+``position_mismatches``); a mismatch makes the identity non-authoritative.
+
 Windows that cannot be compared are counted, not failed: no captured routes
 (``no_routes``), a history that does not start at ordinal 0 (``truncated_history``:
 decode saw context the window lacks, so exact parity is not expected), or a window the
@@ -104,6 +109,9 @@ class ParityResult:
     mismatch_rate: float
     weight_violations: int
     max_weight_abs_diff: float | None
+    tokens_compared: int
+    token_id_mismatches: int
+    position_mismatches: int
     per_layer: list[dict[str, Any]]
     margins: dict[str, dict[str, Any]]
     examples: list[dict[str, Any]]
@@ -156,6 +164,23 @@ def captured_routes(window: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     return ids, weights
 
 
+def _compare_tokens(totals: _Totals, window: Mapping[str, Any], labels: WindowLabels) -> None:
+    """Count anchors whose replayed token id or thread position differs from the captured
+    window's (``token_ids[anchor_positions]`` at ``first_token_ordinal + position``).
+    The anchor counts are equal here: the route shapes were checked first."""
+    positions = np.asarray(window.get("anchor_positions") or (), dtype=np.int64)
+    tokens = np.asarray(window.get("token_ids") or (), dtype=np.int64)
+    inside = (positions >= 0) & (positions < len(tokens))
+    captured_tok = np.full(len(positions), -1, dtype=np.int64)
+    captured_tok[inside] = tokens[positions[inside]]
+    captured_ord = positions + int(window.get("first_token_ordinal") or 0)
+    replay_ord = np.asarray(labels.anchor_ordinals_A, dtype=np.int64)
+    replay_tok = np.asarray(labels.token_ids_A, dtype=np.int64)
+    totals.tokens += len(positions)
+    totals.position_mismatches += int((captured_ord != replay_ord).sum())
+    totals.token_id_mismatches += int((captured_tok != replay_tok).sum())
+
+
 def skip_reason(window: Mapping[str, Any]) -> str | None:
     """Why ``window`` cannot be part of the parity sample, or ``None`` if it can."""
     if not isinstance(window.get("routes"), Mapping):
@@ -177,6 +202,9 @@ class _Totals:
     primary: int = 0
     weight_violations: int = 0
     max_weight_diff: float = -math.inf
+    tokens: int = 0
+    token_id_mismatches: int = 0
+    position_mismatches: int = 0
     margins: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
     def keep(self, name: str, values: np.ndarray) -> None:
@@ -218,6 +246,7 @@ class ParityAccumulator:
                 "and the teacher disagree on geometry"
             )
         totals = self._ensure(decode_ids.shape[1])
+        _compare_tokens(totals, window, labels)
         mismatch_AL = (decode_ids != replay_ids).any(-1)
         same_set_AL = (np.sort(decode_ids, -1) == np.sort(replay_ids, -1)).all(-1)
         totals.windows += 1
@@ -283,7 +312,8 @@ class ParityAccumulator:
                                     mismatches_L=np.zeros(0, np.int64))
         pairs, mismatched = int(t.pairs_L.sum()), int(t.mismatches_L.sum())
         authoritative = (t.windows >= self.config.min_sample and pairs > 0
-                         and mismatched == 0 and t.weight_violations == 0)
+                         and mismatched == 0 and t.weight_violations == 0
+                         and t.token_id_mismatches == 0 and t.position_mismatches == 0)
         return ParityResult(
             authoritative=authoritative, **self.meta, min_sample=self.config.min_sample,
             weight_atol=float(self.config.weight_atol), windows_compared=t.windows,
@@ -293,6 +323,8 @@ class ParityAccumulator:
             rank_only_mismatches=t.rank_only, mismatch_rate=mismatched / pairs if pairs else 0.0,
             weight_violations=t.weight_violations,
             max_weight_abs_diff=t.max_weight_diff if math.isfinite(t.max_weight_diff) else None,
+            tokens_compared=t.tokens, token_id_mismatches=t.token_id_mismatches,
+            position_mismatches=t.position_mismatches,
             per_layer=self._per_layer(t),
             margins=_margin_report(t),
             examples=list(self.examples), first_mismatches=list(self.first_mismatches),

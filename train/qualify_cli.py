@@ -16,7 +16,7 @@ do. torch is imported only when the command runs.
 
 from __future__ import annotations
 
-import json
+import datetime
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import typer
 
 from hebrus_flywheel.core.errors import FlywheelError
+from hebrus_flywheel.core.files import atomic_write_json
 
 COLLECTION_FILE = "collection.json"
 
@@ -77,7 +78,8 @@ def _run(*, snapshot: Path, checkpoint: Path, out: Path, teacher: Path | None,
         rebuild_report=rebuild_report, streams_summary=streams_summary, bootstrap=bootstrap,
         prefix=prefix, settings=settings, progress=progress))
     report_started = time.perf_counter()
-    outcome = qualify(collected.inputs, out, settings.thresholds)
+    outcome = qualify(collected.inputs, out, settings.thresholds,
+                      date=datetime.datetime.now(datetime.UTC).date().isoformat())
     timings = {**collected.timings_s, "report": time.perf_counter() - report_started,
                "total": time.perf_counter() - started}
     _write_collection(out, collected.notes, timings)
@@ -90,8 +92,7 @@ def _write_collection(out: Path, notes: dict[str, str], timings: dict[str, float
     body = {"schema": "flywheel.qualify.collection.v1", "sources": dict(sorted(notes.items())),
             "timings_s": {k: round(v, 3) for k, v in sorted(timings.items())}}
     try:
-        (out / COLLECTION_FILE).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n",
-                                           encoding="utf-8")
+        atomic_write_json(out / COLLECTION_FILE, body)
     except OSError as exc:
         raise ReportError(f"cannot write {out / COLLECTION_FILE}: {exc}") from exc
 

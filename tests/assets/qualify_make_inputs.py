@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.train.baselines import (
     BaselineConfig,
     FrequencyTable,
@@ -41,6 +42,10 @@ SIM = SimConfig(hidden_size=64, routed_intermediate_size=32, dtype_bytes=2.0,
                 attention_time_s=250e-6, moe_time_s=150e-6, step_overhead_s=1e-3,
                 ssd_bandwidth_bytes_per_s=1.5e8, ssd_latency_s=50e-6, ssd_queue_depth=8,
                 cache_capacity_experts=64, eviction="priority")
+GEOMETRY = RouteGeometry(family="qwen3_next", routed_layers=tuple(range(LAYERS)),
+                         layer_count=LAYERS, expert_count=EXPERTS, top_k=TOP_K,
+                         hidden_size=SIM.hidden_size,
+                         routed_intermediate_size=SIM.routed_intermediate_size)
 OUT = Path(__file__).with_name("qualify_inputs.json")
 
 
@@ -175,19 +180,23 @@ def make() -> dict[str, Any]:
     recall = side["splits"]
     return rounded({
         "snapshot_id": "snap-0001", "checkpoint_lineage": ["ckpt-b", "ckpt-a"],
-        "identity": {"runtime": "rt-7f3a9c", "teacher": "teacher-11aa", "tokenizer": "tok-22bb"},
-        "geometry": {"layers": LAYERS, "experts": EXPERTS, "top_k": TOP_K, "hidden_size": 64,
-                     "routed_intermediate_size": 32, "dtype_bytes": 2.0},
-        "expert_bytes": SIM.expert_bytes,
+        "identity": {"runtime": "rt-7f3a9c", "teacher": "teacher-11aa", "tokenizer": "tok-22bb",
+                     "model_family": "qwen3_next", "teacher_name": "tiny-qwen3-next"},
+        "geometry": GEOMETRY.to_dict(),
+        "expert_bytes": SIM.expert_bytes, "dtype_bytes": SIM.dtype_bytes,
         "parity": {"authoritative": True, "compared": 240, "mismatches": 0,
                    "per_layer_mismatch_rate": {str(k): 0.0 for k in range(LAYERS)},
-                   "margin_quantiles": {"p01": 0.0031, "p50": 0.084}, "token_mismatches": 0,
+                   "margin_quantiles": {"p01": 0.0031, "p50": 0.084}, "tokens_compared": 60,
+                   "token_mismatches": 0, "position_mismatches": 0,
                    "prefix_digest_mismatches": 0},
         "determinism": {"snapshot_digest": "sha256-aa11", "rebuild_digest": "sha256-aa11",
                         "shards_compared": 4, "shards_differing": 0},
         "fail_closed": {"records_seen": 1000, "records_accepted": 990,
-                        "quarantined": {"counter_regression": 4, "identity_digest_mismatch": 6},
-                        "opaque_id_reuse": 0},
+                        "quarantined": {"counter_regression": 4, "identity_digest_mismatch": 6}},
+        "opaque_ids": [{"kind": "window_id", "checked": 48, "reused": 0,
+                        "source": "window lineage columns of the snapshot's shards"},
+                       {"kind": "sequence_id", "checked": 18, "reused": 0,
+                        "source": "Window.turns[].sequence_id of the runtime_holdout windows"}],
         "integrity": integrity(data),
         "offline": {"candidate": "sidecar", "features": {"sidecar": "pre_attention"},
                     "results": results},

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.parity import ParityResult
 from hebrus_flywheel.train.qualify import collect_data as data
 from hebrus_flywheel.train.qualify import collect_model as model
@@ -27,9 +28,11 @@ from hebrus_flywheel.train.qualify.collect import (
 )
 from hebrus_flywheel.train.qualify.config import IntegrityGateConfig
 from hebrus_flywheel.train.qualify.errors import InputError
-from hebrus_flywheel.train.qualify.inputs import Geometry, Identity, QualificationInputs
+from hebrus_flywheel.train.qualify.inputs import Identity, QualificationInputs
 from tests.support.planted import PlantedConfig, make_writable, write_planted_snapshot
 
+GEOMETRY = RouteGeometry(family="qwen3_next", routed_layers=(0,), layer_count=1,
+                         expert_count=4, top_k=2, hidden_size=8, routed_intermediate_size=4)
 PLANTED = PlantedConfig(threads={"train": 3, "validation": 2, "runtime_holdout": 3},
                         tokens_per_thread=20, anchors_per_window=6, layers=3, experts=16,
                         top_k=4, hidden_dim=8, feature_dim=8)
@@ -48,9 +51,11 @@ def test_snapshot_identity_and_geometry_come_from_the_manifest(
     identity = data.identity_evidence(snapshot)
     assert identity.runtime == snapshot.manifest["identity"]["identity_id"]
     assert identity.teacher == snapshot.manifest["identity"]["model_artifact_digest"]
+    assert identity.model_family == snapshot.manifest["identity"]["model_family"]
     geometry = data.geometry_evidence(snapshot)
-    assert (geometry.layers, geometry.experts, geometry.top_k) == (3, 16, 4)
-    assert geometry.shaped_expert_bytes is None  # widths come from the simulator
+    assert isinstance(geometry, RouteGeometry)
+    assert (geometry.routed_layer_count, geometry.expert_count, geometry.top_k) == (3, 16, 4)
+    assert geometry == RouteGeometry.from_identity(snapshot.manifest["identity"])
 
 
 def test_a_tampered_snapshot_is_refused(tmp_path: Path) -> None:
@@ -105,7 +110,7 @@ def test_a_thread_in_two_splits_is_found_and_fails_gate_2(tmp_path: Path) -> Non
     assert integrity.splits["validation"].coverage["prompt_length"] == {"32-127": 2}
     inputs = QualificationInputs(snapshot_id="s", checkpoint_lineage=("c",),
                                  identity=Identity(runtime="rt"),
-                                 geometry=Geometry(layers=1, experts=4, top_k=2),
+                                 geometry=GEOMETRY,
                                  expert_bytes=1, integrity=integrity)
     verdict = gate2_integrity(inputs, IntegrityGateConfig())
     assert verdict.status == "fail"
@@ -122,6 +127,7 @@ def _parity_result(**overrides: Any) -> dict[str, Any]:
         windows_compared=2, windows_skipped={"truncated_history": 1}, anchors=4, pairs=8,
         mismatched_pairs=1, primary_mismatches=1, set_mismatches=1, rank_only_mismatches=0,
         mismatch_rate=0.125, weight_violations=0, max_weight_abs_diff=0.0,
+        tokens_compared=4, token_id_mismatches=0, position_mismatches=1,
         per_layer=[{"slot": 0, "layer": 3, "pairs": 4, "mismatches": 0, "mismatch_rate": 0.0},
                    {"slot": 1, "layer": 7, "pairs": 4, "mismatches": 1,
                     "mismatch_rate": 0.25}],
@@ -146,7 +152,8 @@ def test_parity_maps_the_parity_result_fields() -> None:
     assert parity.margin_quantiles == {"min": 1e-4, "p01": 1e-3, "p50": 0.05, "max": 0.5}
     assert parity.override_reason == "known tie"
     assert parity.details["windows_skipped"] == {"truncated_history": 1}
-    assert parity.token_mismatches is None  # the parity run does not compare tokens
+    assert (parity.tokens_compared, parity.token_mismatches,
+            parity.position_mismatches) == (4, 0, 1)
     assert not model.parity_is_exact(parity)
     assert "regenerated" in model.holdout_label_note(_with_parity(None), parity)
 
@@ -298,3 +305,14 @@ def test_settings_declare_objective_sim_sweep_and_tau(tmp_path: Path) -> None:
         settings_from_mapping({"objective": {"min_exposed_wait_reduction": 2.0}})
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "missing.toml")
+
+
+def test_window_id_reuse_is_measured_on_the_sealed_shards(
+        snapshot: data.SnapshotInfo) -> None:
+    from hebrus_flywheel.train.qualify import collect_ids
+
+    found = collect_ids.opaque_id_evidence(snapshot)
+    windows = found[0]
+    assert windows.kind == "window_id" and windows.reused == 0
+    assert windows.checked == sum(s.windows or 0 for s in data.integrity_evidence(
+        snapshot, near_duplicates=None, authorization=None).splits.values())

@@ -108,7 +108,8 @@ def test_gate1_fails_on_any_parity_mismatch_even_with_override() -> None:
     inputs = _edit("parity", mismatches=1, override_reason="operator said so")
     verdict = gate1_replay(inputs, CFG.replay)
     assert verdict.status == FAIL
-    assert "1 of 240" in verdict.headline and "do not train" in verdict.headline
+    assert "239/240" in verdict.headline and "(threshold: all)" in verdict.headline
+    assert "do not train" in verdict.headline
 
 
 def test_gate1_non_authoritative_needs_an_override() -> None:
@@ -443,3 +444,43 @@ def test_gate6_runtime_evidence_is_required_when_declared() -> None:
     assert verdict.status == FAIL and "CHANGED" in verdict.headline
     kept = replace(needs, runtime=RuntimeEvidence(metrics=metrics, output_preserved=True))
     assert gate6_promotion(kept, _prior(kept)).status == PASS
+
+
+def _check(verdict: Any, name: str) -> Any:
+    return next(c for c in verdict.checks if c.name == name)
+
+
+def test_gate1_token_parity_is_a_measured_figure() -> None:
+    check = _check(gate1_replay(_inputs(), CFG.replay), "token_parity")
+    assert check.status == PASS
+    assert check.detail == ("token ids equal at 60/60 anchors and positions at 60/60 "
+                            "(threshold: all) — passed")
+
+
+@pytest.mark.parametrize("bad", [{"token_mismatches": 1}, {"position_mismatches": 2},
+                                 {"tokens_compared": 0, "token_mismatches": 0,
+                                  "position_mismatches": 0}])
+def test_gate1_fails_on_planted_token_or_position_mismatches(bad: dict[str, int]) -> None:
+    verdict = gate1_replay(_edit("parity", **bad), CFG.replay)
+    assert verdict.status == FAIL
+    assert _check(verdict, "token_parity").status == FAIL
+
+
+def test_gate1_token_parity_unreported_is_not_a_pass() -> None:
+    verdict = gate1_replay(_edit("parity", tokens_compared=None), CFG.replay)
+    assert verdict.status == NOT_MEASURABLE
+    assert _check(verdict, "token_parity").status == NOT_MEASURABLE
+
+
+def test_gate1_opaque_id_reuse_is_measured_and_fails_on_reuse() -> None:
+    good = _check(gate1_replay(_inputs(), CFG.replay), "opaque_id_reuse")
+    assert good.status == PASS
+    assert "0 of 48 window_ids; 0 of 18 sequence_ids (threshold: 0) — passed" in good.detail
+    data = _raw()
+    data["opaque_ids"][1].update(reused=1, examples=["seq-7: o1 g0, o2 g0"])
+    verdict = gate1_replay(inputs_from_mapping(data), CFG.replay)
+    assert verdict.status == FAIL
+    assert "seq-7: o1 g0, o2 g0" in _check(verdict, "opaque_id_reuse").detail
+    data["opaque_ids"] = None
+    missing = gate1_replay(inputs_from_mapping(data), CFG.replay)
+    assert missing.status == NOT_MEASURABLE

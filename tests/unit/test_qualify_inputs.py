@@ -95,7 +95,11 @@ def test_fixture_follows_the_producers_schemas() -> None:
      "splits among"),
     (lambda d: d["integrity"]["near_duplicates"].update(removed=99), "removed exceeds"),
     (lambda d: d["decode"].update(timely_recall=1.5), "decode.timely_recall"),
-    (lambda d: d["geometry"].update(top_k=0), "geometry.top_k"),
+    (lambda d: d["geometry"].update(top_k=0), "RouteGeometry.top_k"),
+    (lambda d: d["geometry"].update(experts=32), "unknown RouteGeometry fields"),
+    (lambda d: d.update(dtype_bytes=1.0), "geometry gives"),
+    (lambda d: d["parity"].update(position_mismatches=99), "exceeds parity.tokens_compared"),
+    (lambda d: d["opaque_ids"][0].update(reused=10**6), "reused exceeds checked"),
     (lambda d: d.update(checkpoint_lineage=[]), "checkpoint_lineage"),
     (lambda d: d["parity"].update(per_layer_mismatch_rate={"x": 0.1}), "layer numbers"),
 ])

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import matplotlib.image
 import pytest
 
+from hebrus_flywheel.core.jsonio import pretty_json
 from hebrus_flywheel.train.qualify import (
     CLAIM_BOUNDARY,
     PLOT_TITLES,
@@ -88,7 +89,7 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_report_json_round_trips_with_every_verdict(report_dir: Path) -> None:
     text = (report_dir / "report.json").read_text(encoding="utf-8")
     report = json.loads(text)
-    assert json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n" == text
+    assert pretty_json(report) == text
     assert report["schema"] == "flywheel.qualify.report.v1"
     assert [g["gate"] for g in report["gates"]] == [1, 2, 3, 4, 5, 6]
     assert [f["number"] for f in report["falsifiers"]] == list(range(1, 11))

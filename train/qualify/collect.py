@@ -31,6 +31,7 @@ from typing import Any
 from hebrus_flywheel.core.configfile import read_toml
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.train.qualify import collect_data as data
+from hebrus_flywheel.train.qualify import collect_ids
 from hebrus_flywheel.train.qualify import collect_model as model
 from hebrus_flywheel.train.qualify.config import QualificationConfig
 from hebrus_flywheel.train.qualify.errors import InputError
@@ -257,7 +258,7 @@ def _data_pieces(request: CollectRequest, info: data.SnapshotInfo,
                                  "[authorization] in the config"))
     notes["coverage"] = "; ".join(f"{k}: {v}" for k, v in data.COVERAGE_MEANING.items())
     return {"parity": data.parity_evidence(info), "determinism": determinism,
-            "fail_closed": fail_closed,
+            "fail_closed": fail_closed, "opaque_ids": collect_ids.opaque_id_evidence(info),
             "integrity": data.integrity_evidence(info, near_duplicates=near,
                                                  authorization=authorization)}
 
@@ -334,7 +335,9 @@ def collect_inputs(request: CollectRequest) -> Collected:
                            "no speculative acceptance data yet (declare [break_even] tau)")
     inputs = QualificationInputs(
         snapshot_id=info.snapshot_id, checkpoint_lineage=found["lineage"],
-        identity=data.identity_evidence(info), geometry=data.geometry_evidence(info),
+        identity=dataclasses.replace(data.identity_evidence(info), teacher_name=(
+            request.teacher.name if request.teacher is not None else None)),
+        geometry=data.geometry_evidence(info),
         expert_bytes=s.sim.expert_bytes, offline=found["offline"], decode=found["decode"],
         shadow_io=found["shadow_io"], objective=s.objective, throughput=s.throughput,
         economics=s.economics, **pieces)

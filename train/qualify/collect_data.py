@@ -25,6 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.core.snapshot import (
     SnapshotContractError,
     load_manifest,
@@ -43,7 +45,7 @@ from hebrus_flywheel.train.qualify.data_evidence import (
     SplitIntegrity,
 )
 from hebrus_flywheel.train.qualify.errors import InputError
-from hebrus_flywheel.train.qualify.inputs import Geometry, Identity
+from hebrus_flywheel.train.qualify.inputs import Identity
 
 DATASET_FILE = "dataset.json"
 HOLDOUT_SPLIT = "runtime_holdout"
@@ -114,21 +116,26 @@ def identity_evidence(info: SnapshotInfo) -> Identity:
         raise InputError(f"snapshot {info.snapshot_id} records no identity.identity_id; it "
                          "was not sealed by this pipeline")
     return Identity(runtime=runtime, teacher=ident.get("model_artifact_digest") or None,
-                    tokenizer=ident.get("tokenizer_digest") or None)
+                    tokenizer=ident.get("tokenizer_digest") or None,
+                    model_family=ident.get("model_family") or None)
 
 
-def geometry_evidence(info: SnapshotInfo) -> Geometry:
-    """Routed layers and top-k from the shards' geometry, experts from the identity.
-    Widths are left out on purpose: expert bytes come from the simulator's declared
-    deployment geometry, not from the (tiny) teacher's."""
+def geometry_evidence(info: SnapshotInfo) -> RouteGeometry:
+    """The teacher's :class:`RouteGeometry` from the snapshot's identity, checked against
+    the shards' own routed layers and top-k. Its widths are the (tiny) teacher's: expert
+    bytes for SSD timing come from the simulator's declared deployment instead."""
     shard = info.manifest.get("geometry") or {}
     try:
-        return Geometry(layers=int(shard["layers"]), top_k=int(shard["top_k"]),
-                        experts=int(info.identity["expert_count"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"snapshot {info.snapshot_id} lacks geometry.layers/top_k or "
-                         f"identity.expert_count ({exc}); it was not sealed by this "
-                         "pipeline") from exc
+        geometry = RouteGeometry.from_identity(info.identity)
+        layers, top_k = int(shard["layers"]), int(shard["top_k"])
+    except (KeyError, TypeError, ValueError, ConfigError) as exc:
+        raise InputError(f"snapshot {info.snapshot_id} lacks geometry.layers/top_k or a "
+                         f"complete identity ({exc}); it was not sealed by this pipeline") from exc
+    if (geometry.routed_layer_count, geometry.top_k) != (layers, top_k):
+        raise InputError(f"snapshot {info.snapshot_id}: shards hold {layers} layers x top-"
+                         f"{top_k} but the identity pins {geometry.routed_layer_count} x top-"
+                         f"{geometry.top_k}; the snapshot is inconsistent")
+    return geometry
 
 
 def _percentile_name(quantile: str) -> str:
@@ -170,7 +177,15 @@ def parity_evidence(info: SnapshotInfo) -> ParityEvidence | None:
         compared=int(parity.get("pairs") or 0), mismatches=int(parity.get("mismatched_pairs")
                                                               or 0),
         per_layer_mismatch_rate=per_layer, margin_quantiles=_margins(parity, "boundary"),
-        override_reason=override, details=details)
+        override_reason=override, details=details,
+        tokens_compared=_count(parity, "tokens_compared"),
+        token_mismatches=_count(parity, "token_id_mismatches"),
+        position_mismatches=_count(parity, "position_mismatches"))
+
+
+def _count(node: Mapping[str, Any], key: str) -> int | None:
+    value = node.get(key)
+    return None if value is None else int(value)
 
 
 def determinism_evidence(report: Any, snapshot_id: str) -> DeterminismEvidence:

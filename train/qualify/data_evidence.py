@@ -27,8 +27,13 @@ class ParityEvidence:
     """Quantiles of the router score margin at the top-k boundary (e.g. ``"p01"``)."""
     override_reason: str | None = None
     """Why a non-authoritative result was accepted anyway (never overrides mismatches)."""
+    tokens_compared: int | None = None
+    """Anchors whose replayed token id and position were compared with the captured
+    window's (None: not compared)."""
     token_mismatches: int | None = None
-    """Positions whose token id or position differed (None: not compared)."""
+    """Of those, anchors whose token id differed (None: not compared)."""
+    position_mismatches: int | None = None
+    """Of those, anchors whose thread position differed (None: not compared)."""
     prefix_digest_mismatches: int | None = None
     """Accepted-prefix digests that differed (None: not compared)."""
     details: dict[str, Any] = field(default_factory=dict)
@@ -46,7 +51,12 @@ class ParityEvidence:
         for name, value in self.margin_quantiles.items():
             v.number(f"parity.margin_quantiles[{name}]", value, low=None)
         v.text("parity.override_reason", self.override_reason, optional=True)
-        v.count("parity.token_mismatches", self.token_mismatches, optional=True)
+        for name in ("tokens_compared", "token_mismatches", "position_mismatches"):
+            v.count(f"parity.{name}", getattr(self, name), optional=True)
+            if name != "tokens_compared" and (getattr(self, name) or 0) > (
+                    self.tokens_compared or 0):
+                raise InputError(f"parity.{name} exceeds parity.tokens_compared; check the "
+                                 "parity result")
         v.count("parity.prefix_digest_mismatches", self.prefix_digest_mismatches,
                 optional=True)
         v.mapping("parity.details", self.details)
@@ -86,8 +96,6 @@ class FailClosedEvidence:
     """Records that reached a window; with the quarantine counts it must add up."""
     quarantined: dict[str, int] = field(default_factory=dict)
     """Quarantined records by reason code."""
-    opaque_id_reuse: int | None = None
-    """Opaque ids reused across owners or generations (None: not checked)."""
 
     def __post_init__(self) -> None:
         v.count("fail_closed.records_seen", self.records_seen)
@@ -95,11 +103,36 @@ class FailClosedEvidence:
         v.mapping("fail_closed.quarantined", self.quarantined)
         for code, n in self.quarantined.items():
             v.count(f"fail_closed.quarantined[{code}]", n)
-        v.count("fail_closed.opaque_id_reuse", self.opaque_id_reuse, optional=True)
 
     @property
     def total_quarantined(self) -> int:
         return sum(self.quarantined.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpaqueIds:
+    """One kind of opaque id and how many of them were reused (Gate 1)."""
+
+    kind: str
+    """What the ids are, e.g. ``window_id`` or ``sequence_id``."""
+    checked: int
+    """Distinct ids checked."""
+    reused: int
+    """Ids seen under more than one owner (or thread) or more than one generation."""
+    source: str
+    """Where the ids were read."""
+    examples: tuple[str, ...] = ()
+    """A few reused ids with the owners/generations they appeared under."""
+
+    def __post_init__(self) -> None:
+        v.freeze(self, "examples", tuple)
+        v.text("opaque_ids[].kind", self.kind)
+        v.count(f"opaque_ids[{self.kind}].checked", self.checked)
+        v.count(f"opaque_ids[{self.kind}].reused", self.reused)
+        if self.reused > self.checked:
+            raise InputError(f"opaque_ids[{self.kind}].reused exceeds checked")
+        v.text(f"opaque_ids[{self.kind}].source", self.source)
+        v.strings(f"opaque_ids[{self.kind}].examples", self.examples)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -102,7 +102,7 @@ def cold_roofline(inputs: QualificationInputs) -> dict[str, float] | None:
     at the declared SSD bandwidth, the compute it could hide behind, and the ratio."""
     shadow = inputs.shadow_io
     cfg: Mapping[str, Any] = {} if shadow is None else shadow.sim_config
-    layers, top_k = inputs.geometry.layers, inputs.geometry.top_k
+    layers, top_k = inputs.geometry.routed_layer_count, inputs.geometry.top_k
     attention = _layer_total(cfg.get("attention_time_s"), layers)
     moe = _layer_total(cfg.get("moe_time_s"), layers)
     bandwidth, overhead = cfg.get("ssd_bandwidth_bytes_per_s"), cfg.get("step_overhead_s", 0.0)

@@ -10,6 +10,7 @@ from hebrus_flywheel.train.qualify.data_evidence import (
     DeterminismEvidence,
     FailClosedEvidence,
     IntegrityEvidence,
+    OpaqueIds,
     ParityEvidence,
 )
 from hebrus_flywheel.train.qualify.inputs import Identity, QualificationInputs
@@ -28,34 +29,82 @@ GATE2_NAME = "data integrity and leakage"
 def _parity_checks(p: ParityEvidence | None) -> list[Check]:
     if p is None:
         return [unmeasured("parity", "no replay parity result: prove exact top-k id and rank "
-                           "parity against real decode before training")]
+                           "parity against real decode before training"),
+                unmeasured("token_parity", "no replay parity result: token ids and positions "
+                           "of replay were not compared with the captured decode")]
     if p.compared == 0:
-        checks = [measured("parity", False, "parity compared 0 routes: nothing shows replay "
-                           "labels equal decode labels; do not train")]
+        checks = [measured("parity", False, "exact top-k id and rank parity: 0 routes "
+                           "compared (threshold: all of at least one) — failed: nothing shows "
+                           "replay labels equal decode labels; do not train")]
     elif p.mismatches:
-        checks = [measured("parity", False, f"top-k id/rank parity broken on {p.mismatches} of "
-                           f"{p.compared} routes ({p.mismatches / p.compared:.4%}): replay is "
-                           "not an authoritative label producer; do not train")]
+        agree = p.compared - p.mismatches
+        checks = [measured("parity", False, f"exact top-k id and rank parity {_n(agree)}/"
+                           f"{_n(p.compared)} (layer, token) routes (threshold: all) — "
+                           f"failed: {_n(p.mismatches)} differ "
+                           f"({p.mismatches / p.compared:.4%}); replay is not an "
+                           "authoritative label producer; do not train")]
     else:
-        checks = [measured("parity", True, f"exact top-k id and rank parity on {p.compared} "
-                           "routes")]
+        checks = [measured("parity", True, f"exact top-k id and rank parity {_n(p.compared)}/"
+                           f"{_n(p.compared)} (layer, token) routes (threshold: all) — passed")]
     if p.authoritative:
-        checks.append(measured("authoritative", True, "parity run declared replay authoritative"))
+        checks.append(measured("authoritative", True, "the parity run declared replay "
+                               "authoritative (threshold: authoritative or an override) — "
+                               "passed"))
     elif p.override_reason:
-        checks.append(measured("authoritative", True, "parity run was NOT authoritative; "
-                               f"accepted by override: {p.override_reason}"))
+        checks.append(measured("authoritative", True, "the parity run was NOT authoritative "
+                               "(threshold: authoritative or an override) — passed by "
+                               f"override: {p.override_reason}"))
     else:
-        checks.append(measured("authoritative", False, "parity run was not authoritative and no "
+        checks.append(measured("authoritative", False, "the parity run was not authoritative "
+                               "(threshold: authoritative or an override) — failed: no "
                                "override reason was given"))
-    for name, value, what in (("token_parity", p.token_mismatches, "token id/position"),
-                              ("prefix_digest_parity", p.prefix_digest_mismatches,
-                               "accepted-prefix digest")):
-        if value is None:
-            checks.append(unmeasured(name, f"{what} parity was not reported", required=False))
-        else:
-            checks.append(measured(name, value == 0, f"{value} {what} mismatch(es)",
-                                   required=False))
+    checks.append(_token_check(p))
+    if p.prefix_digest_mismatches is None:
+        checks.append(unmeasured("prefix_digest_parity", "accepted-prefix digest parity was "
+                                 "not reported (no speculative captures)", required=False))
+    else:
+        n = p.prefix_digest_mismatches
+        checks.append(measured("prefix_digest_parity", n == 0, f"{n} accepted-prefix digest "
+                               f"mismatch(es) (threshold: 0) — {_verdict(n == 0)}",
+                               required=False))
     return checks
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def _verdict(ok: bool) -> str:
+    return "passed" if ok else "failed"
+
+
+def _token_check(p: ParityEvidence) -> Check:
+    """Replayed token ids and positions versus the captured decode windows, per anchor."""
+    n = p.tokens_compared
+    if n is None or p.token_mismatches is None or p.position_mismatches is None:
+        return unmeasured("token_parity", "the parity result does not compare token ids and "
+                          "positions; reseal (or rerun `flywheel parity`) with this version")
+    if n == 0:
+        return measured("token_parity", False, "token id and position parity: 0 anchors "
+                        "compared (threshold: all of at least one) — failed")
+    ok = p.token_mismatches == 0 and p.position_mismatches == 0
+    return measured("token_parity", ok, f"token ids equal at {_n(n - p.token_mismatches)}/"
+                    f"{_n(n)} anchors and positions at {_n(n - p.position_mismatches)}/{_n(n)} "
+                    f"(threshold: all) — {_verdict(ok)}"
+                    + ("" if ok else ": replay did not see the tokens decode saw; do not "
+                       "train"))
+
+
+def _opaque_id_check(found: tuple[OpaqueIds, ...] | None) -> Check:
+    if not found:
+        return unmeasured("opaque_id_reuse", "cross-owner/generation opaque-id reuse was not "
+                          "checked")
+    reused = sum(o.reused for o in found)
+    parts = "; ".join(f"{_n(o.reused)} of {_n(o.checked)} {o.kind}s" for o in found)
+    examples = [e for o in found for e in o.examples][:3]
+    return measured("opaque_id_reuse", reused == 0, f"opaque ids under more than one owner, "
+                    f"thread or generation: {parts} (threshold: 0) — {_verdict(reused == 0)}"
+                    + (f", e.g. {'; '.join(examples)}" if examples else ""))
 
 
 def _determinism_check(d: DeterminismEvidence | None, config: ReplayGateConfig) -> Check:
@@ -93,19 +142,13 @@ def _fail_closed_checks(f: FailClosedEvidence | None, config: ReplayGateConfig) 
         checks.append(measured("quarantine_fraction", fraction <= config.max_quarantine_fraction,
                                f"{fraction:.2%} of records quarantined (bound "
                                f"{config.max_quarantine_fraction:.2%})"))
-    if f.opaque_id_reuse is None:
-        checks.append(unmeasured("opaque_id_reuse", "cross-owner/generation opaque-id reuse "
-                                 "was not checked", required=False))
-    else:
-        checks.append(measured("opaque_id_reuse", f.opaque_id_reuse == 0,
-                               f"{f.opaque_id_reuse} opaque id(s) reused across owners or "
-                               "generations", required=False))
     return checks
 
 
 def _gate1_figures(inputs: QualificationInputs) -> dict[str, Any]:
     p, d, f = inputs.parity, inputs.determinism, inputs.fail_closed
-    figures: dict[str, Any] = {"parity": None, "determinism": None, "fail_closed": None}
+    figures: dict[str, Any] = {"parity": None, "determinism": None, "fail_closed": None,
+                               "opaque_ids": None}
     if p is not None:
         worst = sorted(p.per_layer_mismatch_rate.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
         figures["parity"] = {
@@ -116,7 +159,9 @@ def _gate1_figures(inputs: QualificationInputs) -> dict[str, Any]:
                                         sorted(p.per_layer_mismatch_rate.items())},
             "worst_layers": [{"layer": k, "mismatch_rate": r} for k, r in worst],
             "margin_quantiles": dict(sorted(p.margin_quantiles.items())),
-            "override_reason": p.override_reason, "token_mismatches": p.token_mismatches,
+            "override_reason": p.override_reason, "tokens_compared": p.tokens_compared,
+            "token_mismatches": p.token_mismatches,
+            "position_mismatches": p.position_mismatches,
             "prefix_digest_mismatches": p.prefix_digest_mismatches, "details": p.details}
     if d is not None:
         figures["determinism"] = {"snapshot_digest": d.snapshot_digest,
@@ -129,7 +174,10 @@ def _gate1_figures(inputs: QualificationInputs) -> dict[str, Any]:
             "quarantined": f.total_quarantined,
             "quarantined_by_reason": dict(sorted(f.quarantined.items())),
             "quarantine_fraction": f.total_quarantined / f.records_seen if f.records_seen
-            else None, "opaque_id_reuse": f.opaque_id_reuse}
+            else None}
+    figures["opaque_ids"] = None if inputs.opaque_ids is None else [
+        {"kind": o.kind, "checked": o.checked, "reused": o.reused, "source": o.source,
+         "examples": list(o.examples)} for o in inputs.opaque_ids]
     return figures
 
 
@@ -137,7 +185,8 @@ def gate1_replay(inputs: QualificationInputs, config: ReplayGateConfig) -> GateV
     """Gate 1: exact parity (authoritative or overridden), a deterministic rebuild and
     fail-closed accounting. Fails closed: if it does not pass, do not train."""
     checks = [*_parity_checks(inputs.parity), _determinism_check(inputs.determinism, config),
-              *_fail_closed_checks(inputs.fail_closed, config)]
+              *_fail_closed_checks(inputs.fail_closed, config),
+              _opaque_id_check(inputs.opaque_ids)]
     return gate_verdict(1, GATE1_NAME, checks, _gate1_figures(inputs))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.train.qualify import checks as v
 from hebrus_flywheel.train.qualify.data_evidence import (
     Authorization,
@@ -22,6 +23,7 @@ from hebrus_flywheel.train.qualify.data_evidence import (
     FailClosedEvidence,
     IntegrityEvidence,
     NearDuplicates,
+    OpaqueIds,
     Overlap,
     ParityEvidence,
     SplitIntegrity,
@@ -39,47 +41,10 @@ from hebrus_flywheel.train.qualify.objective import ServiceObjective
 
 __all__ = [
     "Authorization", "DecodeEvidence", "DeterminismEvidence", "EconomicsEvidence",
-    "FailClosedEvidence", "Geometry", "Identity", "IntegrityEvidence", "NearDuplicates",
-    "OfflineEvidence", "Overlap", "ParityEvidence", "QualificationInputs", "RuntimeEvidence",
-    "ShadowEvidence", "SplitIntegrity", "ThroughputEvidence",
+    "FailClosedEvidence", "Identity", "IntegrityEvidence", "NearDuplicates",
+    "OfflineEvidence", "OpaqueIds", "Overlap", "ParityEvidence", "QualificationInputs",
+    "RuntimeEvidence", "ShadowEvidence", "SplitIntegrity", "ThroughputEvidence",
 ]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Geometry:
-    """Routed geometry of the target model."""
-
-    layers: int
-    """L: routed layers."""
-    experts: int
-    """E: experts per routed layer."""
-    top_k: int
-    """K: native experts per token and layer."""
-    hidden_size: int | None = None
-    """Hidden width, when known (with the next two it fixes the expert size)."""
-    routed_intermediate_size: int | None = None
-    """Routed-expert intermediate width."""
-    dtype_bytes: float | None = None
-    """Bytes per stored weight element."""
-
-    def __post_init__(self) -> None:
-        for name in ("layers", "experts", "top_k"):
-            v.count(f"geometry.{name}", getattr(self, name), positive=True)
-        if self.top_k > self.experts:
-            raise InputError("geometry.top_k must not exceed geometry.experts")
-        v.count("geometry.hidden_size", self.hidden_size, optional=True, positive=True)
-        v.count("geometry.routed_intermediate_size", self.routed_intermediate_size,
-                optional=True, positive=True)
-        v.number("geometry.dtype_bytes", self.dtype_bytes, optional=True)
-
-    @property
-    def shaped_expert_bytes(self) -> int | None:
-        """intermediate × hidden × 3 matrices × dtype bytes, when all three are known."""
-        parts = (self.routed_intermediate_size, self.hidden_size, self.dtype_bytes)
-        if any(p is None for p in parts):
-            return None
-        return round(self.routed_intermediate_size * self.hidden_size * 3  # type: ignore[operator]
-                     * self.dtype_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,11 +57,15 @@ class Identity:
     """Teacher (model artifact) digest."""
     tokenizer: str | None = None
     """Tokenizer and chat-template digest."""
+    model_family: str | None = None
+    """The teacher's model family (transformers ``model_type``, e.g. ``qwen3_next``)."""
+    teacher_name: str | None = None
+    """A name people know the teacher by (its checkpoint directory's name)."""
 
     def __post_init__(self) -> None:
         v.text("identity.runtime", self.runtime)
-        v.text("identity.teacher", self.teacher, optional=True)
-        v.text("identity.tokenizer", self.tokenizer, optional=True)
+        for name in ("teacher", "tokenizer", "model_family", "teacher_name"):
+            v.text(f"identity.{name}", getattr(self, name), optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,16 +78,22 @@ class QualificationInputs:
     """The qualified checkpoint first, then its ancestors."""
     identity: Identity
     """Pinned identities of the run."""
-    geometry: Geometry
-    """Routed geometry of the target."""
+    geometry: RouteGeometry
+    """Routing geometry of the teacher (the base ``RouteGeometry``)."""
     expert_bytes: int
     """Bytes of one routed expert: every byte budget is ``candidates * expert_bytes``."""
+    dtype_bytes: float | None = None
+    """Bytes per stored weight element of ``geometry``, when the expert bytes are the
+    geometry's own (then ``expert_bytes`` must equal ``geometry.expert_bytes``); None when
+    they come from elsewhere (the simulator's declared deployment)."""
     parity: ParityEvidence | None = None
     """Gate 1 / falsifier #1."""
     determinism: DeterminismEvidence | None = None
     """Gate 1: None when no rebuild was made."""
     fail_closed: FailClosedEvidence | None = None
     """Gate 1."""
+    opaque_ids: tuple[OpaqueIds, ...] | None = None
+    """Gate 1: opaque-id reuse across owners and generations (None: not checked)."""
     integrity: IntegrityEvidence | None = None
     """Gate 2."""
     offline: OfflineEvidence | None = None
@@ -144,12 +119,14 @@ class QualificationInputs:
                              f"then its ancestors; got {self.checkpoint_lineage!r}")
         v.strings("checkpoint_lineage", self.checkpoint_lineage)
         v.instance("identity", self.identity, Identity, optional=False)
-        v.instance("geometry", self.geometry, Geometry, optional=False)
+        v.instance("geometry", self.geometry, RouteGeometry, optional=False)
         v.count("expert_bytes", self.expert_bytes, positive=True)
-        shaped = self.geometry.shaped_expert_bytes
-        if shaped is not None and shaped != self.expert_bytes:
-            raise InputError(f"expert_bytes is {self.expert_bytes} but the geometry gives "
-                             f"{shaped} (intermediate x hidden x 3 x dtype bytes); fix one")
+        v.number("dtype_bytes", self.dtype_bytes, optional=True)
+        if self.dtype_bytes is not None:
+            shaped = round(self.geometry.expert_bytes(self.dtype_bytes))
+            if shaped != self.expert_bytes:
+                raise InputError(f"expert_bytes is {self.expert_bytes} but the geometry gives "
+                                 f"{shaped} (3 x hidden x intermediate x dtype bytes); fix one")
         self._check_pieces()
 
     def _check_pieces(self) -> None:
@@ -161,8 +138,12 @@ class QualificationInputs:
                  "economics": EconomicsEvidence}
         for name, kind in kinds.items():
             v.instance(name, getattr(self, name), kind)
+        if self.opaque_ids is not None:
+            v.freeze(self, "opaque_ids", tuple)
+            for item in self.opaque_ids:
+                v.instance("opaque_ids[]", item, OpaqueIds, optional=False)
         if self.offline is not None:
-            self.offline.check_geometry(self.geometry.experts, self.geometry.top_k)
+            self.offline.check_geometry(self.geometry.expert_count, self.geometry.top_k)
         if self.shadow_io is not None:
             self.shadow_io.check_expert_bytes(self.expert_bytes)
 

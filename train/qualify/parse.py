@@ -10,6 +10,9 @@ from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.files import atomic_write_json
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.train.qualify.config import CONTROL_METHODS
 from hebrus_flywheel.train.qualify.errors import InputError
 from hebrus_flywheel.train.qualify.inputs import (
@@ -18,11 +21,11 @@ from hebrus_flywheel.train.qualify.inputs import (
     DeterminismEvidence,
     EconomicsEvidence,
     FailClosedEvidence,
-    Geometry,
     Identity,
     IntegrityEvidence,
     NearDuplicates,
     OfflineEvidence,
+    OpaqueIds,
     Overlap,
     ParityEvidence,
     QualificationInputs,
@@ -108,13 +111,23 @@ def _offline(data: Any, where: str) -> OfflineEvidence:
     return build(OfflineEvidence, data, where, {"results": _tuple})
 
 
+def _geometry(data: Any, where: str) -> RouteGeometry:
+    if not isinstance(data, Mapping):
+        raise InputError(f"{where} must be a JSON object of RouteGeometry fields")
+    try:
+        return RouteGeometry.from_dict(data)
+    except ConfigError as exc:
+        raise InputError(f"{where}: {exc}") from exc
+
+
 _NESTED: dict[str, Converter] = {
     "checkpoint_lineage": _tuple,
     "identity": _of(Identity),
-    "geometry": _of(Geometry),
+    "geometry": _geometry,
     "parity": _of(ParityEvidence, {"per_layer_mismatch_rate": _int_keys}),
     "determinism": _of(DeterminismEvidence),
     "fail_closed": _of(FailClosedEvidence),
+    "opaque_ids": _each(_of(OpaqueIds, {"examples": _tuple})),
     "integrity": _of(IntegrityEvidence, {
         "splits": _splits,
         "overlaps": _each(_of(Overlap, {"splits": _tuple, "ids": _tuple})),
@@ -137,7 +150,9 @@ def inputs_from_mapping(data: Any) -> QualificationInputs:
 
 def inputs_to_mapping(inputs: QualificationInputs) -> dict[str, Any]:
     """The JSON form of ``inputs`` (sets sorted, tuples as lists, layer keys as strings)."""
-    return jsonable(asdict(inputs))
+    out = jsonable(asdict(inputs))
+    out["geometry"] = inputs.geometry.to_dict()
+    return out
 
 
 def load_inputs(path: str | Path) -> QualificationInputs:
@@ -155,6 +170,5 @@ def load_inputs(path: str | Path) -> QualificationInputs:
 def dump_inputs(inputs: QualificationInputs, path: str | Path) -> Path:
     """Write ``inputs`` as JSON; returns the path."""
     path = Path(path)
-    path.write_text(json.dumps(inputs_to_mapping(inputs), indent=2, sort_keys=True,
-                               allow_nan=False) + "\n", encoding="utf-8")
+    atomic_write_json(path, inputs_to_mapping(inputs))
     return path

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hebrus_flywheel.core.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 from hebrus_flywheel.train.qualify.config import QualificationConfig
 from hebrus_flywheel.train.qualify.errors import ReportError
 from hebrus_flywheel.train.qualify.inputs import QualificationInputs
@@ -72,17 +72,20 @@ def decision(verdicts: Sequence[GateVerdict],
 def build_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
                  falsifiers: Sequence[FalsifierVerdict], *,
                  config: QualificationConfig | None = None,
-                 plots: dict[str, bytes] | None = None) -> dict[str, Any]:
-    """The report document (JSON types only)."""
+                 plots: dict[str, bytes] | None = None,
+                 date: str | None = None) -> dict[str, Any]:
+    """The report document (JSON types only); ``date`` (ISO day of the run) is left out
+    when None, so the same inputs give the same bytes."""
     config = QualificationConfig() if config is None else config
     plots = {} if plots is None else plots
     return jsonable({
         "schema": REPORT_SCHEMA,
         "snapshot_id": inputs.snapshot_id,
+        "date": date,
         "checkpoint": inputs.checkpoint,
         "checkpoint_lineage": list(inputs.checkpoint_lineage),
         "identity": dataclasses.asdict(inputs.identity),
-        "geometry": dataclasses.asdict(inputs.geometry),
+        "geometry": inputs.geometry.to_dict(),
         "expert_bytes": inputs.expert_bytes,
         "decision": decision(verdicts, falsifiers),
         "gates": [v.to_dict() for v in sorted(verdicts, key=lambda v: v.gate)],
@@ -97,32 +100,27 @@ def build_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
     })
 
 
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def write_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
                  falsifiers: Sequence[FalsifierVerdict], out_dir: str | Path, *,
-                 config: QualificationConfig | None = None) -> tuple[Path, Path]:
+                 config: QualificationConfig | None = None,
+                 date: str | None = None) -> tuple[Path, Path]:
     """Write ``report.json``, ``report.html`` and one PNG per figure into ``out_dir``
     (created if needed); returns ``(report.json, report.html)``. Same inputs, same bytes."""
     config = QualificationConfig() if config is None else config
     out = Path(out_dir)
     plots = render_plots(inputs, config)
-    report = build_report(inputs, verdicts, falsifiers, config=config, plots=plots)
+    report = build_report(inputs, verdicts, falsifiers, config=config, plots=plots, date=date)
     try:
-        text = json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        json.dumps(report, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ReportError(f"the report is not JSON-serialisable: {exc}") from exc
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name, png in plots.items():
-            _write(out / f"{name}.png", png)
+            atomic_write_bytes(out / f"{name}.png", png)
         json_path, html_path = out / "report.json", out / "report.html"
-        _write(json_path, text.encode("utf-8"))
-        _write(html_path, render_html(report, plots).encode("utf-8"))
+        atomic_write_json(json_path, report)
+        atomic_write_text(html_path, render_html(report, plots))
     except OSError as exc:
         raise ReportError(f"cannot write the report into {out}: {exc}; choose a writable "
                           "directory") from exc

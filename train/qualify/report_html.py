@@ -4,7 +4,6 @@ of text is escaped; every figure is an embedded ``data:image/png;base64`` URI.""
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 from typing import Any
@@ -28,6 +27,7 @@ th{background:#f2f4f8}td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure{margin:1rem 0}figure img{max-width:100%;border:1px solid #e3e6ee}
 figcaption{font-size:.8rem;color:#555}code{font-size:.8rem;word-break:break-all}
 .meta td:first-child{font-weight:600}
+table.nested{margin:0;font-size:.8rem}table.nested th{font-weight:500}
 """
 
 GATE_PLOTS: dict[int, tuple[str, ...]] = {
@@ -36,13 +36,42 @@ GATE_PLOTS: dict[int, tuple[str, ...]] = {
 }
 
 
+def _label(key: Any) -> str:
+    return str(key).replace("_", " ")
+
+
+def _scalar(value: Any) -> str:
+    return escape(fmt_num(value))
+
+
+def _nested(value: Any, depth: int = 0) -> str:
+    """A nested value as labelled HTML: a mapping as field/value rows, a list of mappings
+    as a table with one column per field, a list of plain values comma-separated."""
+    if isinstance(value, Mapping):
+        if not value:
+            return "<em>none</em>"
+        rows = "".join(f"<tr><th>{escape(_label(k))}</th><td>{_nested(v, depth + 1)}</td></tr>"
+                       for k, v in value.items())
+        return f'<table class="nested">{rows}</table>'
+    if isinstance(value, list):
+        if not value:
+            return "<em>none</em>"
+        if all(isinstance(v, Mapping) for v in value):
+            keys = list(dict.fromkeys(k for v in value for k in v))
+            head = "".join(f"<th>{escape(_label(k))}</th>" for k in keys)
+            body = "".join("<tr>" + "".join(f"<td>{_nested(v.get(k), depth + 1)}</td>"
+                                            for k in keys) + "</tr>" for v in value)
+            return f'<table class="nested"><tr>{head}</tr>{body}</table>'
+        return ", ".join(_nested(v, depth + 1) for v in value)
+    return _scalar(value)
+
+
 def _cell(value: Any) -> str:
     if isinstance(value, Mapping | list):
-        text = json.dumps(value, sort_keys=True, separators=(", ", ": "))
-        return f"<td><code>{escape(text)}</code></td>"
+        return f"<td>{_nested(value)}</td>"
     klass = ' class="num"' if isinstance(value, int | float) and not isinstance(value, bool) \
         else ""
-    return f"<td{klass}>{escape(fmt_num(value))}</td>"
+    return f"<td{klass}>{_scalar(value)}</td>"
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], klass: str = "") -> str:
@@ -53,11 +82,13 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], klass: str = ""
     return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def kv_table(mapping: Mapping[str, Any] | None, klass: str = "meta") -> str:
-    """Two columns: figure, value."""
+def kv_table(mapping: Mapping[str, Any] | None, klass: str = "meta", *,
+             ordered: bool = False) -> str:
+    """Two columns: figure, value (sorted by name unless ``ordered``)."""
     if not mapping:
         return "<p><em>not available</em></p>"
-    return table(("figure", "value"), sorted(mapping.items()), klass)
+    items = list(mapping.items()) if ordered else sorted(mapping.items())
+    return table(("figure", "value"), [(_label(k), v) for k, v in items], klass)
 
 
 def badge(status: str) -> str:
@@ -73,11 +104,33 @@ def _figure(name: str, plots: Mapping[str, bytes], report: Mapping[str, Any]) ->
             f'alt="{title}"><figcaption>{title} ({escape(name)}.png)</figcaption></figure>')
 
 
+_VERDICT_WORDS = {"pass": "passed", "fail": "failed", "not_measurable": "not measured"}
+
+
+def sentence(check: Mapping[str, Any]) -> str:
+    """What was measured, against which threshold, and the verdict: the check's own
+    detail, with the verdict appended when the detail does not already end with it."""
+    detail, word = str(check["detail"]).rstrip(". "), _VERDICT_WORDS[check["status"]]
+    if f"— {word}" in detail:
+        return detail
+    return f"{detail} — {word}" if detail else word
+
+
+def _gate_line(gate: Mapping[str, Any]) -> str:
+    """One sentence for the summary row: the decisive check, and how many passed."""
+    checks = gate["checks"]
+    passed = sum(c["status"] == "pass" for c in checks)
+    def rank(c: Mapping[str, Any]) -> int:
+        return {"fail": 0, "pass": 2}.get(c["status"], 1 if c["required"] else 3)
+    decisive = sorted(checks, key=rank)
+    head = sentence(decisive[0]) if decisive else "no checks were evaluated"
+    return f"{head} ({passed} of {len(checks)} checks passed)"
+
+
 def _summary(report: Mapping[str, Any]) -> str:
     d = report["decision"]
     klass = "promote" if d["promote"] else "hold"
-    rows = [(g["gate"], g["name"], g["status"], g["reasons"][0] if g["reasons"] else "")
-            for g in report["gates"]]
+    rows = [(g["gate"], g["name"], g["status"], _gate_line(g)) for g in report["gates"]]
     body = "".join(f"<tr><td>{g}</td><td>{escape(n)}</td><td>{badge(s)}</td>"
                    f"<td>{escape(r)}</td></tr>" for g, n, s, r in rows)
     counts: dict[str, int] = {}
@@ -105,6 +158,12 @@ def _gate_details(gate: Mapping[str, Any]) -> str:
                                                              sorted(per_layer.items(),
                                                                     key=lambda kv: int(kv[0])))
                    if per_layer else "")
+                + "<h3>Opaque-id reuse across owners and generations</h3>"
+                + (table(("ids", "checked", "reused", "read from", "examples"),
+                         [(o["kind"], o["checked"], o["reused"], o["source"],
+                           "; ".join(o["examples"]) or "none")
+                          for o in f["opaque_ids"]]) if f.get("opaque_ids")
+                   else "<p><em>not measured</em></p>")
                 + "<h3>Determinism</h3>" + kv_table(f.get("determinism"))
                 + "<h3>Fail-closed</h3>" + kv_table(fail_closed)
                 + table(("reason code", "quarantined"), sorted(by_reason.items())))
@@ -175,13 +234,14 @@ def _offline(f: Mapping[str, Any]) -> str:
 def _gate_section(gate: Mapping[str, Any], report: Mapping[str, Any],
                   plots: Mapping[str, bytes]) -> str:
     n = gate["gate"]
-    checks = [(c["name"], c["status"], c["required"], c["detail"]) for c in gate["checks"]]
-    body = "".join(f"<tr><td>{escape(a)}</td><td>{badge(s)}</td><td>{'yes' if r else 'no'}"
-                   f"</td><td>{escape(d)}</td></tr>" for a, s, r, d in checks)
+    body = "".join(f"<tr><td>{escape(_label(c['name']))}</td><td>{escape(sentence(c))}</td>"
+                   f"<td>{badge(c['status'])}</td><td>{'yes' if c['required'] else 'no'}</td>"
+                   "</tr>" for c in gate["checks"])
     figures = "".join(_figure(p, plots, report) for p in GATE_PLOTS.get(n, ()))
     return (f'<section id="gate-{n}"><h2>Gate {n} — {escape(gate["name"])} '
             f"{badge(gate['status'])}</h2>"
-            "<table><thead><tr><th>check</th><th>status</th><th>required</th><th>detail</th>"
+            "<table><thead><tr><th>check</th><th>what was measured, against which threshold, "
+            "and the verdict</th><th>status</th><th>required</th>"
             f"</tr></thead><tbody>{body}</tbody></table>"
             f"{_gate_details(gate)}{figures}</section>")
 
@@ -195,19 +255,42 @@ def _falsifiers(report: Mapping[str, Any]) -> str:
             f"<tbody>{body}</tbody></table></section>")
 
 
+def teacher_name(identity: Mapping[str, Any]) -> str:
+    """``tiny-qwen3-next (qwen3_next)``: the teacher's directory name and model family,
+    whichever are known; the short artifact digest when neither is."""
+    name, family = identity.get("teacher_name"), identity.get("model_family")
+    if name and family and name != family:
+        return f"{name} ({family})"
+    if name or family:
+        return str(name or family)
+    digest = identity.get("teacher")
+    return f"teacher {str(digest)[:12]}" if digest else "unnamed teacher"
+
+
+def report_title(report: Mapping[str, Any]) -> str:
+    """The page title in words: teacher, short snapshot id, date."""
+    date = report.get("date")
+    return (f"Qualification of {teacher_name(report['identity'])} on snapshot "
+            f"{str(report['snapshot_id'])[:12]}" + (f", {date}" if date else ""))
+
+
 def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes]) -> str:
     """The whole page."""
-    title = f"Qualification report: {report['checkpoint']} on {report['snapshot_id']}"
-    meta = {"snapshot": report["snapshot_id"], "checkpoint": report["checkpoint"],
+    title = report_title(report)
+    ident = report["identity"]
+    meta = {"teacher": teacher_name(ident), "snapshot": report["snapshot_id"],
+            "checkpoint": report["checkpoint"],
             "lineage": " ← ".join(report["checkpoint_lineage"]),
-            "runtime identity": report["identity"]["runtime"],
-            "geometry": report["geometry"], "expert bytes": fmt_bytes(report["expert_bytes"]),
+            "date": report.get("date") or "not recorded",
+            "runtime identity": ident["runtime"], "teacher digest": ident.get("teacher"),
+            "tokenizer digest": ident.get("tokenizer"), "geometry": report["geometry"],
+            "expert bytes": fmt_bytes(report["expert_bytes"]),
             "service objective": report["objective"] or "none declared"}
     gates = "".join(_gate_section(g, report, plots) for g in report["gates"])
     boundary = "".join(f"<li>{escape(line)}</li>" for line in report["claim_boundary"])
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
-            f"<header><h1>{escape(title)}</h1>{kv_table(meta)}</header>"
+            f"<header><h1>{escape(title)}</h1>{kv_table(meta, ordered=True)}</header>"
             f"{_summary(report)}{gates}{_falsifiers(report)}"
             f'<section id="claim-boundary"><h2>Claim boundary</h2><ul>{boundary}</ul>'
             "</section>"
