@@ -121,6 +121,8 @@ def drain(consumer: Any, ends: Mapping[TP, int], *, retry: RetryPolicy, timeout_
     messages below it. ``timeout_s`` bounds the wait for progress; past it
     :class:`ReadIncompleteError` says which partitions stopped where."""
     pending = dict(ends)
+    # A previous drain on the same consumer paused the partitions it finished.
+    consumer.resume([TopicPartition(t, p) for t, p in pending])
     reached: dict[TP, int] = {}
     check = MessageCheck(retry, what)
     last_progress = time.monotonic()
