@@ -63,9 +63,10 @@ class KafkaClientConfig:
             if key.startswith("flywheel."):
                 raise ConfigError(f"{where}: unknown flywheel setting; known: "
                                   f"{sorted(_RETRY_KEYS)}")
-            if isinstance(value, bool) or not isinstance(value, str | int | float):
-                raise ConfigError(f"{where}: value must be a string or number, got {value!r}")
-            clean[key] = str(value)
+            if not isinstance(value, str | int | float):
+                raise ConfigError(f"{where}: value must be a string, number or bool, got "
+                                  f"{value!r}")
+            clean[key] = str(value).lower() if isinstance(value, bool) else str(value)
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError("KafkaClientConfig.retry must be a RetryPolicy")
         object.__setattr__(self, "properties", MappingProxyType(clean))
