@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from functools import partial
 from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -92,10 +93,9 @@ def watermarks(consumer: Any, topics: Iterable[str], *, retry: RetryPolicy, time
             raise MissingTopicError(f"topic {topic} does not exist; create the catalogue "
                                     "(`flywheel topics create`) or fix --prefix")
         for p in parts:
-            tp = TopicPartition(topic, p)
             out[(topic, p)] = retry.call(
-                lambda tp=tp: consumer.get_watermark_offsets(tp, timeout=timeout_s),
-                what=f"offsets of {topic}[{p}]")
+                partial(consumer.get_watermark_offsets, TopicPartition(topic, p),
+                        timeout=timeout_s), what=f"offsets of {topic}[{p}]")
     return out
 
 
