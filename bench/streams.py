@@ -34,9 +34,10 @@ from typing import Any
 # Run by path, sys.path[0] is bench/: the repository root makes tests.support importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from fastavro import schemaless_reader
 
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
@@ -77,28 +78,18 @@ def consume_all(bootstrap: str, topics: list[str], handle: Any) -> tuple[int, fl
     Each ``consume`` asks for at most the messages still due, so the last call returns as
     soon as they are there instead of waiting out its timeout for a full batch.
     """
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "fetch.max.bytes": 52_428_800,
-        }
-    )
-    ends: dict[tuple[str, int], int] = {}
-    due = 0
-    for topic in topics:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        for p in meta.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), 10)
-            ends[(topic, p)] = high
-            due += high - low
+    config = kafka.client_config(bootstrap)
+    consumer = kafka.make_consumer(config, settings={"fetch.max.bytes": 52_428_800})
+    marks = kafka.watermarks(consumer, topics, retry=config.retry, timeout_s=10)
+    ends = {tp: high for tp, (_, high) in marks.items()}
+    due = sum(high - low for low, high in marks.values())
     pending = {tp for tp, end in ends.items() if end > 0}
     consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in pending])
+    check = kafka.MessageCheck(config.retry, "bench read")
     count, start, cpu_start = 0, time.perf_counter(), time.process_time()
     while pending:
         for msg in consumer.consume(max(1, min(500, due - count)), timeout=1.0):
-            if msg.error():
+            if check.check(msg) != "data":
                 continue
             handle(msg)
             count += 1

@@ -32,12 +32,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from hebrus_flywheel.consumers.epochs import EpochBoundary, freeze_offsets, offsets_json
 from hebrus_flywheel.consumers.exceptions import ControlError
+from hebrus_flywheel.core import kafka
 
 log = logging.getLogger(__name__)
+_LOG = "consumers.librdkafka"
 
 CONTROL_FORMAT = "hebrus-flywheel-control/v1"
 CONTENT_TYPE = "application/json"
@@ -136,67 +138,55 @@ def _boundary(offset: int, record: Mapping[str, Any]) -> EpochBoundary:
 class ControlChannel:
     """Reads the control topic to its end on demand, and publishes control records."""
 
-    def __init__(self, bootstrap: str, topic: str, *, timeout_s: float = 15.0) -> None:
-        self.bootstrap, self.topic, self.timeout_s = bootstrap, topic, timeout_s
+    def __init__(self, bootstrap: kafka.KafkaTarget, topic: str, *,
+                 timeout_s: float = 15.0) -> None:
+        self.kafka = kafka.client_config(bootstrap)
+        self.bootstrap, self.topic, self.timeout_s = self.kafka.bootstrap_servers, topic, timeout_s
         self.state = ControlState()
         self._tp = TopicPartition(topic, 0)
         self._next = 0
-        self._producer: Producer | None = None
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": f"flywheel-control-{uuid.uuid4().hex}",
-            "enable.auto.commit": False, "enable.auto.offset.store": False,
-            "logger": logging.getLogger("consumers.librdkafka"),
-        })
+        self._producer: kafka.CheckedProducer | None = None
+        self._consumer = kafka.make_consumer(self.kafka, log_name=_LOG)
         self._consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
 
     def sync(self) -> ControlState:
         """Read every record up to the topic's current high watermark; the folded state."""
         try:
-            _, high = self._consumer.get_watermark_offsets(self._tp, timeout=self.timeout_s)
+            _, high = self.kafka.retry.call(
+                lambda: self._consumer.get_watermark_offsets(self._tp, timeout=self.timeout_s),
+                what=f"end offset of {self.topic}")
+            if self._next < high:
+                for msg in kafka.drain(self._consumer, {(self.topic, 0): high},
+                                       retry=self.kafka.retry, timeout_s=self.timeout_s,
+                                       what=f"reading the control topic {self.topic}"):
+                    offset = int(msg.offset() or 0)
+                    self.state.apply(offset, msg.value())
+                    self._next = offset + 1
+        except kafka.KafkaIOError as exc:
+            raise ControlError(f"{exc}; is the broker up and the topic created "
+                               "(`flywheel topics create`)?") from exc
         except KafkaException as exc:
             raise ControlError(
                 f"cannot read the control topic {self.topic} on {self.bootstrap}: {exc}; is the "
                 "broker up and the topic created (`flywheel topics create`)?"
             ) from exc
-        deadline = time.monotonic() + self.timeout_s
-        while self._next < high:
-            if time.monotonic() > deadline:
-                raise ControlError(f"timed out reading {self.topic} up to offset {high}")
-            msg = self._consumer.poll(0.2)
-            if msg is None:
-                continue
-            offset = msg.offset()
-            if msg.error() is not None or offset is None:
-                raise ControlError(f"error reading {self.topic}: {msg.error()}")
-            self.state.apply(offset, msg.value())
-            self._next = offset + 1
         return self.state
 
     def publish(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` and wait until the broker has it (acks=all)."""
         if self._producer is None:
-            self._producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
-                                       "enable.idempotence": True,
-                                       "logger": logging.getLogger("consumers.librdkafka")})
-        errors: list[str] = []
-
-        def on_delivery(err: Any, _msg: Any) -> None:
-            if err is not None:
-                errors.append(str(err))
-
-        self._producer.produce(
-            self.topic, key=f"epoch-{record['epoch']}".encode(), value=_encode(record),
-            headers=[("content-type", CONTENT_TYPE.encode()), ("kind", record["kind"].encode())],
-            on_delivery=on_delivery,
-        )
-        left = self._producer.flush(self.timeout_s)
-        if left or errors:
-            raise ControlError(
-                f"could not publish a {record['kind']} record to {self.topic}: "
-                f"{errors or 'delivery timed out'}; check the broker and retry"
-            )
+            self._producer = kafka.CheckedProducer(self.kafka, log_name=_LOG)
+        try:
+            self._producer.produce(
+                self.topic, key=f"epoch-{record['epoch']}".encode(), value=_encode(record),
+                headers=[("content-type", CONTENT_TYPE.encode()),
+                         ("kind", record["kind"].encode())])
+            self._producer.flush(self.timeout_s, what=f"the {record['kind']} record")
+        except kafka.KafkaIOError as exc:
+            raise ControlError(f"could not publish a {record['kind']} record to {self.topic}: "
+                               f"{exc}") from exc
 
     def close(self) -> None:
         self._consumer.close()
         if self._producer is not None:
-            self._producer.flush(self.timeout_s)
+            self._producer.close(self.timeout_s)

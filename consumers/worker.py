@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from hebrus_flywheel.consumers import faults
 from hebrus_flywheel.consumers.blocks import BlockSettings, close_block
@@ -39,12 +39,14 @@ from hebrus_flywheel.consumers.exceptions import WorkerError
 from hebrus_flywheel.consumers.intake import PartitionLog, Verdict, classify, quarantine_record
 from hebrus_flywheel.consumers.labels import SourceRef
 from hebrus_flywheel.consumers.shards import ShardConfig, clean_staging
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.topics import CONTROL_TOPIC, QUARANTINE_TOPIC, SPLITS, window_topic
 
 log = logging.getLogger(__name__)
+_LOG = "consumers.librdkafka"
 _REBALANCE_CODES = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION,
                     KafkaError.UNKNOWN_MEMBER_ID}
 
@@ -158,38 +160,40 @@ class ReplayWorker:
         self._check = window_check(self.bundle.engine)
         self.splits = config.window_topics()
         self.logs: dict[tuple[str, int], PartitionLog] = {}
-        self.control = ControlChannel(config.bootstrap, config.prefix + CONTROL_TOPIC)
+        self.kafka = kafka.client_config(config.bootstrap)
+        self.control = ControlChannel(self.kafka, config.prefix + CONTROL_TOPIC)
         self.plan = EpochPlan(config.shard.offsets_per_shard, self.control.sync().ordered())
         self._last_sync = time.monotonic()
-        self._delivery_errors: list[str] = []
         self._paused = False
         self._last_input = time.monotonic()
         self._assigned_once = False
-        self.consumer = Consumer(self._consumer_conf())
-        self.producer = Producer({"bootstrap.servers": config.bootstrap, "acks": "all",
-                                  "enable.idempotence": True,
-                                  "logger": logging.getLogger("consumers.librdkafka")})
+        self._messages = kafka.MessageCheck(self.kafka.retry, "replay worker consume")
+        self.consumer = kafka.make_consumer(self.kafka, group_id=config.full_group_id,
+                                            settings=self._consumer_conf(), log_name=_LOG)
+        self.producer = kafka.CheckedProducer(self.kafka, log_name=_LOG)
 
     def _consumer_conf(self) -> dict[str, Any]:
         c = self.config
         static = {} if c.instance_id is None else {"group.instance.id": c.instance_id}
         return {
-            **static, "bootstrap.servers": c.bootstrap, "group.id": c.full_group_id,
-            "enable.auto.commit": False, "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+            **static, "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             "session.timeout.ms": int(c.session_timeout_s * 1000),
             "max.poll.interval.ms": int(c.max_poll_interval_s * 1000),
             "partition.assignment.strategy": "range",
-            "logger": logging.getLogger("consumers.librdkafka"),
         }
 
     # -- group membership -----------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        committed = consumer.committed(partitions, timeout=30)
+        try:
+            offsets = kafka.committed(consumer, [(tp.topic, tp.partition) for tp in partitions],
+                                      retry=self.kafka.retry, timeout_s=30,
+                                      group_id=self.config.full_group_id)
+        except (kafka.KafkaIOError, KafkaException) as exc:
+            raise WorkerError(f"cannot read the committed offsets of the assigned partitions: "
+                              f"{exc}; restart the worker once the broker is healthy") from exc
+        committed = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         for tp in committed:
-            if tp.error is not None:
-                raise WorkerError(f"cannot read the committed offset of {tp}: {tp.error}")
             resume = max(tp.offset, 0)
             base = self.plan.block(tp.topic, tp.partition, resume).first
             ids = written_ids(self.root, tp.topic, tp.partition, before=base)
@@ -239,16 +243,10 @@ class ReplayWorker:
         self.producer.produce(
             self.config.prefix + QUARANTINE_TOPIC, key=key,
             value=codec.encode_entry(entry, record),
-            headers=[*codec.kafka_headers(entry), ("reason", str(verdict.reason).encode())],
-            on_delivery=self._on_delivery)
-        self.producer.poll(0)
+            headers=[*codec.kafka_headers(entry), ("reason", str(verdict.reason).encode())])
         self.stats.inc("quarantine", str(verdict.reason))
         log.warning("quarantined %s[%d]@%d: %s (%s)", source.topic, source.partition,
                     source.offset, verdict.reason, verdict.detail)
-
-    def _on_delivery(self, err: Any, _msg: Any) -> None:
-        if err is not None:
-            self._delivery_errors.append(str(err))
 
     # -- blocks ---------------------------------------------------------------------
 
@@ -285,17 +283,20 @@ class ReplayWorker:
     def _close(self, plog: PartitionLog, block: Block) -> None:
         items = plog.take(block)
         close_block(self.bundle.engine, self.settings, block, plog.split, items, self.stats)
-        left = self.producer.flush(30)
-        if left or self._delivery_errors:
-            raise WorkerError(
-                f"quarantine records were not acknowledged ({self._delivery_errors[:3] or left}); "
-                "offsets stay uncommitted — check the broker and restart the worker")
         try:
-            self.consumer.commit(offsets=[TopicPartition(block.topic, block.partition, block.end)],
-                                 asynchronous=False)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.code() in _REBALANCE_CODES:
+            self.producer.flush(30, what="quarantine records")
+        except kafka.KafkaIOError as exc:
+            raise WorkerError(f"{exc}; offsets stay uncommitted — restart the worker") from exc
+        where = TopicPartition(block.topic, block.partition, block.end)
+        try:
+            # A rebalance means another member owns the block now: not worth a retry.
+            self.kafka.retry.call(
+                lambda: self.consumer.commit(offsets=[where], asynchronous=False),
+                what=f"commit of {block.topic}[{block.partition}]@{block.end}",
+                retry_if=lambda e: kafka.is_retriable(e) and e.code() not in _REBALANCE_CODES)
+        except (KafkaException, kafka.KafkaRetryError) as exc:
+            err = kafka.kafka_error(exc)
+            if err is not None and err.code() in _REBALANCE_CODES:
                 log.warning("commit of %s[%d]@%d lost to a rebalance; the next owner rewrites "
                             "the same shard", block.topic, block.partition, block.end)
                 return
@@ -328,9 +329,7 @@ class ReplayWorker:
                 if time.monotonic() - self._last_sync >= self.config.control_sync_s:
                     self._sync_control()
                 msg = self.consumer.poll(self.config.poll_timeout_s)
-                if msg is not None and msg.error():
-                    self._message_error(msg)
-                elif msg is not None:
+                if msg is not None and self._is_data(msg):
                     self._last_input = time.monotonic()
                     self._handle(msg)
                 if not self._paused:
@@ -347,17 +346,19 @@ class ReplayWorker:
             self.close()
         return self.stats
 
-    def _message_error(self, msg: Any) -> None:
-        err = msg.error()
-        if err.code() == KafkaError._PARTITION_EOF:
-            return
-        if err.fatal():
-            raise WorkerError(f"fatal Kafka error on {msg.topic()}: {err}; restart the worker")
-        self.stats.inc("kafka", "errors")
-        log.warning("Kafka error on %s[%s]: %s", msg.topic(), msg.partition(), err)
+    def _is_data(self, msg: Any) -> bool:
+        """True for a record; retriable errors are counted and retried (librdkafka keeps
+        fetching), any other error ends the worker."""
+        try:
+            kind = self._messages.check(msg)
+        except kafka.KafkaIOError as exc:
+            raise WorkerError(f"{exc}; restart the worker") from exc
+        if kind == "retry":
+            self.stats.inc("kafka", "errors")
+        return kind == "data"
 
     def close(self) -> None:
-        self.producer.flush(30)
+        self.producer.close(30)
         self.consumer.close()
         self.control.close()
         log.info("replay worker stopped: %s", self.stats.report())

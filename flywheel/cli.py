@@ -9,11 +9,15 @@ message on stderr and exit status 2; anything else is a bug and keeps its traceb
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import typer
 
 from hebrus_flywheel.core import __version__
+from hebrus_flywheel.core.kafka.config import client_config
 from hebrus_flywheel.core.runner import offline_environment, run_app
+from hebrus_flywheel.core.settings import KAFKA_CONFIG_ENV
 
 app = typer.Typer(
     name="flywheel",
@@ -57,7 +61,15 @@ def _mount_subapps() -> None:
 @app.callback()
 def _root(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
+    kafka_config: str | None = typer.Option(
+        None, "--kafka-config", metavar="FILE",
+        help=f"Kafka client properties, key=value lines (security.protocol, sasl.*, ssl.*, "
+             f"client.id, ...) for every Kafka client [default: ${KAFKA_CONFIG_ENV}]."),
 ) -> None:
+    if kafka_config:
+        client_config(kafka_config=kafka_config)  # a bad file fails here, naming the line
+        # Through the environment, every command and the processes it starts see it.
+        os.environ[KAFKA_CONFIG_ENV] = str(Path(kafka_config).resolve())
     level = logging.DEBUG if verbose else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("faust", "aiokafka", "mode", "urllib3", "filelock"):

@@ -35,8 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import KafkaException
-
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import atomic_write_text
 from hebrus_flywheel.core.settings import (
@@ -45,7 +44,6 @@ from hebrus_flywheel.core.settings import (
     flywheel_home,
 )
 from hebrus_flywheel.streams.exceptions import BrokerError, ToolNotFoundError
-from hebrus_flywheel.streams.topics import admin_client
 
 log = logging.getLogger(__name__)
 
@@ -184,11 +182,7 @@ def is_embedded(bootstrap: str, config: BrokerConfig) -> bool:
 
 def probe_metadata(bootstrap: str, timeout_s: float = 5.0) -> bool:
     """True when a metadata request to ``bootstrap`` succeeds and lists at least one broker."""
-    try:
-        metadata = admin_client(bootstrap, log_level=0).list_topics(timeout=timeout_s)
-    except KafkaException:
-        return False
-    return bool(metadata.brokers)
+    return kafka.probe(kafka.client_config(bootstrap), timeout_s)
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:

@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message
 
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.schemas.codec import encode_entry, kafka_headers
@@ -229,10 +230,15 @@ class RuntimePublisher:
         self._closed = False
         self._abort = threading.Event()
         self._last_warning = 0.0
+        # The process's Kafka properties (security, client.id, ...) apply here too; an
+        # invalid one raises ConfigError naming it.
+        settings = {k: v for k, v in self.config.producer_settings().items()
+                    if k != "bootstrap.servers"}
         try:
-            self._producer = Producer({**self.config.producer_settings(),
-                                       "error_cb": self._on_error, "logger": _rdkafka_log})
-        except (KafkaException, ValueError, TypeError) as exc:
+            self._producer = kafka.make_producer(
+                kafka.client_config(self.config.bootstrap_servers),
+                settings={**settings, "error_cb": self._on_error}, log_name=_rdkafka_log.name)
+        except ConfigError as exc:
             raise ConfigError(f"cannot create the Kafka producer from PublisherConfig: {exc}; "
                               "check bootstrap_servers and producer_overrides") from exc
         self._thread = threading.Thread(target=self._drain, name="flywheel-publisher",

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.streams.exceptions import TopicError
 
@@ -223,14 +224,10 @@ def spec_for(name: str, specs: Iterable[TopicSpec] = CATALOGUE) -> TopicSpec:
     )
 
 
-def admin_client(bootstrap: str, **extra: Any) -> AdminClient:
-    """An AdminClient whose librdkafka logs go to stdlib logging instead of stderr."""
-    conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "logger": logging.getLogger("streams.librdkafka"),
-        **extra,
-    }
-    return AdminClient(conf)
+def admin_client(bootstrap: kafka.KafkaTarget, **extra: Any) -> AdminClient:
+    """An AdminClient (see :func:`core.kafka.make_admin`) with the process's Kafka config."""
+    return kafka.make_admin(kafka.client_config(bootstrap), settings=extra,
+                            log_name="streams.librdkafka")
 
 
 def create_topics(
@@ -275,8 +272,9 @@ def create_topics(
 
 def _require_reachable(admin: AdminClient, bootstrap: str, timeout_s: float) -> None:
     try:
-        admin.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
+        kafka.client_config(bootstrap).retry.call(lambda: admin.list_topics(timeout=timeout_s),
+                                                  what=f"metadata request to {bootstrap}")
+    except (KafkaException, kafka.KafkaRetryError) as exc:
         raise TopicError(
             f"cannot reach Kafka at {bootstrap}: {exc}; start the broker (`flywheel broker up`) "
             "or point --bootstrap-servers / FLYWHEEL_BOOTSTRAP_SERVERS at a running cluster"
@@ -315,7 +313,8 @@ def describe_topics(
     """
     admin = admin_client(bootstrap)
     _require_reachable(admin, bootstrap, timeout_s)
-    metadata = admin.list_topics(timeout=timeout_s)
+    metadata = kafka.client_config(bootstrap).retry.call(
+        lambda: admin.list_topics(timeout=timeout_s), what=f"metadata request to {bootstrap}")
     wanted = (
         [n for n in metadata.topics if not n.startswith("__")] if names is None else list(names)
     )

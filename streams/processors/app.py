@@ -51,6 +51,7 @@ from typing import Any
 import faust
 from faust.serializers import codecs
 
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.settings import flywheel_home
@@ -155,6 +156,9 @@ class StreamsWorker:
 
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
+        # Translated first: a property faust cannot honour stops the worker before it
+        # records a run or touches a topic.
+        self.faust_kafka = kafka.faust_settings(kafka.client_config(config.bootstrap))
         self.topics = StreamTopics.from_prefix(config.prefix, config.app_id)
         self.partitions = ensure_topics(
             config.bootstrap,
@@ -179,7 +183,7 @@ class StreamsWorker:
         (data_dir / c.full_app_id).mkdir(parents=True, exist_ok=True)
         return faust.App(
             c.full_app_id,
-            broker=[f"kafka://{b}" for b in c.bootstrap.split(",")],
+            **self.faust_kafka,  # broker list, credentials, client id
             store="memory://",
             datadir=str(data_dir / c.full_app_id),
             processing_guarantee="at_least_once",

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import MutableMapping
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
-
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
 from hebrus_flywheel.streams.exceptions import PublishValidationError
@@ -24,6 +22,7 @@ from hebrus_flywheel.streams.rules import IdentityRules
 from hebrus_flywheel.streams.validation import validate_identity
 
 log = logging.getLogger(__name__)
+_LOG = "streams.librdkafka"
 
 
 class IdentityBook:
@@ -32,7 +31,7 @@ class IdentityBook:
     def __init__(
         self,
         *,
-        bootstrap: str,
+        bootstrap: kafka.KafkaTarget,
         topic: str,
         refresh_interval_s: float = 5.0,
         timeout_s: float = 10.0,
@@ -45,44 +44,19 @@ class IdentityBook:
         self._misses: dict[str, float] = {}
 
     def load(self) -> int:
-        """Read the identities topic from the beginning to its current end."""
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": f"flywheel-identities-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-                "logger": logging.getLogger("streams.librdkafka"),
-            }
-        )
-        try:
-            return self._read_to_end(consumer)
-        except KafkaException as exc:
-            raise WorkerError(
-                f"cannot read identities from {self.topic} on {self.bootstrap}: {exc}; check "
-                "that the broker runs and the topic exists (`flywheel topics create`)"
-            ) from exc
-        finally:
-            consumer.close()
-
-    def _read_to_end(self, consumer: Consumer) -> int:
-        metadata = consumer.list_topics(self.topic, timeout=self.timeout_s).topics.get(self.topic)
-        if metadata is None or metadata.error is not None:
-            raise WorkerError(f"identities topic {self.topic} does not exist; create the topics")
-        ends = {}
-        for p in metadata.partitions:
-            _, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), self.timeout_s)
-            ends[p] = high
-        pending = {p for p, high in ends.items() if high > 0}
-        consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in pending])
-        deadline = time.monotonic() + self.timeout_s
+        """Read the identities topic from the beginning to its end at the time of the call."""
         read = 0
-        while pending and time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None or msg.error():
-                continue
-            read += self._apply(msg.value())
-            if (msg.offset() or 0) + 1 >= ends[msg.partition() or 0]:
-                pending.discard(msg.partition())
+        try:
+            for msg in kafka.read_to_end(kafka.client_config(self.bootstrap), [self.topic],
+                                         timeout_s=self.timeout_s, log_name=_LOG):
+                read += self._apply(msg.value())
+        except kafka.MissingTopicError as exc:
+            raise WorkerError(f"identities topic {self.topic} does not exist; create the topics "
+                              "(`flywheel topics create`)") from exc
+        except kafka.KafkaIOError as exc:
+            raise WorkerError(
+                f"cannot read identities from {self.topic} on {self.bootstrap}: {exc}"
+            ) from exc
         return read
 
     def _apply(self, value: bytes | None) -> int:

@@ -9,63 +9,28 @@ at-least-once delivery are counted once, and separately as ``repeats``.
 from __future__ import annotations
 
 import json
-import logging
-import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Message
 
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
 from hebrus_flywheel.streams.processors.exceptions import InspectError
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics
 
 
-def _consumer(bootstrap: str) -> Consumer:
-    return Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"flywheel-inspect-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "logger": logging.getLogger("streams.librdkafka"),
-        }
-    )
-
-
-def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 30.0) -> Iterator[Message]:
-    """Every message of ``topic`` up to its end at the time of the call (none if missing)."""
-    consumer = _consumer(bootstrap)
+def read_topic(bootstrap: kafka.KafkaTarget, topic: str, *,
+               timeout_s: float = 30.0) -> Iterator[Message]:
+    """Every message of ``topic`` up to its end at the time of the call (none if missing);
+    InspectError when that end cannot be reached within ``timeout_s`` of the last progress."""
     try:
-        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if meta is None or meta.error is not None:
-            return
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
-            for p in meta.partitions
-        }
-        pending = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
-        deadline = time.monotonic() + timeout_s
-        while pending and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            yield msg
-            if (msg.offset() or 0) + 1 >= ends[msg.partition() or 0]:
-                pending.discard(msg.partition())
-        if pending:
-            raise InspectError(
-                f"timed out reading {topic}; partitions {sorted(pending)} unfinished"
-            )
-    except KafkaException as exc:
-        raise InspectError(
-            f"cannot read {topic} from {bootstrap}: {exc}; is the broker up?"
-        ) from exc
-    finally:
-        consumer.close()
+        yield from kafka.read_to_end(kafka.client_config(bootstrap), [topic], timeout_s=timeout_s,
+                                     missing_ok=True, log_name="streams.librdkafka")
+    except kafka.KafkaIOError as exc:
+        raise InspectError(f"cannot read {topic}: {exc}") from exc
 
 
 def _header(msg: Message, name: str) -> str | None:

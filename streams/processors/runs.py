@@ -31,8 +31,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException
 
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.streams.processors.exceptions import InspectError, WorkerError
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import (
@@ -41,9 +42,9 @@ from hebrus_flywheel.streams.processors.pipeline import (
     config_id,
     config_to_json,
 )
-from hebrus_flywheel.streams.topics import admin_client
 
 log = logging.getLogger(__name__)
+_LOG = "streams.librdkafka"
 
 RUN_FORMAT = "hebrus-flywheel-streams-run/v1"
 
@@ -107,43 +108,45 @@ class StreamsRun:
         return run
 
 
-def _consumer(bootstrap: str, group_id: str) -> Consumer:
-    return Consumer({
-        "bootstrap.servers": bootstrap, "group.id": group_id, "enable.auto.commit": False,
-        "logger": logging.getLogger("streams.librdkafka"),
-    })
-
-
-def group_start_offsets(bootstrap: str, group_id: str, topics: Iterable[str], *,
+def group_start_offsets(bootstrap: kafka.KafkaTarget, group_id: str, topics: Iterable[str], *,
                         timeout_s: float = 15.0) -> dict[str, dict[int, int]]:
     """Where ``group_id`` resumes each partition of ``topics``: its commit, else 0."""
-    consumer = _consumer(bootstrap, group_id)
+    config = kafka.client_config(bootstrap)
+    consumer = kafka.make_consumer(config, group_id=group_id, log_name=_LOG)
     try:
         tps = []
         for topic in topics:
-            meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-            if meta is None or meta.error is not None:
-                raise StreamsRunError(f"capture topic {topic} does not exist on {bootstrap}; "
-                                      "create the catalogue (`flywheel topics create`)")
-            tps += [TopicPartition(topic, p) for p in sorted(meta.partitions)]
-        got = consumer.committed(tps, timeout=timeout_s)
-    except KafkaException as exc:
+            parts = kafka.partitions_of(consumer, topic, retry=config.retry, timeout_s=timeout_s)
+            if parts is None:
+                raise StreamsRunError(f"capture topic {topic} does not exist on "
+                                      f"{config.bootstrap_servers}; create the catalogue "
+                                      "(`flywheel topics create`)")
+            tps += [(topic, p) for p in parts]
+        got = kafka.committed(consumer, tps, retry=config.retry, timeout_s=timeout_s,
+                              group_id=group_id)
+    except (KafkaException, kafka.KafkaIOError) as exc:
         raise StreamsRunError(f"cannot read the committed offsets of {group_id}: {exc}") from exc
     finally:
         consumer.close()
     out: dict[str, dict[int, int]] = {}
-    for tp in got:
-        out.setdefault(tp.topic, {})[tp.partition] = max(0, tp.offset)
+    for (topic, partition), offset in got.items():
+        out.setdefault(topic, {})[partition] = max(0, offset)
     return out
 
 
-def group_members(bootstrap: str, group_id: str, *, timeout_s: float = 15.0) -> int:
+def group_members(bootstrap: kafka.KafkaTarget, group_id: str, *,
+                  timeout_s: float = 15.0) -> int:
     """How many members ``group_id`` has now (0 for an unknown or empty group)."""
-    admin = admin_client(bootstrap)
-    try:
+    config = kafka.client_config(bootstrap)
+    admin = kafka.make_admin(config, log_name=_LOG)
+
+    def describe() -> int:
         future = admin.describe_consumer_groups([group_id], request_timeout=timeout_s)[group_id]
         return len(future.result(timeout=timeout_s).members or [])
-    except KafkaException as exc:
+
+    try:
+        return config.retry.call(describe, what=f"describing consumer group {group_id}")
+    except (KafkaException, kafka.KafkaIOError) as exc:
         raise StreamsRunError(f"cannot describe consumer group {group_id}: {exc}") from exc
 
 
@@ -163,23 +166,17 @@ def read_runs(bootstrap: str, topic: str, *, app_id: str | None = None) -> list[
     return runs
 
 
-def publish_run(bootstrap: str, topic: str, run: StreamsRun, *, timeout_s: float = 15.0) -> None:
+def publish_run(bootstrap: kafka.KafkaTarget, topic: str, run: StreamsRun, *,
+                timeout_s: float = 15.0) -> None:
     """Append ``run`` to ``topic`` and wait for the broker's acknowledgement."""
-    errors: list[str] = []
-
-    def on_delivery(err: Any, _msg: Any) -> None:
-        if err is not None:
-            errors.append(str(err))
-
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
-                         "enable.idempotence": True,
-                         "logger": logging.getLogger("streams.librdkafka")})
-    producer.produce(topic, key=run.app_id.encode(), on_delivery=on_delivery,
-                     value=json.dumps(run.to_json(), sort_keys=True).encode(),
-                     headers=[("content-type", b"application/json")])
-    if producer.flush(timeout_s) or errors:
-        raise StreamsRunError(f"could not record the streams run on {topic}: "
-                              f"{errors or 'delivery timed out'}; check the broker and retry")
+    producer = kafka.CheckedProducer(kafka.client_config(bootstrap), log_name=_LOG)
+    try:
+        producer.produce(topic, key=run.app_id.encode(),
+                         value=json.dumps(run.to_json(), sort_keys=True).encode(),
+                         headers=[("content-type", b"application/json")])
+        producer.flush(timeout_s, what="the streams run record")
+    except kafka.KafkaIOError as exc:
+        raise StreamsRunError(f"could not record the streams run on {topic}: {exc}") from exc
 
 
 def start_run(bootstrap: str, topic: str, *, app_id: str, config: ProcessorConfig,

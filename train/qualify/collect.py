@@ -190,8 +190,7 @@ def checkpoint_lineage(lineage: Mapping[str, Any]) -> tuple[str, ...]:
 def kafka_streams_summary(bootstrap: str, prefix: str) -> dict[str, Any]:
     """``summarize_topics`` plus the records on the capture topics (high minus low
     watermark per partition: every record the processors could have read)."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
-
+    from hebrus_flywheel.core import kafka
     from hebrus_flywheel.streams.broker import probe_metadata
     from hebrus_flywheel.streams.processors.inspect import summarize_topics
     from hebrus_flywheel.streams.processors.topology import StreamTopics
@@ -200,21 +199,15 @@ def kafka_streams_summary(bootstrap: str, prefix: str) -> dict[str, Any]:
         raise InputError(f"no Kafka broker answers at {bootstrap}; start it (`flywheel broker "
                          "up`), pass --streams-summary FILE instead, or drop --bootstrap-servers")
     summary = summarize_topics(bootstrap, prefix=prefix)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "flywheel-qualify",
-                         "enable.auto.commit": False})
-    topics: dict[str, int] = {}
+    capture = list(StreamTopics.from_prefix(prefix).capture_kinds().values())
     try:
-        for topic in StreamTopics.from_prefix(prefix).capture_kinds().values():
-            meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-            if meta is None or meta.error is not None:
-                continue
-            marks = [consumer.get_watermark_offsets(TopicPartition(topic, p), 10)
-                     for p in meta.partitions]
-            topics[topic] = sum(high - low for low, high in marks)
-    except KafkaException as exc:
+        marks = kafka.end_watermarks(kafka.client_config(bootstrap), capture, timeout_s=10,
+                                     missing_ok=True)
+    except kafka.KafkaIOError as exc:
         raise InputError(f"cannot read capture-topic offsets from {bootstrap}: {exc}") from exc
-    finally:
-        consumer.close()
+    topics: dict[str, int] = {}
+    for (topic, _), (low, high) in marks.items():
+        topics[topic] = topics.get(topic, 0) + high - low
     summary["capture"] = {"topics": topics, "records": sum(topics.values())}
     return summary
 
