@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from confluent_kafka import Producer
 
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.cli import processor_config
 from hebrus_flywheel.streams.processors.exceptions import WorkerError
@@ -128,13 +129,8 @@ class WorkerProcess:
 
 
 def producer(bootstrap: str) -> Producer:
-    return Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "linger.ms": 5,
-        }
-    )
+    return kafka.make_producer(kafka.client_config(bootstrap),
+                               settings={"enable.idempotence": True, "linger.ms": 5})
 
 
 def produce(

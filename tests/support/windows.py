@@ -19,10 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
-
 from hebrus_flywheel.consumers.exceptions import ConsumersError
 from hebrus_flywheel.consumers.faults import FAULT_ENV
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.window import content_digest
 from hebrus_flywheel.streams.topics import window_topic
@@ -93,8 +92,9 @@ def publish_windows(bootstrap: str, prefix: str, windows: Iterable[Mapping[str, 
                     *, partition: int | None = None) -> list[tuple[str, int, int]]:
     """Produce windows to their split topics (key owner/thread); their coordinates."""
     entry = codec.default_registry().get("Window")
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
-                         "enable.idempotence": True, "partitioner": "murmur2_random"})
+    producer = kafka.make_producer(
+        kafka.client_config(bootstrap),
+        settings={"acks": "all", "enable.idempotence": True, "partitioner": "murmur2_random"})
     coords: list[tuple[str, int, int]] = []
     errors: list[str] = []
 
