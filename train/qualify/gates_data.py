@@ -19,7 +19,6 @@ from hebrus_flywheel.train.qualify.verdict import (
     GateVerdict,
     gate_verdict,
     judged,
-    measured,
     unmeasured,
 )
 
@@ -30,53 +29,53 @@ GATE2_NAME = "data integrity and leakage"
 def _parity_checks(p: ParityEvidence | None) -> list[Check]:
     if p is None:
         return [unmeasured("parity", "no replay parity result: prove exact top-k id and rank "
-                           "parity against real decode before training"),
+                           "parity against real decode before training (`flywheel parity`)",
+                           threshold="all routes equal"),
                 unmeasured("token_parity", "no replay parity result: token ids and positions "
-                           "of replay were not compared with the captured decode")]
-    if p.compared == 0:
-        checks = [measured("parity", False, "exact top-k id and rank parity: 0 routes "
-                           "compared (threshold: all of at least one) — failed: nothing shows "
-                           "replay labels equal decode labels; do not train")]
-    elif p.mismatches:
-        agree = p.compared - p.mismatches
-        checks = [measured("parity", False, f"exact top-k id and rank parity {_n(agree)}/"
-                           f"{_n(p.compared)} (layer, token) routes (threshold: all) — "
-                           f"failed: {_n(p.mismatches)} differ "
-                           f"({p.mismatches / p.compared:.4%}); replay is not an "
-                           "authoritative label producer; do not train")]
-    else:
-        checks = [measured("parity", True, f"exact top-k id and rank parity {_n(p.compared)}/"
-                           f"{_n(p.compared)} (layer, token) routes (threshold: all) — passed")]
-    if p.authoritative:
-        checks.append(measured("authoritative", True, "the parity run declared replay "
-                               "authoritative (threshold: authoritative or an override) — "
-                               "passed"))
-    elif p.override_reason:
-        checks.append(measured("authoritative", True, "the parity run was NOT authoritative "
-                               "(threshold: authoritative or an override) — passed by "
-                               f"override: {p.override_reason}"))
-    else:
-        checks.append(measured("authoritative", False, "the parity run was not authoritative "
-                               "(threshold: authoritative or an override) — failed: no "
-                               "override reason was given"))
-    checks.append(_token_check(p))
+                           "of replay were not compared with the captured decode",
+                           threshold="all anchors equal")]
+    checks = [_route_check(p), _authoritative_check(p), _token_check(p)]
     if p.prefix_digest_mismatches is None:
         checks.append(unmeasured("prefix_digest_parity", "accepted-prefix digest parity was "
-                                 "not reported (no speculative captures)", required=False))
+                                 "not reported (no speculative captures)", threshold="0",
+                                 required=False))
     else:
         n = p.prefix_digest_mismatches
-        checks.append(measured("prefix_digest_parity", n == 0, f"{n} accepted-prefix digest "
-                               f"mismatch(es) (threshold: 0) — {_verdict(n == 0)}",
-                               required=False))
+        checks.append(judged("prefix_digest_parity", n == 0, required=False,
+                             figure=f"{n} accepted-prefix digest mismatch(es)", threshold="0"))
     return checks
+
+
+def _route_check(p: ParityEvidence) -> Check:
+    threshold = "all"
+    if p.compared == 0:
+        return judged("parity", False, figure="exact top-k id and rank parity: 0 routes "
+                      "compared", threshold="all of at least one",
+                      reason="nothing shows replay labels equal decode labels; do not train")
+    agree = p.compared - p.mismatches
+    figure = (f"exact top-k id and rank parity {_n(agree)}/{_n(p.compared)} (layer, token) "
+              "routes")
+    if p.mismatches:
+        return judged("parity", False, figure=figure, threshold=threshold,
+                      reason=f"{_n(p.mismatches)} differ ({p.mismatches / p.compared:.4%}); "
+                      "replay is not an authoritative label producer; do not train")
+    return judged("parity", True, figure=figure, threshold=threshold)
+
+
+def _authoritative_check(p: ParityEvidence) -> Check:
+    threshold = "authoritative or an override"
+    if p.authoritative:
+        return judged("authoritative", True, figure="the parity run declared replay "
+                      "authoritative", threshold=threshold)
+    if p.override_reason:
+        return judged("authoritative", True, figure="the parity run was NOT authoritative",
+                      threshold=threshold, reason=f"passed by override: {p.override_reason}")
+    return judged("authoritative", False, figure="the parity run was not authoritative",
+                  threshold=threshold, reason="no override reason was given")
 
 
 def _n(value: int) -> str:
     return f"{value:,}"
-
-
-def _verdict(ok: bool) -> str:
-    return "passed" if ok else "failed"
 
 
 def _token_check(p: ParityEvidence) -> Check:
@@ -84,28 +83,29 @@ def _token_check(p: ParityEvidence) -> Check:
     n = p.tokens_compared
     if n is None or p.token_mismatches is None or p.position_mismatches is None:
         return unmeasured("token_parity", "the parity result does not compare token ids and "
-                          "positions; reseal (or rerun `flywheel parity`) with this version")
+                          "positions; reseal (or rerun `flywheel parity`) with this version",
+                          threshold="all anchors equal")
     if n == 0:
-        return measured("token_parity", False, "token id and position parity: 0 anchors "
-                        "compared (threshold: all of at least one) — failed")
+        return judged("token_parity", False, figure="token id and position parity: 0 anchors "
+                      "compared", threshold="all of at least one")
     ok = p.token_mismatches == 0 and p.position_mismatches == 0
-    return measured("token_parity", ok, f"token ids equal at {_n(n - p.token_mismatches)}/"
-                    f"{_n(n)} anchors and positions at {_n(n - p.position_mismatches)}/{_n(n)} "
-                    f"(threshold: all) — {_verdict(ok)}"
-                    + ("" if ok else ": replay did not see the tokens decode saw; do not "
-                       "train"))
+    return judged("token_parity", ok, figure=f"token ids equal at "
+                  f"{_n(n - p.token_mismatches)}/{_n(n)} anchors and positions at "
+                  f"{_n(n - p.position_mismatches)}/{_n(n)}", threshold="all",
+                  reason="" if ok else "replay did not see the tokens decode saw; do not train")
 
 
 def _opaque_id_check(found: tuple[OpaqueIds, ...] | None) -> Check:
     if not found:
         return unmeasured("opaque_id_reuse", "cross-owner/generation opaque-id reuse was not "
-                          "checked")
+                          "checked; the snapshot's split manifests carry the ids",
+                          threshold="0")
     reused = sum(o.reused for o in found)
     parts = "; ".join(f"{_n(o.reused)} of {_n(o.checked)} {o.kind}s" for o in found)
     examples = [e for o in found for e in o.examples][:3]
-    return measured("opaque_id_reuse", reused == 0, f"opaque ids under more than one owner, "
-                    f"thread or generation: {parts} (threshold: 0) — {_verdict(reused == 0)}"
-                    + (f", e.g. {'; '.join(examples)}" if examples else ""))
+    return judged("opaque_id_reuse", reused == 0, figure=f"opaque ids under more than one "
+                  f"owner, thread or generation: {parts}", threshold="0",
+                  reason="" if reused == 0 else f"e.g. {'; '.join(examples)}")
 
 
 def _determinism_check(d: DeterminismEvidence | None, config: ReplayGateConfig) -> Check:
