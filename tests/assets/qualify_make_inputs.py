@@ -9,7 +9,6 @@ a noisy oracle: the figures exercise the report, they are not evidence about any
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -38,14 +37,13 @@ LAYERS, EXPERTS, TOP_K = 4, 32, 4
 BUDGETS = (2, 4, 8, 12)
 TOKENS, THREADS = 30, 6
 SPLITS = ("train", "validation", "temporal_holdout", "runtime_holdout")
-SIM = SimConfig(hidden_size=64, routed_intermediate_size=32, dtype_bytes=2.0,
+GEOMETRY = RouteGeometry(family="qwen3_next", routed_layers=tuple(range(LAYERS)),
+                         layer_count=LAYERS, expert_count=EXPERTS, top_k=TOP_K,
+                         hidden_size=64, routed_intermediate_size=32)
+SIM = SimConfig(geometry=GEOMETRY, dtype_bytes=2.0,
                 attention_time_s=250e-6, moe_time_s=150e-6, step_overhead_s=1e-3,
                 ssd_bandwidth_bytes_per_s=1.5e8, ssd_latency_s=50e-6, ssd_queue_depth=8,
                 cache_capacity_experts=64, eviction="priority")
-GEOMETRY = RouteGeometry(family="qwen3_next", routed_layers=tuple(range(LAYERS)),
-                         layer_count=LAYERS, expert_count=EXPERTS, top_k=TOP_K,
-                         hidden_size=SIM.hidden_size,
-                         routed_intermediate_size=SIM.routed_intermediate_size)
 OUT = Path(__file__).with_name("qualify_inputs.json")
 
 
@@ -135,7 +133,7 @@ def shadow(rng: np.random.Generator) -> dict[str, Any]:
     predictions = builder.build()
     return {
         "metrics": shadow_io(trace, predictions.within_budget(TOP_K), SIM), "budget": TOP_K,
-        "sim_config": dataclasses.asdict(SIM),
+        "sim_config": SIM.to_dict(),
         "sweep": sweep(trace, predictions, SIM, bandwidths=(2.5e7, 5e7, 1e8, 1.5e8, 3e8, 1e9),
                        budgets=(2, 4, 6, 8)),
         "break_even": break_even(trace, {1: 1.0, 2: 1.6, 4: 2.5}),

@@ -401,7 +401,7 @@ def test_gate6_fails_when_the_objective_is_missed() -> None:
     inputs = _inputs()
     strict = replace(inputs, objective=ServiceObjective(name="x", min_exposed_wait_reduction=0.95))
     verdict = gate6_promotion(strict, _prior(strict))
-    assert verdict.status == FAIL and "objective >= 95.0%" in verdict.headline
+    assert verdict.status == FAIL and "threshold: >= 95.0%" in verdict.headline
     assert verdict.figures["objective_met"] is False
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from hebrus_flywheel.core.errors import ConfigError, FlywheelError
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.train.exceptions import TrainError
 from hebrus_flywheel.train.sim import SimConfig, SimulationError, TraceError
 
@@ -17,15 +18,29 @@ def test_default_expert_bytes_follow_the_geometry() -> None:
     assert config.capacity_experts == 3072
 
 
+def shape(hidden: int, intermediate: int) -> RouteGeometry:
+    return RouteGeometry(family="t", routed_layers=(0,), layer_count=1, expert_count=4,
+                         top_k=2, hidden_size=hidden, routed_intermediate_size=intermediate)
+
+
+def test_the_model_shape_is_the_base_geometry() -> None:
+    config = SimConfig(geometry=shape(8, 4), dtype_bytes=0.5)
+    assert config.expert_bytes == round(shape(8, 4).expert_bytes(0.5)) == 48
+    record = config.to_dict()
+    assert record["geometry"] == shape(8, 4).to_dict() and "hidden_size" not in record
+    with pytest.raises(TypeError):
+        SimConfig(hidden_size=64)  # type: ignore[call-arg]
+
+
 def test_capacity_in_bytes_is_floored_to_whole_experts() -> None:
-    config = SimConfig(hidden_size=10, routed_intermediate_size=10, dtype_bytes=1.0,
+    config = SimConfig(geometry=shape(10, 10), dtype_bytes=1.0,
                        cache_capacity_experts=None, cache_capacity_bytes=1000)
     assert config.expert_bytes == 300
     assert config.capacity_experts == 3
 
 
 def test_fractional_dtype_bytes_round_the_expert_size() -> None:
-    config = SimConfig(hidden_size=3, routed_intermediate_size=3, dtype_bytes=0.5)
+    config = SimConfig(geometry=shape(3, 3), dtype_bytes=0.5)
     assert config.expert_bytes == round(3 * 3 * 3 * 0.5)
 
 
@@ -40,8 +55,7 @@ def test_per_layer_times_expand_and_check_length() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("hidden_size", 0),
-        ("routed_intermediate_size", -1),
+        ("geometry", {"hidden_size": 64}),
         ("dtype_bytes", 0.0),
         ("ssd_bandwidth_bytes_per_s", 0.0),
         ("ssd_bandwidth_bytes_per_s", float("inf")),
@@ -72,7 +86,7 @@ def test_exactly_one_capacity_must_be_set() -> None:
 def test_config_is_frozen_and_keyword_only() -> None:
     config = SimConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.hidden_size = 1  # type: ignore[misc]
+        config.dtype_bytes = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
         SimConfig(2048)  # type: ignore[call-arg]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.train.sim import (
     DecodeTrace,
     PredictionBuilder,
@@ -35,7 +36,9 @@ def _case(seed: int) -> tuple[DecodeTrace, PredictionSet, SimConfig]:
                     priority=int(rng.integers(1, 3)), ready_row=int(first_rows[ready // span]),
                     ready_boundary=ready % span, rejected_suffix=bool(rng.random() < 0.2))
     config = SimConfig(
-        hidden_size=10, routed_intermediate_size=10, dtype_bytes=1.0,
+        geometry=RouteGeometry(family="t", routed_layers=(0,), layer_count=1,
+                               expert_count=4, top_k=2, hidden_size=10,
+                               routed_intermediate_size=10), dtype_bytes=1.0,
         attention_time_s=1e-3, moe_time_s=1e-3, step_overhead_s=0.0,
         predictor_latency_s=float(rng.choice([0.0, 5e-4])),
         ssd_bandwidth_bytes_per_s=float(rng.choice([3e3, 3e5, 1e12])),

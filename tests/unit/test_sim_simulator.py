@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.train.sim import (
     DecodeTrace,
     PredictionBuilder,
@@ -27,10 +28,14 @@ from hebrus_flywheel.train.sim import (
 MS = 1e-3
 EXPERT = 300
 
+SHAPE = RouteGeometry(family="t", routed_layers=(0,), layer_count=1, expert_count=4, top_k=2,
+                      hidden_size=10, routed_intermediate_size=10)
+"""10 x 10 x 3 x 1 byte = 300-byte experts."""
+
 
 def _config(**overrides: Any) -> SimConfig:
     fields: dict[str, Any] = {
-        "hidden_size": 10, "routed_intermediate_size": 10, "dtype_bytes": 1.0,
+        "geometry": SHAPE, "dtype_bytes": 1.0,
         "attention_time_s": MS, "moe_time_s": MS, "step_overhead_s": 0.0,
         "ssd_bandwidth_bytes_per_s": EXPERT / MS, "ssd_latency_s": 0.0,
         "ssd_queue_depth": 4, "cache_capacity_experts": 64, "eviction": "priority",

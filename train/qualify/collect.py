@@ -12,7 +12,8 @@ The optional TOML file (``flywheel qualify --config``) declares what is not meas
     [throughput]         # ThroughputEvidence (falsifier #10), when measured elsewhere
     [economics]          # EconomicsEvidence (falsifier #6)
     [authorization]      # Authorization (policy, approved, production_transcripts, ...)
-    [sim]                # SimConfig overrides (default: the illustrative deployment)
+    [sim]                # SimConfig overrides (default: the illustrative deployment);
+    [sim.geometry]       # its model shape, a full RouteGeometry (hidden_size, ...)
     [sweep]              # bandwidths = [...] (bytes/s), budgets = [...]
     [break_even]         # tau = { "1" = 1.0, "4" = 2.5 }  accepted tokens per block
     [gates.offline]      # any QualificationConfig section: replay, integrity, offline,

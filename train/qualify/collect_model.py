@@ -25,7 +25,6 @@ torch is imported only inside the functions that run the model or the evaluator.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,7 +218,7 @@ def shadow_evidence(trace: DecodeTrace, predictions: PredictionSet, config: SimC
     control and the break-even rows (only when ``tau`` is declared)."""
     return ShadowEvidence(
         metrics=shadow_io(trace, predictions.within_budget(budget), config), budget=budget,
-        sim_config={**dataclasses.asdict(config), "expert_bytes": config.expert_bytes,
+        sim_config={**config.to_dict(), "expert_bytes": config.expert_bytes,
                     **notes},
         sweep=tuple(sweep(trace, predictions, config, bandwidths=tuple(bandwidths),
                           budgets=tuple(budgets))),

@@ -46,29 +46,37 @@ Judge = Callable[[QualificationInputs, QualificationConfig], Outcome]
 
 def f1_parity(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
     p = inputs.parity
+    threshold = "0 mismatching routes, authoritative parity run"
     if p is None or p.compared == 0:
-        return outcome(NOT_MEASURABLE, "no replay/decode route comparison was made"
-                       if p is None else "the parity run compared no routes")
+        return outcome(NOT_MEASURABLE, "no replay/decode route comparison was made; run "
+                       "`flywheel parity`" if p is None else "the parity run compared no routes",
+                       threshold=threshold)
+    figure = f"{p.mismatches:,} of {p.compared:,} routes differ"
     figures = {"compared": p.compared, "mismatches": p.mismatches,
                "authoritative": p.authoritative}
     if p.mismatches:
         return outcome(FALSIFIED, f"{p.mismatches} of {p.compared} replayed routes differ "
-                       "from decode in top-k ids or rank order", figures)
+                       "from decode in top-k ids or rank order", figures, measured=figure,
+                       threshold=threshold)
     if not p.authoritative:
         return outcome(NOT_MEASURABLE, f"0 mismatches on {p.compared} routes, but the parity "
-                       "run did not declare itself authoritative (see its details)", figures)
+                       "run did not declare itself authoritative (see its details)", figures,
+                       measured=figure + " (not authoritative)", threshold=threshold)
     return outcome(NOT_FALSIFIED, f"exact top-k id and rank parity on {p.compared} routes",
-                   figures)
+                   figures, measured=figure, threshold=threshold)
 
 
 def f2_heuristic(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
     off = inputs.offline
-    present = [] if off is None else [m for m in HEURISTIC_METHODS if m in off.methods]
-    if off is None or not present:
-        return outcome(NOT_MEASURABLE, "no offline metrics" if off is None else
-                  "neither previous_token nor adjacent_layer was evaluated")
     budget = config.offline.budget or inputs.geometry.top_k
     tol = config.falsifiers.match_tolerance
+    threshold = (f"best heuristic recall@{budget} < candidate - {tol:.3f} "
+                 "(FalsifierConfig.match_tolerance)")
+    present = [] if off is None else [m for m in HEURISTIC_METHODS if m in off.methods]
+    if off is None or not present:
+        return outcome(NOT_MEASURABLE, "no offline metrics; run the evaluator" if off is None
+                       else "neither previous_token nor adjacent_layer was evaluated",
+                       threshold=threshold)
     per_split: dict[str, dict] = {}
     matched = []
     for split in config.offline.decision_splits:
@@ -84,23 +92,29 @@ def f2_heuristic(inputs: QualificationInputs, config: QualificationConfig) -> Ou
                "tolerance": tol, "splits": per_split}
     if not per_split:
         return outcome(NOT_MEASURABLE, f"no decision split has recall@{budget} for both the "
-                  "candidate and a heuristic", figures)
+                  "candidate and a heuristic", figures, threshold=threshold)
+    figure = "; ".join(f"{s}: {v['heuristic']} {v['heuristic_recall']:.3f} vs "
+                       f"{off.candidate} {v['candidate']:.3f}" for s, v in per_split.items())
     if matched:
         return outcome(FALSIFIED, f"at recall@{budget} (equal byte budget) a heuristic is within "
-                  f"{tol:.3f} of the learned predictor: " + "; ".join(matched), figures)
+                  f"{tol:.3f} of the learned predictor: " + "; ".join(matched), figures,
+                  measured=figure, threshold=threshold)
     return outcome(NOT_FALSIFIED, f"the learned predictor leads every history heuristic by more "
-              f"than {tol:.3f} recall@{budget} on {', '.join(per_split)}", figures)
+              f"than {tol:.3f} recall@{budget} on {', '.join(per_split)}", figures,
+              measured=figure, threshold=threshold)
 
 
 def f3_dflash(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
     off = inputs.offline
     dflash = [] if off is None else sorted(m for m, f in off.features.items()
                                            if "dflash" in f.lower())
+    threshold = (f"DFlash-feature recall >= strongest control + {config.offline.margin:.3f} "
+                 "(OfflineGateConfig.margin)")
     if off is None or not dflash:
         return outcome(NOT_MEASURABLE, "no learned method reads a DFlash candidate-position "
                        "feature (offline.features declares none): candidate-path replay with "
                        "a DFlash 2 drafter was not part of this run, and DFlash token "
-                       "acceptance is not an input here")
+                       "acceptance is not an input here", threshold=threshold)
     budget, split = config.offline.budget or inputs.geometry.top_k, "validation"
     figures: dict = {"budget": budget, "split": split, "methods": {}}
     weak = []
@@ -110,25 +124,29 @@ def f3_dflash(inputs: QualificationInputs, config: QualificationConfig) -> Outco
         figures["methods"][method] = {"recall": mine, "control": best, "control_recall": theirs}
         if mine is None or theirs is None:
             return outcome(NOT_MEASURABLE, f"{method} or the controls lack recall@{budget} "
-                           f"on {split}", figures)
+                           f"on {split}", figures, threshold=threshold)
         if mine - theirs < config.offline.margin:
             weak.append(f"{method} {mine:.3f} vs {best} {theirs:.3f}")
+    figure = "; ".join(f"{m} {v['recall']:.3f} vs {v['control']} {v['control_recall']:.3f}"
+                       for m, v in figures["methods"].items())
     if weak:
         return outcome(FALSIFIED, "DFlash-feature predictors do not beat the strongest "
                        f"control by {config.offline.margin:.3f} recall@{budget}: "
-                       + "; ".join(weak), figures)
+                       + "; ".join(weak), figures, measured=figure, threshold=threshold)
     return outcome(NOT_FALSIFIED, "DFlash-feature predictors beat the strongest control "
                    f"on {split}; whether the same features also predict tokens is not "
-                   "measured here", figures)
+                   "measured here", figures, measured=figure, threshold=threshold)
 
 
 def f6_economics(inputs: QualificationInputs,
                  config: QualificationConfig) -> Outcome:
     e = inputs.economics
+    threshold = "replay cost <= expected deployment saving"
     if e is None:
         return outcome(NOT_MEASURABLE, "no candidate-path replay cost or deployment volume "
                        "was given: this pipeline does not run DFlash 2 candidate-path replay "
-                       "yet, and the savings need the expected deployment token volume")
+                       "yet, and the savings need the expected deployment token volume; "
+                       "declare them in the [economics] table", threshold=threshold)
     saving, source = e.saving_s_per_token, "declared"
     m = None if inputs.shadow_io is None else inputs.shadow_io.metrics
     if saving is None and m is not None and m.get("baseline_exposed_wait_s") is not None \
@@ -136,7 +154,8 @@ def f6_economics(inputs: QualificationInputs,
         saving = (m["baseline_exposed_wait_s"] - m["exposed_wait_s"]) / m["accepted_tokens"]
         source = "shadow simulation (illustrative timings)"
     if saving is None:
-        return outcome(NOT_MEASURABLE, "no saving per token was declared or simulated")
+        return outcome(NOT_MEASURABLE, "no saving per token was declared or simulated",
+                       threshold=threshold)
     total = saving * e.deployment_tokens
     figures = {"candidate_replay_cost_s": e.candidate_replay_cost_s, "saving_s_per_token":
                saving, "saving_source": source, "deployment_tokens": e.deployment_tokens,
@@ -144,46 +163,60 @@ def f6_economics(inputs: QualificationInputs,
     status = FALSIFIED if e.candidate_replay_cost_s > total else NOT_FALSIFIED
     return outcome(status, f"candidate-path replay costs {e.candidate_replay_cost_s:.4g} s "
                    f"against {total:.4g} s expected saving ({saving:.3g} s/token from "
-                   f"{source} x {e.deployment_tokens:.4g} tokens)", figures)
+                   f"{source} x {e.deployment_tokens:.4g} tokens)", figures,
+                   measured=f"{e.candidate_replay_cost_s:.4g} s cost vs {total:.4g} s saving",
+                   threshold=threshold)
 
 
 def f7_drift(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
     off, split = inputs.offline, "temporal_holdout"
     budget = config.offline.budget or inputs.geometry.top_k
     mine = None if off is None else off.recall(off.candidate, split, budget)
+    bound = config.falsifiers.min_temporal_advantage
+    threshold = (f"recall@{budget} advantage over the best control >= {bound:+.3f} "
+                 "(FalsifierConfig.min_temporal_advantage)")
     if off is None or mine is None:
         return outcome(NOT_MEASURABLE, "no temporal_holdout evaluation of the candidate: "
                        "drift needs the newest period held out (and its rate, several "
-                       "checkpoints over time)")
+                       "checkpoints over time)", threshold=threshold)
     best, theirs = strongest_control(off, split, budget)
     if theirs is None:
-        return outcome(NOT_MEASURABLE, "no control was evaluated on temporal_holdout")
-    advantage, bound = mine - theirs, config.falsifiers.min_temporal_advantage
+        return outcome(NOT_MEASURABLE, "no control was evaluated on temporal_holdout",
+                       threshold=threshold)
+    advantage = mine - theirs
     validation = off.recall(off.candidate, "validation", budget)
     figures = {"budget": budget, "candidate": mine, "control": best, "control_recall": theirs,
                "advantage": advantage, "validation_recall": validation}
     status = FALSIFIED if advantage < bound else NOT_FALSIFIED
     return outcome(status, f"on the newest period the candidate's recall@{budget} advantage "
                    f"over {best} is {advantage:+.3f} (needs >= {bound:+.3f}); one temporal step "
-                   "only, so this bounds drift, it does not measure its rate", figures)
+                   "only, so this bounds drift, it does not measure its rate", figures,
+                   measured=f"temporal_holdout: {mine:.3f} vs {best} {theirs:.3f} "
+                   f"({advantage:+.3f})", threshold=threshold)
 
 
 def f8_privacy(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
     a = None if inputs.integrity is None else inputs.integrity.authorization
+    threshold = "production transcript replay approved by policy"
     if a is None:
         return outcome(NOT_MEASURABLE, "privacy acceptability is a policy decision, not a "
-                       "measurement, and no authorization evidence was given")
+                       "measurement, and no authorization evidence was given; declare it "
+                       "in the [authorization] table", threshold=threshold)
+    figure = (f"{a.policy}: approved {a.approved}, production transcripts "
+              f"{a.production_transcripts}")
     figures = {"policy": a.policy, "approved": a.approved,
                "production_transcripts": a.production_transcripts,
                "deletion_supported": a.deletion_supported}
     if not a.production_transcripts:
         return outcome(NOT_MEASURABLE, f"this run replayed non-production data ({a.policy}); "
-                       "it says nothing about production transcript replay", figures)
+                       "it says nothing about production transcript replay", figures,
+                       measured=figure, threshold=threshold)
     if not a.approved:
         return outcome(FALSIFIED, f"production transcript replay is not authorized under "
-                       f"{a.policy}", figures)
+                       f"{a.policy}", figures, measured=figure, threshold=threshold)
     return outcome(NOT_FALSIFIED, f"production transcript replay authorized under {a.policy}"
-                   f" (deletion supported: {a.deletion_supported})", figures)
+                   f" (deletion supported: {a.deletion_supported})", figures,
+                   measured=figure, threshold=threshold)
 
 
 JUDGES: dict[int, Judge] = {1: f1_parity, 2: f2_heuristic, 3: f3_dflash, 4: f4_amplification,
@@ -197,9 +230,10 @@ def evaluate_falsifiers(inputs: QualificationInputs,
     config = QualificationConfig() if config is None else config
     out = []
     for number, judge in JUDGES.items():
-        status, reason, figures = judge(inputs, config)
+        status, reason, figures, measured, threshold = judge(inputs, config)
         out.append(FalsifierVerdict(number=number, statement=STATEMENTS[number], status=status,
-                                    reason=reason, figures=figures))
+                                    reason=reason, figures=figures, measured=measured,
+                                    threshold=threshold))
     return out
 
 

@@ -18,7 +18,7 @@ from hebrus_flywheel.train.qualify.verdict import (
     Check,
     GateVerdict,
     gate_verdict,
-    measured,
+    judged,
     unmeasured,
 )
 
@@ -29,53 +29,53 @@ GATE2_NAME = "data integrity and leakage"
 def _parity_checks(p: ParityEvidence | None) -> list[Check]:
     if p is None:
         return [unmeasured("parity", "no replay parity result: prove exact top-k id and rank "
-                           "parity against real decode before training"),
+                           "parity against real decode before training (`flywheel parity`)",
+                           threshold="all routes equal"),
                 unmeasured("token_parity", "no replay parity result: token ids and positions "
-                           "of replay were not compared with the captured decode")]
-    if p.compared == 0:
-        checks = [measured("parity", False, "exact top-k id and rank parity: 0 routes "
-                           "compared (threshold: all of at least one) — failed: nothing shows "
-                           "replay labels equal decode labels; do not train")]
-    elif p.mismatches:
-        agree = p.compared - p.mismatches
-        checks = [measured("parity", False, f"exact top-k id and rank parity {_n(agree)}/"
-                           f"{_n(p.compared)} (layer, token) routes (threshold: all) — "
-                           f"failed: {_n(p.mismatches)} differ "
-                           f"({p.mismatches / p.compared:.4%}); replay is not an "
-                           "authoritative label producer; do not train")]
-    else:
-        checks = [measured("parity", True, f"exact top-k id and rank parity {_n(p.compared)}/"
-                           f"{_n(p.compared)} (layer, token) routes (threshold: all) — passed")]
-    if p.authoritative:
-        checks.append(measured("authoritative", True, "the parity run declared replay "
-                               "authoritative (threshold: authoritative or an override) — "
-                               "passed"))
-    elif p.override_reason:
-        checks.append(measured("authoritative", True, "the parity run was NOT authoritative "
-                               "(threshold: authoritative or an override) — passed by "
-                               f"override: {p.override_reason}"))
-    else:
-        checks.append(measured("authoritative", False, "the parity run was not authoritative "
-                               "(threshold: authoritative or an override) — failed: no "
-                               "override reason was given"))
-    checks.append(_token_check(p))
+                           "of replay were not compared with the captured decode",
+                           threshold="all anchors equal")]
+    checks = [_route_check(p), _authoritative_check(p), _token_check(p)]
     if p.prefix_digest_mismatches is None:
         checks.append(unmeasured("prefix_digest_parity", "accepted-prefix digest parity was "
-                                 "not reported (no speculative captures)", required=False))
+                                 "not reported (no speculative captures)", threshold="0",
+                                 required=False))
     else:
         n = p.prefix_digest_mismatches
-        checks.append(measured("prefix_digest_parity", n == 0, f"{n} accepted-prefix digest "
-                               f"mismatch(es) (threshold: 0) — {_verdict(n == 0)}",
-                               required=False))
+        checks.append(judged("prefix_digest_parity", n == 0, required=False,
+                             figure=f"{n} accepted-prefix digest mismatch(es)", threshold="0"))
     return checks
+
+
+def _route_check(p: ParityEvidence) -> Check:
+    threshold = "all"
+    if p.compared == 0:
+        return judged("parity", False, figure="exact top-k id and rank parity: 0 routes "
+                      "compared", threshold="all of at least one",
+                      reason="nothing shows replay labels equal decode labels; do not train")
+    agree = p.compared - p.mismatches
+    figure = (f"exact top-k id and rank parity {_n(agree)}/{_n(p.compared)} (layer, token) "
+              "routes")
+    if p.mismatches:
+        return judged("parity", False, figure=figure, threshold=threshold,
+                      reason=f"{_n(p.mismatches)} differ ({p.mismatches / p.compared:.4%}); "
+                      "replay is not an authoritative label producer; do not train")
+    return judged("parity", True, figure=figure, threshold=threshold)
+
+
+def _authoritative_check(p: ParityEvidence) -> Check:
+    threshold = "authoritative or an override"
+    if p.authoritative:
+        return judged("authoritative", True, figure="the parity run declared replay "
+                      "authoritative", threshold=threshold)
+    if p.override_reason:
+        return judged("authoritative", True, figure="the parity run was NOT authoritative",
+                      threshold=threshold, reason=f"passed by override: {p.override_reason}")
+    return judged("authoritative", False, figure="the parity run was not authoritative",
+                  threshold=threshold, reason="no override reason was given")
 
 
 def _n(value: int) -> str:
     return f"{value:,}"
-
-
-def _verdict(ok: bool) -> str:
-    return "passed" if ok else "failed"
 
 
 def _token_check(p: ParityEvidence) -> Check:
@@ -83,65 +83,72 @@ def _token_check(p: ParityEvidence) -> Check:
     n = p.tokens_compared
     if n is None or p.token_mismatches is None or p.position_mismatches is None:
         return unmeasured("token_parity", "the parity result does not compare token ids and "
-                          "positions; reseal (or rerun `flywheel parity`) with this version")
+                          "positions; reseal (or rerun `flywheel parity`) with this version",
+                          threshold="all anchors equal")
     if n == 0:
-        return measured("token_parity", False, "token id and position parity: 0 anchors "
-                        "compared (threshold: all of at least one) — failed")
+        return judged("token_parity", False, figure="token id and position parity: 0 anchors "
+                      "compared", threshold="all of at least one")
     ok = p.token_mismatches == 0 and p.position_mismatches == 0
-    return measured("token_parity", ok, f"token ids equal at {_n(n - p.token_mismatches)}/"
-                    f"{_n(n)} anchors and positions at {_n(n - p.position_mismatches)}/{_n(n)} "
-                    f"(threshold: all) — {_verdict(ok)}"
-                    + ("" if ok else ": replay did not see the tokens decode saw; do not "
-                       "train"))
+    return judged("token_parity", ok, figure=f"token ids equal at "
+                  f"{_n(n - p.token_mismatches)}/{_n(n)} anchors and positions at "
+                  f"{_n(n - p.position_mismatches)}/{_n(n)}", threshold="all",
+                  reason="" if ok else "replay did not see the tokens decode saw; do not train")
 
 
 def _opaque_id_check(found: tuple[OpaqueIds, ...] | None) -> Check:
     if not found:
         return unmeasured("opaque_id_reuse", "cross-owner/generation opaque-id reuse was not "
-                          "checked")
+                          "checked; the snapshot's split manifests carry the ids",
+                          threshold="0")
     reused = sum(o.reused for o in found)
     parts = "; ".join(f"{_n(o.reused)} of {_n(o.checked)} {o.kind}s" for o in found)
     examples = [e for o in found for e in o.examples][:3]
-    return measured("opaque_id_reuse", reused == 0, f"opaque ids under more than one owner, "
-                    f"thread or generation: {parts} (threshold: 0) — {_verdict(reused == 0)}"
-                    + (f", e.g. {'; '.join(examples)}" if examples else ""))
+    return judged("opaque_id_reuse", reused == 0, figure=f"opaque ids under more than one "
+                  f"owner, thread or generation: {parts}", threshold="0",
+                  reason="" if reused == 0 else f"e.g. {'; '.join(examples)}")
 
 
 def _determinism_check(d: DeterminismEvidence | None, config: ReplayGateConfig) -> Check:
+    threshold = "rebuild digest equal to the snapshot digest" + (
+        "" if config.require_rebuild else " (optional: require_rebuild is false)")
     if d is None:
         return unmeasured("determinism", "no rebuild was made, so deterministic shards are "
                           "unproven; rebuild the snapshot from its recorded offsets",
-                          required=config.require_rebuild)
-    if d.identical:
-        return measured("determinism", True, f"rebuild digest equals the snapshot digest "
-                        f"({d.snapshot_digest[:16]})")
-    return measured("determinism", False, f"rebuild digest {d.rebuild_digest[:16]} differs from "
-                    f"snapshot digest {d.snapshot_digest[:16]}"
-                    + (f" ({d.shards_differing} shard(s) differ)" if d.shards_differing else "")
-                    + ": shards are not deterministic")
+                          threshold=threshold, required=config.require_rebuild)
+    figure = (f"rebuild digest {d.rebuild_digest[:16]} vs snapshot digest "
+              f"{d.snapshot_digest[:16]}"
+              + (f", {d.shards_differing} shard(s) differ" if d.shards_differing else ""))
+    return judged("determinism", d.identical, figure=figure, threshold=threshold,
+                  reason="" if d.identical else "shards are not deterministic")
 
 
 def _fail_closed_checks(f: FailClosedEvidence | None, config: ReplayGateConfig) -> list[Check]:
     if f is None:
         return [unmeasured("fail_closed", "no quarantine counts: fail-closed behaviour of the "
-                           "stream processors is unverified")]
+                           "stream processors is unverified; give the streams summary",
+                           threshold="every record accepted or quarantined")]
     quarantined = f.total_quarantined
     checks = []
     if f.records_accepted is None:
         checks.append(unmeasured("record_accounting", "records accepted was not reported, so "
-                                 "silent drops cannot be excluded", required=False))
+                                 "silent drops cannot be excluded; the streams summary "
+                                 "carries it", threshold="seen = accepted + quarantined",
+                                 required=False))
     else:
         lost = f.records_seen - f.records_accepted - quarantined
-        detail = (f"{f.records_seen} records seen = {f.records_accepted} accepted + "
-                  f"{quarantined} quarantined" if lost == 0 else
-                  f"{lost:+d} record(s) unaccounted for ({f.records_seen} seen, "
-                  f"{f.records_accepted} accepted, {quarantined} quarantined)")
-        checks.append(measured("record_accounting", lost == 0, detail, required=False))
+        checks.append(judged(
+            "record_accounting", lost == 0, required=False,
+            figure=f"{_n(f.records_seen)} records seen, {_n(f.records_accepted)} accepted, "
+            f"{_n(quarantined)} quarantined ({lost:+d} unaccounted)",
+            threshold="seen = accepted + quarantined (0 unaccounted)",
+            reason="" if lost == 0 else "records were dropped silently"))
     fraction = quarantined / f.records_seen if f.records_seen else 0.0
-    if config.max_quarantine_fraction is not None:
-        checks.append(measured("quarantine_fraction", fraction <= config.max_quarantine_fraction,
-                               f"{fraction:.2%} of records quarantined (bound "
-                               f"{config.max_quarantine_fraction:.2%})"))
+    bound = config.max_quarantine_fraction
+    if bound is not None:
+        checks.append(judged("quarantine_fraction", fraction <= bound,
+                             figure=f"{fraction:.2%} of records quarantined",
+                             threshold=f"<= {bound:.2%} (max_quarantine_fraction)",
+                             reason="" if fraction <= bound else "a systemic capture problem"))
     return checks
 
 
@@ -190,61 +197,91 @@ def gate1_replay(inputs: QualificationInputs, config: ReplayGateConfig) -> GateV
     return gate_verdict(1, GATE1_NAME, checks, _gate1_figures(inputs))
 
 
-def _overlap_checks(integrity: IntegrityEvidence, config: IntegrityGateConfig) -> list[Check]:
-    overlaps = integrity.all_overlaps()
-    checks = []
+def _pairs(config: IntegrityGateConfig) -> str:
+    return ", ".join(f"{a}/{b}" for a, b in config.owner_disjoint_pairs) or "no pair"
+
+
+def _listing(found: list[Any]) -> str:
+    return "; ".join(f"{a}/{b}: {_n(o.size)} ({', '.join(o.ids[:3])}"
+                     f"{', ...' if o.size > 3 else ''})" for o in found for a, b in [o.splits])
+
+
+def _thread_check(overlaps: list[Any]) -> Check:
+    found = [o for o in overlaps if o.kind == "thread" and o.size]
+    shared = sum(o.size for o in found)
+    return judged("thread_disjoint", not found,
+                  figure=f"{_n(shared)} thread(s) shared between splits"
+                  + (f" ({_listing(found)})" if found else ""),
+                  threshold="0 threads shared between any two splits",
+                  reason="" if not found else "a thread in two splits leaks its context into "
+                  "evaluation")
+
+
+def _owner_checks(overlaps: list[Any], config: IntegrityGateConfig) -> list[Check]:
     strict = {frozenset(pair) for pair in config.owner_disjoint_pairs}
-    for kind in ("thread", "owner"):
-        found = [o for o in overlaps if o.kind == kind and o.size]
-        if kind == "owner":
-            informative = [o for o in found if frozenset(o.splits) not in strict]
-            found = [o for o in found if frozenset(o.splits) in strict]
-            if informative:
-                listing = "; ".join(f"{a}/{b}: {o.size}" for o in informative
-                                    for a, b in [o.splits])
-                checks.append(measured("owner_holdout_overlap", True, "owners shared with a "
-                                       f"per-thread holdout (allowed by policy): {listing}"))
-        if not found:
-            checks.append(measured(f"{kind}_disjoint", True,
-                                   f"no {kind} is shared between splits"))
-            continue
-        listing = "; ".join(f"{a}/{b}: {o.size} ({', '.join(o.ids[:3])}"
-                            f"{', ...' if o.size > 3 else ''})"
-                            for o in found for a, b in [o.splits])
-        allowed = kind == "owner" and config.allow_owner_overlap
-        checks.append(measured(f"{kind}_disjoint", allowed,
-                               f"{kind}s shared between splits{' (allowed)' if allowed else ''}"
-                               f": {listing}"))
+    found = [o for o in overlaps if o.kind == "owner" and o.size]
+    informative = [o for o in found if frozenset(o.splits) not in strict]
+    found = [o for o in found if frozenset(o.splits) in strict]
+    checks = []
+    if informative:
+        checks.append(judged(
+            "owner_holdout_overlap", True,
+            figure=f"owners shared with a per-thread holdout: {_listing(informative)}",
+            threshold="reported only: holdouts are chosen per thread "
+            "(IntegrityGateConfig.owner_disjoint_pairs)", reason="allowed by the split policy"))
+    allowed = config.allow_owner_overlap
+    threshold = (f"0 owners shared between {_pairs(config)}"
+                 + (" (allow_owner_overlap: any)" if allowed else ""))
+    shared = sum(o.size for o in found)
+    reason = "" if not found else ("allowed by allow_owner_overlap" if allowed else
+                                   "an owner on both sides leaks their style into evaluation")
+    checks.append(judged("owner_disjoint", allowed or not found,
+                         figure=f"{_n(shared)} owner(s) shared between {_pairs(config)}"
+                         + (f" ({_listing(found)})" if found else ""),
+                         threshold=threshold, reason=reason))
     return checks
+
+
+def _overlap_checks(integrity: IntegrityEvidence, config: IntegrityGateConfig) -> list[Check]:
+    overlaps = list(integrity.all_overlaps())
+    return [_thread_check(overlaps), *_owner_checks(overlaps, config)]
 
 
 def _dedup_check(integrity: IntegrityEvidence) -> Check:
     nd = integrity.near_duplicates
+    threshold = "0 cross-split near-duplicate windows left after dedup"
     if nd is None:
         return unmeasured("near_duplicates", "cross-split near-duplicate windows were not "
-                          "measured; run dedup before sealing")
+                          "measured; run dedup before sealing (snapshot integrity report)",
+                          threshold=threshold)
     left = nd.found - nd.removed
-    return measured("near_duplicates", left == 0,
-                    f"{nd.found} cross-split near-duplicate window(s) found, {nd.removed} "
-                    f"removed" + (f": {left} remain across train/evaluation" if left else ""))
+    return judged("near_duplicates", left == 0,
+                  figure=f"{_n(nd.found)} cross-split near-duplicate window(s) found, "
+                  f"{_n(nd.removed)} removed, {_n(left)} left (similarity >= {nd.threshold}, "
+                  f"{nd.method})", threshold=threshold,
+                  reason="" if left == 0 else f"{left} remain across train/evaluation")
 
 
 def _identity_check(integrity: IntegrityEvidence, name: str, field_name: str,
                     pinned: str | None, *, required: bool) -> Check:
     splits = integrity.splits
+    threshold = f"one {name} digest across every split" + (
+        f", equal to the pinned {pinned[:12]}" if pinned else "")
     silent = [s for s in splits if not getattr(splits[s], field_name)]
     if silent:
         return unmeasured(f"{name}_identity", f"{name} digest not reported for split(s) "
-                          f"{', '.join(silent)}", required=required)
+                          f"{', '.join(silent)}; the sealed snapshot's split manifests carry "
+                          "it", threshold=threshold, required=required)
     seen = sorted({d for s in splits.values() for d in getattr(s, field_name)})
+    figure = f"{len(seen)} distinct {name} digest(s) ({', '.join(x[:12] for x in seen)})"
     if len(seen) > 1:
-        return measured(f"{name}_identity", False, f"splits carry {len(seen)} different {name} "
-                        f"digests ({', '.join(x[:12] for x in seen)})")
+        return judged(f"{name}_identity", False, figure=figure, threshold=threshold,
+                      reason="splits were produced by different identities", required=required)
     if pinned is not None and seen[0] != pinned:
-        return measured(f"{name}_identity", False, f"splits carry {name} digest {seen[0][:12]} "
-                        f"but the run pins {pinned[:12]}")
-    return measured(f"{name}_identity", True, f"every split carries the same {name} digest "
-                    f"({seen[0][:12]})")
+        return judged(f"{name}_identity", False, figure=figure, threshold=threshold,
+                      reason=f"the run pins {pinned[:12]}", required=required)
+    return judged(f"{name}_identity", True, figure=figure, threshold=threshold,
+                  required=required)
 
 
 def _identity_checks(integrity: IntegrityEvidence, identity: Identity) -> list[Check]:
@@ -258,28 +295,43 @@ def _identity_checks(integrity: IntegrityEvidence, identity: Identity) -> list[C
 
 def _coverage_checks(integrity: IntegrityEvidence, config: IntegrityGateConfig) -> list[Check]:
     checks = []
+    threshold = "reported for every split (IntegrityGateConfig.coverage_dimensions)"
     for dim in config.coverage_dimensions:
         silent = [s for s, item in integrity.splits.items() if not item.coverage.get(dim)]
         if silent:
             checks.append(unmeasured(f"coverage_{dim}", f"coverage by {dim} not reported for "
-                                     f"{', '.join(silent)}", required=False))
+                                     f"{', '.join(silent)}; the capture's {dim} tags feed it",
+                                     threshold=threshold, required=False))
         else:
-            checks.append(measured(f"coverage_{dim}", True, f"coverage by {dim} reported",
-                                   required=False))
+            groups = max(len(item.coverage[dim]) for item in integrity.splits.values())
+            checks.append(judged(f"coverage_{dim}", True, figure=f"{dim} reported for "
+                                 f"{len(integrity.splits)} split(s), up to {groups} group(s)",
+                                 threshold=threshold, required=False))
     return checks
 
 
 def _authorization_check(integrity: IntegrityEvidence, config: IntegrityGateConfig) -> Check:
     a = integrity.authorization
+    threshold = ("approved, with deletion support for production transcripts"
+                 + ("" if config.require_authorization else " (optional: require_authorization "
+                    "is false)"))
     if a is None:
-        return unmeasured("authorization", "no authorization/deletion policy evidence given",
+        return unmeasured("authorization", "no authorization/deletion policy evidence given; "
+                          "declare it in the [authorization] table", threshold=threshold,
                           required=config.require_authorization)
+    figure = (f"policy {a.policy}: approved {_yes(a.approved)}, production transcripts "
+              f"{_yes(a.production_transcripts)}, deletion supported {_yes(a.deletion_supported)}")
     if not a.approved:
-        return measured("authorization", False, f"replay is not authorized under {a.policy}")
+        return judged("authorization", False, figure=figure, threshold=threshold,
+                      reason="replay is not authorized")
     if a.production_transcripts and a.deletion_supported is not True:
-        return measured("authorization", False, "production transcripts without deletion "
-                        f"support under {a.policy}")
-    return measured("authorization", True, f"authorized under {a.policy}")
+        return judged("authorization", False, figure=figure, threshold=threshold,
+                      reason="production transcripts without deletion support")
+    return judged("authorization", True, figure=figure, threshold=threshold)
+
+
+def _yes(value: bool | None) -> str:
+    return "unknown" if value is None else ("yes" if value else "no")
 
 
 def _gate2_figures(integrity: IntegrityEvidence) -> dict[str, Any]:
@@ -313,11 +365,14 @@ def gate2_integrity(inputs: QualificationInputs, config: IntegrityGateConfig) ->
     integrity = inputs.integrity
     if integrity is None:
         return gate_verdict(2, GATE2_NAME, [unmeasured(
-            "integrity", "no split-integrity evidence: leakage cannot be excluded")], {})
+            "integrity", "no split-integrity evidence: leakage cannot be excluded; the sealed "
+            "snapshot's split manifests provide it",
+            threshold="disjoint threads and owners, no near duplicates")], {})
     checks = []
     if "train" not in integrity.splits or not set(integrity.splits) & set(EVALUATION_SPLITS):
         checks.append(unmeasured("splits", "integrity evidence needs the train split and at "
-                                 f"least one evaluation split; got {sorted(integrity.splits)}"))
+                                 f"least one evaluation split; got {sorted(integrity.splits)}",
+                                 threshold="train and at least one evaluation split"))
     checks += _overlap_checks(integrity, config)
     checks.append(_dedup_check(integrity))
     checks += _identity_checks(integrity, inputs.identity)

@@ -14,7 +14,7 @@ from hebrus_flywheel.train.qualify.verdict import (
     Check,
     GateVerdict,
     gate_verdict,
-    measured,
+    judged,
     unmeasured,
 )
 
@@ -35,37 +35,46 @@ def strongest_control(offline: OfflineEvidence, split: str,
 def _split_check(offline: OfflineEvidence, split: str, budget: int, margin: float,
                  byte_budget: int, required: tuple[str, ...]) -> Check:
     name, cand = f"beats_controls_{split}", offline.candidate
+    at = f"{budget} experts = {fmt_bytes(byte_budget)} per token-layer"
+    threshold = f"recall@{budget} >= strongest control + {margin:.3f} (OfflineGateConfig.margin)"
     mine = offline.recall(cand, split, budget)
     if mine is None:
-        return unmeasured(name, f"{cand} has no recall@{budget} on {split}")
+        return unmeasured(name, f"{cand} has no recall@{budget} on {split}; evaluate the "
+                          "checkpoint on that split", threshold=threshold)
     absent = [m for m in required if offline.recall(m, split, budget) is None]
     if absent:
         return unmeasured(name, f"{split}: required control(s) {', '.join(absent)} were not "
-                          "evaluated; compare every control on the same rows")
+                          "evaluated; compare every control on the same rows",
+                          threshold=threshold)
     rows = {m: offline.rows(m, split) for m in offline.methods
             if offline.summary(m, split) is not None}
     if len(set(rows.values())) > 1:
         return unmeasured(name, f"{split}: methods were evaluated on different row counts "
-                          f"{rows}; the comparison is not at equal inputs")
+                          f"{rows}; the comparison is not at equal inputs", threshold=threshold)
     best, best_recall = strongest_control(offline, split, budget)
     if best is None or best_recall is None:
-        return unmeasured(name, f"{split}: no training-free control was evaluated")
+        return unmeasured(name, f"{split}: no training-free control was evaluated",
+                          threshold=threshold)
     delta = mine - best_recall
-    return measured(name, delta >= margin,
-                    f"{split}: {cand} recall@{budget} {mine:.3f} vs strongest control {best} "
-                    f"{best_recall:.3f} ({delta:+.3f}, margin {margin:.3f}) at {budget} "
-                    f"experts = {fmt_bytes(byte_budget)} per token-layer")
+    return judged(name, delta >= margin,
+                  figure=f"{split}: {cand} recall@{budget} {mine:.3f} vs strongest control "
+                  f"{best} {best_recall:.3f} ({delta:+.3f}) at {at}", threshold=threshold,
+                  reason=f"leads by {delta:+.3f}" if delta >= margin else
+                  f"leads by only {delta:+.3f}, less than the margin {margin:.3f}")
 
 
 def _ece_check(offline: OfflineEvidence, split: str, bound: float) -> Check:
     node = offline.summary(offline.candidate, split)
     calibration = None if node is None else node.get("calibration")
+    threshold = f"ECE <= {bound:.3f} (OfflineGateConfig.max_ece)"
     if calibration is None:
         return unmeasured(f"calibration_{split}", f"{offline.candidate} reported no "
-                          f"calibration on {split} (give membership probabilities)")
+                          f"calibration on {split} (give membership probabilities)",
+                          threshold=threshold)
     ece = float(calibration["ece"])
-    return measured(f"calibration_{split}", ece <= bound,
-                    f"{split}: {offline.candidate} ECE {ece:.3f} (bound {bound:.3f})")
+    return judged(f"calibration_{split}", ece <= bound,
+                  figure=f"{split}: {offline.candidate} ECE {ece:.3f}", threshold=threshold,
+                  reason="" if ece <= bound else "probabilities are miscalibrated")
 
 
 def _method_row(offline: OfflineEvidence, method: str, split: str,
@@ -131,12 +140,14 @@ def gate3_offline(inputs: QualificationInputs, config: OfflineGateConfig) -> Gat
     if offline is None:
         return gate_verdict(3, GATE3_NAME, [unmeasured(
             "offline", "no offline metrics: the learned predictor was not compared with any "
-            "control")], {})
+            "control; run the evaluator on the checkpoint and the snapshot's evaluation splits",
+            threshold=f"recall@budget >= strongest control + {config.margin:.3f}")], {})
     budget = config.budget or inputs.geometry.top_k
     if budget not in offline.common_budgets:
         return gate_verdict(3, GATE3_NAME, [unmeasured(
             "budget", f"budget {budget} is not among the budgets every method was measured "
-            f"at {list(offline.common_budgets)}; add it to MetricsConfig.budgets")],
+            f"at {list(offline.common_budgets)}; add it to MetricsConfig.budgets",
+            threshold=f"budget among the measured ones {list(offline.common_budgets)}")],
             {"budget": budget, "budgets": list(offline.common_budgets)})
     byte_budget = budget * inputs.expert_bytes
     checks = [_split_check(offline, split, budget, config.margin, byte_budget,

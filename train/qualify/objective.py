@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.train.qualify.verdict import Check, measured, unmeasured
+from hebrus_flywheel.train.qualify.verdict import Check, judged, unmeasured
 
 EVIDENCE_SOURCES: tuple[str, ...] = ("simulator", "runtime")
 
@@ -93,34 +93,48 @@ def _tail(metrics: Mapping[str, Any], q: int, bound: float, slack: float) -> Che
     name = f"p{q}_regression"
     value = _number(metrics, f"exposed_wait_step_p{q}_s")
     base = _number(metrics, f"baseline_exposed_wait_step_p{q}_s")
+    rule = f"<= no-prediction p{q} x (1 + {bound:.1%}) + {slack:g} s (max_p{q}_regression)"
     if value is None or base is None:
         return unmeasured(name, f"p{q} per-step exposed wait with and without predictions "
-                                "is missing; run the shadow simulation against its baseline")
+                                "is missing; run the shadow simulation against its baseline",
+                          threshold=rule)
     allowed = base * (1.0 + bound) + slack
-    return measured(name, value <= allowed,
-                    f"p{q} per-step exposed wait {value:.3g} s vs {base:.3g} s without "
-                    f"predictions (allowed <= {allowed:.3g} s)")
+    return judged(name, value <= allowed,
+                  figure=f"p{q} per-step exposed wait {value:.3g} s vs {base:.3g} s without "
+                  "predictions", threshold=f"<= {allowed:.3g} s ({rule})",
+                  reason="" if value <= allowed else "predictions make the slow steps slower")
+
+
+def _wait_check(target: float, got: float | None) -> Check:
+    threshold = f">= {target:.1%} (ServiceObjective.min_exposed_wait_reduction)"
+    if got is None:
+        return unmeasured("exposed_wait_reduction", "exposed wait reduction is missing (no "
+                          "baseline run, or no exposed wait to reduce)", threshold=threshold)
+    return judged("exposed_wait_reduction", got >= target,
+                  figure=f"exposed I/O wait reduced by {got:.1%}", threshold=threshold,
+                  reason="" if got >= target else "too little SSD wait is hidden")
+
+
+def _throughput_check(target: float, tps: float | None, base: float | None) -> Check:
+    threshold = f">= {target:+.1%} (ServiceObjective.min_throughput_gain)"
+    if tps is None or not base:
+        return unmeasured("throughput_gain", "tokens/s with and without predictions are "
+                          "missing", threshold=threshold)
+    gain = tps / base - 1.0
+    return judged("throughput_gain", gain >= target,
+                  figure=f"output tokens/s {tps:.4g} vs {base:.4g} ({gain:+.1%})",
+                  threshold=threshold, reason="" if gain >= target else "too small a gain")
 
 
 def _improvements(objective: ServiceObjective, metrics: Mapping[str, Any]) -> list[Check]:
     checks = []
     if objective.min_exposed_wait_reduction is not None:
-        target, got = objective.min_exposed_wait_reduction, _number(
-            metrics, "exposed_wait_reduction")
-        checks.append(unmeasured("exposed_wait_reduction", "exposed wait reduction is "
-                                 "missing (no baseline run, or no exposed wait to reduce)")
-                      if got is None else measured(
-            "exposed_wait_reduction", got >= target,
-            f"exposed I/O wait reduced by {got:.1%} (objective >= {target:.1%})"))
+        checks.append(_wait_check(objective.min_exposed_wait_reduction,
+                                  _number(metrics, "exposed_wait_reduction")))
     if objective.min_throughput_gain is not None:
-        target = objective.min_throughput_gain
-        tps, base = _number(metrics, "tokens_per_s"), _number(metrics, "baseline_tokens_per_s")
-        checks.append(unmeasured("throughput_gain", "tokens/s with and without predictions "
-                                 "are missing")
-                      if tps is None or not base else measured(
-            "throughput_gain", tps / base - 1.0 >= target,
-            f"output tokens/s {tps:.4g} vs {base:.4g} ({tps / base - 1.0:+.1%}; "
-            f"objective >= {target:+.1%})"))
+        checks.append(_throughput_check(objective.min_throughput_gain,
+                                        _number(metrics, "tokens_per_s"),
+                                        _number(metrics, "baseline_tokens_per_s")))
     return checks
 
 
@@ -128,16 +142,18 @@ def _exact_output(objective: ServiceObjective, source: str,
                   output_preserved: bool | None) -> list[Check]:
     if not objective.require_exact_output:
         return []
+    threshold = "bit-identical target output (ServiceObjective.require_exact_output)"
     if source == "simulator":
-        return [measured("exact_output", True, "exact output holds by construction in the "
-                         "simulator (predictions only move bytes; the recorded native routes "
-                         "execute); re-verify on the runtime canary")]
+        return [judged("exact_output", True, figure="exact by construction in the simulator",
+                       threshold=threshold, reason="predictions only move bytes; the recorded "
+                       "native routes execute; re-verify on the runtime canary")]
     if output_preserved is None:
         return [unmeasured("exact_output", "the runtime run did not report whether target "
-                           "output was bit-identical")]
-    return [measured("exact_output", output_preserved,
-                     "target output bit-identical with and without predictions"
-                     if output_preserved else "target output CHANGED under predictions")]
+                           "output was bit-identical", threshold=threshold)]
+    return [judged("exact_output", output_preserved,
+                   figure="output bit-identical" if output_preserved else "output CHANGED",
+                   threshold=threshold, reason="" if output_preserved else
+                   "target output CHANGED under predictions")]
 
 
 def evaluate_objective(objective: ServiceObjective, metrics: Mapping[str, Any], *,

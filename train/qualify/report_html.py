@@ -231,27 +231,40 @@ def _offline(f: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
+def _check_row(c: Mapping[str, Any]) -> str:
+    """One check: its structured measured / threshold / verdict / reason columns, or the
+    whole sentence across them for a check that only carries ``detail``."""
+    name = f"<td>{escape(_label(c['name']))}</td>"
+    tail = f"<td>{badge(c['status'])}</td><td>{'yes' if c['required'] else 'no'}</td>"
+    if not c.get("measured") and not c.get("threshold"):
+        return f'<tr>{name}<td colspan="3">{escape(sentence(c))}</td>{tail}</tr>'
+    cells = "".join(f"<td>{escape(str(c.get(k) or '—'))}</td>"
+                    for k in ("measured", "threshold", "reason"))
+    return f"<tr>{name}{cells}{tail}</tr>"
+
+
 def _gate_section(gate: Mapping[str, Any], report: Mapping[str, Any],
                   plots: Mapping[str, bytes]) -> str:
     n = gate["gate"]
-    body = "".join(f"<tr><td>{escape(_label(c['name']))}</td><td>{escape(sentence(c))}</td>"
-                   f"<td>{badge(c['status'])}</td><td>{'yes' if c['required'] else 'no'}</td>"
-                   "</tr>" for c in gate["checks"])
+    body = "".join(_check_row(c) for c in gate["checks"])
     figures = "".join(_figure(p, plots, report) for p in GATE_PLOTS.get(n, ()))
     return (f'<section id="gate-{n}"><h2>Gate {n} — {escape(gate["name"])} '
             f"{badge(gate['status'])}</h2>"
-            "<table><thead><tr><th>check</th><th>what was measured, against which threshold, "
-            "and the verdict</th><th>status</th><th>required</th>"
-            f"</tr></thead><tbody>{body}</tbody></table>"
+            "<table><thead><tr><th>check</th><th>measured</th><th>threshold</th>"
+            "<th>why it passed, failed or was not measured</th><th>verdict</th>"
+            f"<th>required</th></tr></thead><tbody>{body}</tbody></table>"
             f"{_gate_details(gate)}{figures}</section>")
 
 
 def _falsifiers(report: Mapping[str, Any]) -> str:
     body = "".join(f"<tr><td>{f['number']}</td><td>{escape(f['statement'])}</td>"
+                   f"<td>{escape(f.get('measured') or '—')}</td>"
+                   f"<td>{escape(f.get('threshold') or '—')}</td>"
                    f"<td>{badge(f['status'])}</td><td>{escape(f['reason'])}</td></tr>"
                    for f in report["falsifiers"])
     return ('<section id="falsifiers"><h2>Falsifiers</h2><table><thead><tr><th>#</th>'
-            "<th>the approach is falsified if</th><th>verdict</th><th>why</th></tr></thead>"
+            "<th>the approach is falsified if</th><th>measured</th><th>threshold</th>"
+            "<th>verdict</th><th>why</th></tr></thead>"
             f"<tbody>{body}</tbody></table></section>")
 
 

@@ -60,6 +60,15 @@ class Check:
     """One line: what was measured against what, or why it could not be."""
     required: bool = True
     """Whether the gate may pass without this check having been measured."""
+    measured: str = ""
+    """The measured figure(s) with units (``"not measured"`` when missing); empty for
+    a check that only carries ``detail``."""
+    threshold: str = ""
+    """The threshold (from the qualification config or objective) the figure is
+    compared against."""
+    reason: str = ""
+    """Why the check passed or failed, or what evidence was missing and where it
+    would come from."""
 
     def __post_init__(self) -> None:
         if self.status not in GATE_STATUSES:
@@ -67,7 +76,8 @@ class Check:
                                      f"got {self.status!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "detail": self.detail,
+        return {"name": self.name, "status": self.status, "measured": self.measured,
+                "threshold": self.threshold, "reason": self.reason, "detail": self.detail,
                 "required": self.required}
 
 
@@ -146,6 +156,11 @@ class FalsifierVerdict:
     """Why, in one or two sentences, naming the figures used or what is missing."""
     figures: dict[str, Any] = field(default_factory=dict)
     """The numbers the verdict used, as JSON types."""
+    measured: str = ""
+    """The decisive measured figure(s) with units, or ``"not measured"``."""
+    threshold: str = ""
+    """The threshold from :class:`FalsifierConfig` (or the gates' config) it was
+    compared against."""
 
     def __post_init__(self) -> None:
         if self.status not in FALSIFIER_STATUSES:
@@ -154,14 +169,37 @@ class FalsifierVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {"number": self.number, "statement": self.statement, "status": self.status,
+                "measured": self.measured, "threshold": self.threshold,
                 "reason": self.reason, "figures": jsonable(self.figures)}
 
 
+NOT_MEASURED = "not measured"
+"""The ``measured`` field of a check or falsifier whose evidence is missing."""
+
+
 def measured(name: str, ok: bool, detail: str, *, required: bool = True) -> Check:
-    """A check that was measured: pass when ``ok``."""
+    """A check that was measured: pass when ``ok`` (a free-form ``detail`` only; prefer
+    :func:`judged`, which also fills the structured fields)."""
     return Check(name=name, status=PASS if ok else FAIL, detail=detail, required=required)
 
 
-def unmeasured(name: str, detail: str, *, required: bool = True) -> Check:
-    """A check that could not be measured; ``detail`` says why."""
-    return Check(name=name, status=NOT_MEASURABLE, detail=detail, required=required)
+def judged(name: str, ok: bool, *, figure: str, threshold: str, reason: str = "",
+           required: bool = True) -> Check:
+    """A measured check with its structured fields: ``figure`` (with units) compared
+    against ``threshold``; ``reason`` says why it passed or failed (it defaults to the
+    comparison itself). ``detail`` reads ``"<figure> (threshold: <threshold>) —
+    passed|failed: <reason>"``."""
+    word = "passed" if ok else "failed"
+    why = reason or ("meets the threshold" if ok else "misses the threshold")
+    return Check(name=name, status=PASS if ok else FAIL, required=required,
+                 measured=figure, threshold=threshold, reason=why,
+                 detail=f"{figure} (threshold: {threshold}) — {word}"
+                 + (f": {reason}" if reason else ""))
+
+
+def unmeasured(name: str, detail: str, *, threshold: str = "",
+               required: bool = True) -> Check:
+    """A check that could not be measured; ``detail`` says what evidence is missing and
+    where it would come from, ``threshold`` what it would have been compared against."""
+    return Check(name=name, status=NOT_MEASURABLE, detail=detail, required=required,
+                 measured=NOT_MEASURED, threshold=threshold, reason=detail)

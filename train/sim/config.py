@@ -8,16 +8,24 @@ gives a record for the report).
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.geometry import RouteGeometry
 
 EvictionPolicy = Literal["lru", "priority"]
 EVICTION_POLICIES: tuple[str, ...] = ("lru", "priority")
 
 LayerTimes = float | tuple[float, ...]
+
+ILLUSTRATIVE_GEOMETRY = RouteGeometry(
+    family="qwen4exp_illustrative", routed_layers=tuple(range(48)), layer_count=48,
+    expert_count=512, top_k=10, hidden_size=2048, routed_intermediate_size=640)
+"""The default model shape: Qwen4Exp-like (public config: intermediate 640), not a
+measurement; only ``hidden_size`` and ``routed_intermediate_size`` set expert bytes."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,12 +33,12 @@ class SimConfig:
     """Geometry, compute timeline, SSD and cache of one simulated runtime.
 
     Fields:
-        hidden_size: model hidden width (illustrative default 2048).
-        routed_intermediate_size: routed-expert intermediate width (Qwen4Exp public
-            config: 640).
-        dtype_bytes: bytes per stored weight element (2.0 = bf16; 0.5 = 4-bit without
-            scales). One expert is ``routed_intermediate_size * hidden_size * 3 *
-            dtype_bytes`` bytes (gate, up and down projections), rounded to an integer.
+        geometry: the model shape, the base :class:`RouteGeometry` (default
+            :data:`ILLUSTRATIVE_GEOMETRY`); no geometry field lives here.
+        dtype_bytes: bytes per stored weight element, a deployment setting (2.0 = bf16;
+            0.5 = 4-bit without scales). One expert is
+            ``geometry.expert_bytes(dtype_bytes)`` bytes (gate, up and down
+            projections), rounded to an integer.
         attention_time_s: per-layer compute before the MoE (attention / GDN / QSA), in
             seconds; a float for every layer or a tuple with one value per layer. The
             MoE of layer ``l`` (the *deadline* of its experts) starts this long after
@@ -56,8 +64,7 @@ class SimConfig:
             itself). Both never evict an expert the running layer needs.
     """
 
-    hidden_size: int = 2048
-    routed_intermediate_size: int = 640
+    geometry: RouteGeometry = field(default_factory=lambda: ILLUSTRATIVE_GEOMETRY)
     dtype_bytes: float = 2.0
     attention_time_s: LayerTimes = 250e-6
     moe_time_s: LayerTimes = 150e-6
@@ -71,7 +78,11 @@ class SimConfig:
     eviction: EvictionPolicy = "priority"
 
     def __post_init__(self) -> None:
-        _positive_ints(self, "hidden_size", "routed_intermediate_size", "ssd_queue_depth")
+        if not isinstance(self.geometry, RouteGeometry):
+            raise ConfigError("geometry must be a RouteGeometry (family, routed_layers, "
+                              "layer_count, expert_count, top_k, hidden_size, "
+                              f"routed_intermediate_size), got {type(self.geometry).__name__}")
+        _positive_ints(self, "ssd_queue_depth")
         _finite(self, "dtype_bytes", minimum=0.0, strict=True)
         _finite(self, "ssd_bandwidth_bytes_per_s", minimum=0.0, strict=True)
         for name in ("step_overhead_s", "predictor_latency_s", "ssd_latency_s"):
@@ -104,8 +115,13 @@ class SimConfig:
     @property
     def expert_bytes(self) -> int:
         """Bytes of one routed expert: intermediate × hidden × 3 matrices × dtype bytes."""
-        raw = self.routed_intermediate_size * self.hidden_size * 3 * self.dtype_bytes
-        return round(raw)
+        return round(self.geometry.expert_bytes(self.dtype_bytes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields for a report: ``geometry`` as :meth:`RouteGeometry.to_dict`."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["geometry"] = self.geometry.to_dict()
+        return out
 
     @property
     def capacity_experts(self) -> int:
