@@ -1,4 +1,4 @@
-"""Small sealed snapshots with a *planted* router, for tests, the bench and the demo.
+"""Small sealed snapshots with a *planted* router, for tests and the bench.
 
 No broker and no teacher forward: rows are made by a known linear router and written
 with the real shard writer, manifest builder and seal helpers of :mod:`consumers` into

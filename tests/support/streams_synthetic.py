@@ -1,4 +1,4 @@
-"""Realistic capture records for tests, the bench and the demo (no model needed).
+"""Realistic capture records for tests and the bench (no model needed).
 
 :func:`thread_messages` produces the records a decode runtime publishes for one thread
 generation, in the runtime's order: for each assistant turn, one RouteObservation per

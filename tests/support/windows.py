@@ -1,4 +1,4 @@
-"""Helpers for tests, the bench and the demo: craft and publish windows, run workers.
+"""Helpers for tests and the bench: craft and publish windows, run workers.
 
 :func:`make_window` builds a valid ``Window.v1`` record (window id and content digest
 computed the way the stream processors compute them) from real token ids of the
