@@ -30,7 +30,7 @@ from typing import Any
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.core.identity import compute_identity_id
-from hebrus_flywheel.streams import routes
+from hebrus_flywheel.streams import limits, routes
 from hebrus_flywheel.streams.exceptions import PublishValidationError
 from hebrus_flywheel.streams.rules import INT32_MAX, IdentityRules
 
@@ -65,6 +65,7 @@ class Reason(StrEnum):
     UNDECODABLE = "undecodable"
     HEADER_MISMATCH = "header_mismatch"
     SCHEMA_RESOLUTION_FAILED = "schema_resolution_failed"
+    FIELD_TOO_LONG = "field_too_long"
 
 
 REASONS: tuple[str, ...] = tuple(r.value for r in Reason)
@@ -107,12 +108,45 @@ def _int(record: Mapping[str, Any], path: str, lo: int = 0, hi: int = INT64_MAX)
 
 def _str(record: Mapping[str, Any], path: str) -> str:
     value = record.get(path.rsplit(".", 1)[-1])
-    if type(value) is str and value:
-        return value
-    value = _typed(record, path, str, "a str")
-    if not value:
-        raise _fail(Reason.MISSING_FIELD, f"{path} is empty; set it before publishing", path)
+    if type(value) is not str or not value:
+        value = _typed(record, path, str, "a str")
+        if not value:
+            raise _fail(Reason.MISSING_FIELD, f"{path} is empty; set it before publishing", path)
+    _check_length(value, path)
     return value
+
+
+def _check_length(value: str, path: str) -> None:
+    limit = limits.field_max_bytes(path)
+    if len(value) > limit // 4 and (size := limits.utf8_len(value)) > limit:
+        raise _fail(Reason.FIELD_TOO_LONG, f"{path} is {size} bytes; the limit is {limit} "
+                    "UTF-8 bytes (streams.limits.FIELD_MAX_BYTES)", path)
+
+
+_NESTED_STRINGS = ("speculative", "domain_tags")
+
+
+def check_string_lengths(record: Mapping[str, Any]) -> None:
+    """Refuse (``field_too_long``) any string of a capture record longer than its bound
+    in :data:`streams.limits.FIELD_MAX_BYTES`: top-level strings, the speculative
+    lineage's strings and each domain tag. Runs before every other check, so an
+    oversized id is reported as such and never copied further."""
+    for name, value in record.items():
+        if type(value) is str:
+            _check_length(value, name)
+        elif name in _NESTED_STRINGS:
+            _check_nested(name, value)
+
+
+def _check_nested(name: str, value: Any) -> None:
+    if isinstance(value, Mapping):
+        for sub, item in value.items():
+            if isinstance(item, str):
+                _check_length(item, f"{name}.{sub}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            if isinstance(item, str):
+                _check_length(item, f"{name}[{index}]")
 
 
 def _list(record: Mapping[str, Any], path: str) -> Sequence[Any]:
@@ -154,7 +188,7 @@ _IDENTITY_SIZES = ("routed_layer_count", "expert_count", "top_k", "hidden_size",
 def validate_identity(identity: Mapping[str, Any], *, vocab_size: int | None = None
                       ) -> IdentityRules:
     """Check a ``RuntimeIdentity`` record (fields, sizes, digest) and return its rules."""
-    _mapping(identity, "identity")
+    check_string_lengths(_mapping(identity, "identity"))
     for name in _IDENTITY_STRINGS:
         _str(identity, name)
     for name in _IDENTITY_SIZES:
@@ -178,7 +212,8 @@ def validate_identity(identity: Mapping[str, Any], *, vocab_size: int | None = N
 def resolve_geometry(record: Mapping[str, Any], known: Mapping[str, IdentityRules]
                      ) -> IdentityRules:
     """The geometry of the identity a record names; ``unknown_identity`` if not in ``known``."""
-    identity_id = _str(_mapping(record, "record"), "identity_id")
+    check_string_lengths(_mapping(record, "record"))
+    identity_id = _str(record, "identity_id")
     if identity_id not in known:
         raise _fail(Reason.UNKNOWN_IDENTITY, f"identity {identity_id} has not been published; "
                     "publish the RuntimeIdentity record first", "identity_id")
@@ -323,6 +358,7 @@ def validate_observation(obs: Mapping[str, Any], geometry: IdentityRules, *,
     """Check a ``RouteObservation`` (v1 or packed v2 shape); with ``tracker``, also that
     ``token_ordinal`` increases."""
     obs = _mapping(obs, "observation")
+    check_string_lengths(obs)
     _check_common(obs, geometry)
     _int(obs, "token_ordinal")
     _check_token_id(_int(obs, "token_id", INT64_MIN), "token_id", geometry)
@@ -367,6 +403,7 @@ def validate_turn(turn: Mapping[str, Any], geometry: IdentityRules, *,
     """Check a ``TranscriptTurn``; with ``tracker``, also that ``turn_index`` increases
     per ``(owner, thread, generation)``."""
     turn = _mapping(turn, "turn")
+    check_string_lengths(turn)
     _check_common(turn, geometry)
     _symbol(turn, "role", ROLES)
     _int(turn, "token_offset")

@@ -34,6 +34,7 @@ from hebrus_flywheel.streams.processors.validate import (
     check_counter,
     check_identity_record,
     check_identity_ref,
+    check_lengths,
     check_message_key,
     check_observation,
     check_turn,
@@ -168,6 +169,9 @@ class CaptureStage:
     def _check_record(
         self, kind: str, record: Mapping[str, Any], key: bytes | None
     ) -> tuple[Rejection | None, PackedRoutes | None]:
+        too_long = check_lengths(record)
+        if too_long is not None:
+            return too_long, None
         identity = self._identity_of(record)
         if isinstance(identity, Rejection):
             return identity, None

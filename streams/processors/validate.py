@@ -212,6 +212,13 @@ def _run(check: Callable[..., Any], *args: Any) -> Any:
         return Rejection(exc.reason, str(exc))
 
 
+def check_lengths(record: Mapping[str, Any]) -> Rejection | None:
+    """``field_too_long`` when a string of the record exceeds its bound
+    (``streams.limits.FIELD_MAX_BYTES``); checked before anything looks the record up."""
+    problem: Rejection | None = _run(sv.check_string_lengths, record)
+    return problem
+
+
 def check_message_key(record: Mapping[str, Any], key: bytes | None) -> Rejection | None:
     """Capture records are keyed ``owner/thread``; anything else would break partitioning."""
     want = f"{record['owner']}/{record['thread']}".encode()

@@ -118,6 +118,16 @@ def test_validation_rejects_before_enqueue(publisher: RuntimePublisher) -> None:
                                       "ordinal_not_increasing": 1}
 
 
+@pytest.mark.parametrize("field", ["owner", "thread", "producer_id", "sequence_id"])
+def test_overlong_field_is_refused_naming_field_and_limit(publisher: RuntimePublisher,
+                                                          field: str) -> None:
+    with pytest.raises(PublishValidationError) as info:
+        publisher.publish_observation(observation(0, **{field: "x" * 900_000}))
+    assert info.value.reason == "field_too_long" and info.value.field == field
+    assert "900000 bytes; the limit is 256 UTF-8 bytes" in str(info.value)
+    assert publisher.stats().rejected_invalid == {"field_too_long": 1}
+
+
 def test_caller_record_is_not_mutated_and_identity_registers(
         publisher: RuntimePublisher) -> None:
     record = observation(0)

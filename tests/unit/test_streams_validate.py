@@ -437,6 +437,17 @@ def test_incomplete_thread_after_idle_timeout() -> None:
     assert reasons(sc) == ["incomplete_thread"]
 
 
+@pytest.mark.parametrize("field", ["owner", "thread", "producer_id", "identity_id"])
+def test_overlong_string_is_quarantined_as_field_too_long(field: str) -> None:
+    sc = scenario()
+    record = first(sc, "observations")
+    record[field] = "x" * 900_000
+    key = f"{record['owner']}/{record['thread']}".encode()
+    assert refused(sc, "observations", record, key) == ["field_too_long"]
+    q = sc.pipeline.quarantined[0]
+    assert field in q["detail"] and "limit is 256" in q["detail"]
+
+
 def test_unexpected_exception_becomes_processing_error() -> None:
     class Broken(dict):  # type: ignore[type-arg]
         def __setitem__(self, key: str, value: Any) -> None:

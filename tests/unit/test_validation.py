@@ -14,8 +14,10 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.core.identity import with_identity_id
 from hebrus_flywheel.schemas import exceptions as schema_errors
+from hebrus_flywheel.schemas.registry import default_registry
 from hebrus_flywheel.streams import routes
 from hebrus_flywheel.streams.exceptions import PublishValidationError
+from hebrus_flywheel.streams.limits import FIELD_MAX_BYTES, ID_MAX_BYTES
 from hebrus_flywheel.streams.validation import (
     REASONS,
     IdentityRules,
@@ -29,6 +31,13 @@ from hebrus_flywheel.streams.validation import (
 )
 
 LAYERS, EXPERTS, K, VOCAB = 4, 64, 4, 1000
+PINNED_FINGERPRINTS = {
+    "hebrus.flywheel.v1.RouteObservation.v2": "77d45b35dd334933",
+    "hebrus.flywheel.v1.RuntimeIdentity.v1": "369fb8e37b2b2cd0",
+    "hebrus.flywheel.v1.TranscriptTurn.v1": "3e5a92c02609a720",
+}
+"""Fingerprints before the field limits were written into the docs (docs are not part
+of the Parsing Canonical Form, so they must not change)."""
 
 
 def identity(**change: Any) -> dict[str, Any]:
@@ -193,6 +202,14 @@ CASES: dict[str, list[Callable[[], object]]] = {
     "undecodable": [_codec(schema_errors.UndecodableRecordError)],
     "header_mismatch": [_codec(schema_errors.SchemaHeaderError)],
     "schema_resolution_failed": [_codec(schema_errors.SchemaResolutionError)],
+    "field_too_long": [
+        lambda: check_obs(observation(owner="o" * 257)),
+        lambda: check_obs(observation(producer_id="é" * 129)),
+        lambda: check_turn(turn(thread="t" * 900_000)),
+        lambda: check_turn(turn(domain_tags=["ok", "x" * 257])),
+        lambda: validate_identity(identity(runtime_version="v" * 300)),
+        lambda: resolve_geometry(observation(identity_id="f" * 257), {}),
+    ],
 }
 
 
@@ -391,6 +408,7 @@ CASES_V2: dict[str, list[Callable[[], object]]] = {
     "token_id_out_of_range": [lambda: check_obs(packed(token_id=VOCAB))],
     "ordinal_not_increasing": [lambda: _ordinals_v2("ordinal_not_increasing")],
     "duplicate_ordinal": [lambda: _ordinals_v2("duplicate_ordinal")],
+    "field_too_long": [lambda: check_obs(packed(owner="o" * 900_000))],
 }
 NOT_ABOUT_OBSERVATIONS = {
     "identity_digest_mismatch", "segment_out_of_bounds", "segment_overlap",
@@ -459,3 +477,38 @@ def test_pack_routes_refuses_what_uint16_cannot_hold() -> None:
     with pytest.raises(PublishValidationError) as info:
         routes.pack_routes(np.array([[1, 2]]), np.array([[0.6, 0.4, 0.0]]))
     assert info.value.reason == "weights_ids_length_mismatch"
+
+
+def test_field_limits_are_exact_and_errors_name_field_and_limit() -> None:
+    check_obs(observation(owner="o" * ID_MAX_BYTES, sequence_id="é" * (ID_MAX_BYTES // 2)))
+    with pytest.raises(PublishValidationError) as info:
+        check_obs(observation(owner="o" * (ID_MAX_BYTES + 1)))
+    assert info.value.reason == "field_too_long" and info.value.field == "owner"
+    assert f"{ID_MAX_BYTES + 1} bytes" in str(info.value) and f"limit is {ID_MAX_BYTES}" in str(
+        info.value)
+
+
+def test_every_capture_string_field_has_a_documented_limit() -> None:
+    for name in ("TranscriptTurn", "RouteObservation", "RuntimeIdentity"):
+        entry = default_registry().get(name)
+        for path, spec in _string_fields(entry.definition):
+            limit = FIELD_MAX_BYTES.get(path.rsplit(".", 1)[-1])
+            assert limit is not None, f"{name}.{path} has no limit in FIELD_MAX_BYTES"
+            assert f"at most {limit} UTF-8 bytes" in spec.get("doc", ""), f"{name}.{path}"
+
+
+def test_limit_docs_keep_the_schema_fingerprints() -> None:
+    fingerprints = {str(e.key): e.fingerprint.hex() for e in default_registry()}
+    assert {k: fingerprints[k] for k in PINNED_FINGERPRINTS} == PINNED_FINGERPRINTS
+
+
+def _string_fields(definition: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    found = []
+    for spec in definition["fields"]:
+        types = spec["type"] if isinstance(spec["type"], list) else [spec["type"]]
+        for kind in types:
+            if kind == "string" or (isinstance(kind, dict) and kind.get("items") == "string"):
+                found.append((prefix + spec["name"], spec))
+            elif isinstance(kind, dict) and kind.get("type") == "record":
+                found.extend(_string_fields(kind, f"{prefix}{spec['name']}."))
+    return found
