@@ -26,6 +26,7 @@ from hebrus_flywheel.consumers.exceptions import WorkerError
 from hebrus_flywheel.consumers.labels import SourceRef
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
+from hebrus_flywheel.streams import quarantine
 
 WINDOW_SCHEMA = "hebrus.flywheel.v1.Window"
 QUARANTINE_STAGE = "replay"
@@ -109,27 +110,29 @@ def classify(value: bytes | None, headers: Sequence[tuple[str, Any]] | None, key
 def quarantine_record(verdict: Verdict, source: SourceRef, *, value: bytes | None,
                       key: bytes | None, headers: Iterable[tuple[str, Any]] | None,
                       max_value_bytes: int) -> dict[str, Any]:
-    """A QuarantineRecord.v1 whose id depends only on stage, reason, source and thread."""
+    """A QuarantineRecord, every copied field cut to its bound
+    (:func:`streams.quarantine.bound`), whose id depends only on stage, reason, source
+    and thread."""
     raw = bytes(value or b"")
     rec = verdict.window or {}
     thread = f"{rec.get('owner')}/{rec.get('thread')}/{rec.get('generation')}"
     ident = "|".join((QUARANTINE_STAGE, str(verdict.reason), source.topic,
                       str(source.partition), str(source.offset), thread))
     generation = rec.get("generation")
-    return {
+    return quarantine.bound({
         "quarantine_id": hashlib.sha256(ident.encode()).hexdigest(),
         "reason": verdict.reason, "detail": verdict.detail, "stage": QUARANTINE_STAGE,
         "source_topic": source.topic, "source_partition": source.partition,
         "source_offset": source.offset, "source_key": key,
         "source_headers": [{"key": str(k), "value": v.encode() if isinstance(v, str) else v}
                            for k, v in headers or ()],
-        "value": raw[:max_value_bytes], "value_size": len(raw),
+        "value": raw, "value_size": len(raw),
         "value_sha256": hashlib.sha256(raw).hexdigest(),
-        "value_truncated": len(raw) > max_value_bytes, "schema": verdict.schema,
+        "value_truncated": False, "schema": verdict.schema,
         "owner": rec.get("owner"), "thread": rec.get("thread"),
         "generation": generation if isinstance(generation, int) else None,
         "producer_id": None,
-    }
+    }, max_value_bytes=max_value_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,7 +42,7 @@ from hebrus_flywheel.consumers.shards import ShardConfig, clean_staging
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams import limits, quarantine
 from hebrus_flywheel.streams.topics import CONTROL_TOPIC, QUARANTINE_TOPIC, SPLITS, window_topic
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,9 @@ class ReplayWorker:
         self._messages = kafka.MessageCheck(self.kafka.retry, "replay worker consume")
         self.consumer = kafka.make_consumer(self.kafka, group_id=config.full_group_id,
                                             settings=self._consumer_conf(), log_name=_LOG)
-        self.producer = kafka.CheckedProducer(self.kafka, log_name=_LOG)
+        self.producer = kafka.CheckedProducer(
+            self.kafka, log_name=_LOG,
+            settings={"message.max.bytes": limits.QUARANTINE_MAX_MESSAGE_BYTES})
 
     def _consumer_conf(self) -> dict[str, Any]:
         c = self.config
@@ -238,12 +240,11 @@ class ReplayWorker:
         record = quarantine_record(verdict, source, value=msg.value(), key=msg.key(),
                                    headers=msg.headers(),
                                    max_value_bytes=self.config.max_quarantine_value_bytes)
-        entry = codec.default_registry().get("QuarantineRecord")
-        key = (f"{record['owner']}/{record['thread']}" if record["owner"] else "replay").encode()
-        self.producer.produce(
-            self.config.prefix + QUARANTINE_TOPIC, key=key,
-            value=codec.encode_entry(entry, record),
-            headers=[*codec.kafka_headers(entry), ("reason", str(verdict.reason).encode())])
+        out = quarantine.encode(record)  # size-checked: a reference record if it won't fit
+        key = (f"{out.record['owner']}/{out.record['thread']}" if out.record["owner"]
+               else "replay").encode()
+        self.producer.produce(self.config.prefix + QUARANTINE_TOPIC, key=key, value=out.value,
+                              headers=out.headers)
         self.stats.inc("quarantine", str(verdict.reason))
         log.warning("quarantined %s[%d]@%d: %s (%s)", source.topic, source.partition,
                     source.offset, verdict.reason, verdict.detail)

@@ -24,6 +24,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.streams.exceptions import TopicError
+from hebrus_flywheel.streams.limits import QUARANTINE_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,9 @@ CATALOGUE: tuple[TopicSpec, ...] = (
         name=QUARANTINE_TOPIC,
         partitions=4,
         doc="Records refused by validation, with a reason code; never reach a shard.",
+        # explicit, and the quarantine producers' maximum request size: every quarantine
+        # record is cut and size-checked against it (streams.quarantine)
+        configs={"max.message.bytes": str(QUARANTINE_MAX_MESSAGE_BYTES)},
     ),
     *(_window_spec(split) for split in SPLITS),
     TopicSpec(

@@ -56,6 +56,7 @@ from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams import limits, quarantine
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
 from hebrus_flywheel.streams.processors.dedup import DedupStage
 from hebrus_flywheel.streams.processors.identities import IdentityBook
@@ -201,6 +202,8 @@ class StreamsWorker:
             # (producer counter state, its packed routes, its thread header)
             producer_linger=0.01,
             producer_max_batch_size=524_288,
+            # the quarantine topic's max.message.bytes: a quarantine record always fits
+            producer_max_request_size=limits.QUARANTINE_MAX_MESSAGE_BYTES,
             key_serializer="raw",
             value_serializer="raw",
         )
@@ -322,12 +325,9 @@ class StreamsWorker:
 
     async def _send_emit(self, emit: Emit) -> None:
         if emit.kind == QUARANTINE:
-            entry = codec.default_registry().get("QuarantineRecord")
-            headers = [*codec.kafka_headers(entry), ("reason", emit.value["reason"].encode())]
+            out = quarantine.encode(emit.value)  # size-checked: a reference record if too big
             await self.quarantine_topic.send(
-                key=emit.key.encode(),
-                value=codec.encode_entry(entry, emit.value, validate=False),
-                headers=headers,
+                key=emit.key.encode(), value=out.value, headers=out.headers
             )
         else:
             await self.threads_topic.send(

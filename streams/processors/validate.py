@@ -26,7 +26,7 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
 from hebrus_flywheel.schemas.registry import SchemaEntry, SchemaKey, default_registry
-from hebrus_flywheel.streams import routes
+from hebrus_flywheel.streams import quarantine, routes
 from hebrus_flywheel.streams import validation as sv
 from hebrus_flywheel.streams.exceptions import PublishValidationError
 from hebrus_flywheel.streams.rules import IdentityRules
@@ -366,10 +366,12 @@ def quarantine_record(
     stage: str = "validate",
     config: ValidateConfig,
 ) -> dict[str, Any]:
-    """A QuarantineRecord.v1 dict; its id depends only on stage, reason, source and thread."""
+    """A QuarantineRecord dict, every copied field cut to its bound
+    (:func:`streams.quarantine.bound`); its id depends only on stage, reason, source and
+    thread."""
     raw = bytes(value or b"")
     rec = record or {}
-    return {
+    return quarantine.bound({
         "quarantine_id": _quarantine_id(stage, rejection, source, rec),
         "reason": rejection.reason,
         "detail": rejection.detail,
@@ -382,16 +384,16 @@ def quarantine_record(
             {"key": str(k), "value": v.encode() if isinstance(v, str) else v}
             for k, v in headers or ()
         ],
-        "value": raw[: config.max_quarantine_value_bytes],
+        "value": raw,
         "value_size": len(raw),
         "value_sha256": hashlib.sha256(raw).hexdigest(),
-        "value_truncated": len(raw) > config.max_quarantine_value_bytes,
+        "value_truncated": False,
         "schema": schema,
         "owner": _str_or_none(rec.get("owner")),
         "thread": _str_or_none(rec.get("thread")),
         "generation": rec.get("generation") if isinstance(rec.get("generation"), int) else None,
         "producer_id": _str_or_none(rec.get("producer_id")),
-    }
+    }, max_value_bytes=config.max_quarantine_value_bytes)
 
 
 def _quarantine_id(
