@@ -50,6 +50,7 @@ from typing import Any
 
 import faust
 from faust.serializers import codecs
+from mode import CrashingSupervisor
 
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.counters import Counters
@@ -58,6 +59,7 @@ from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits, quarantine
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
+from hebrus_flywheel.streams.processors.crash import crash_only_agent, crash_only_timer
 from hebrus_flywheel.streams.processors.dedup import DedupStage
 from hebrus_flywheel.streams.processors.identities import IdentityBook
 from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
@@ -245,14 +247,20 @@ class StreamsWorker:
         self.ticks_topic = app.topic(t.ticks, partitions=self.partitions, **raw)
         self.quarantine_topic = app.topic(t.quarantine, **raw)
         self.window_topics = {s: app.topic(name, **raw) for s, name in t.windows.items()}
-        app.agent(self.capture_topic, name="capture")(self._capture_agent)
-        app.agent(self.identity_topic, name="identities")(self._identity_agent)
-        app.agent(self.threads_topic, name="dedup")(self._dedup_agent)
-        app.agent(self.decisions_topic, name="window")(self._window_agent)
-        app.timer(self.config.tick_interval_s)(self._send_ticks)
-        app.timer(self.config.stats_interval_s)(self._log_stats)
+        # crash-only (streams.processors.crash): an error stops the worker, never skips
+        for topic, name, body in (
+            (self.capture_topic, "capture", self._capture_agent),
+            (self.identity_topic, "identities", self._identity_agent),
+            (self.threads_topic, "dedup", self._dedup_agent),
+            (self.decisions_topic, "window", self._window_agent),
+        ):
+            app.agent(topic, name=name, supervisor_strategy=CrashingSupervisor)(
+                crash_only_agent(name, body)
+            )
+        app.timer(self.config.tick_interval_s)(crash_only_timer("send_ticks", self._send_ticks))
+        app.timer(self.config.stats_interval_s)(crash_only_timer("log_stats", self._log_stats))
         if self.config.idle_exit_s is not None:
-            app.timer(1.0)(self._exit_when_idle)
+            app.timer(1.0)(crash_only_timer("exit_when_idle", self._exit_when_idle))
         app.on_rebalance_complete.connect(self._on_rebalance)
         # Table writes go through faust's send-soon buffer, which stalls (and warns) at
         # 100 queued messages; one observation queues three, so allow a deeper buffer.
@@ -276,31 +284,31 @@ class StreamsWorker:
                     headers=_headers(msg.headers),
                     now_ms=_now_ms(),
                 )
-            for emit in emits:
-                await self._send_emit(emit)
+            await self._send_emits(emits)
 
     async def _identity_agent(self, stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
-            for emit in self.capture.process_safely(
+            emits = self.capture.process_safely(
                 topic=msg.topic,
                 partition=msg.partition,
                 offset=msg.offset,
                 key=msg.key,
                 value=msg.value,
                 headers=_headers(msg.headers),
-            ):
-                await self._send_emit(emit)
+            )
+            await self._send_emits(emits)
 
     async def _dedup_agent(self, stream: Any) -> None:
         async for event in stream.events():
             summary = json.loads(event.message.value)
             decision = self.dedup.process(summary)
-            await self.decisions_topic.send(
+            delivered = await self.decisions_topic.send(
                 key=event.message.key,
                 value=json.dumps(decision).encode(),
                 partition=decision["partition"],
             )
+            await delivered  # acknowledged before the thread's offset can be committed
 
     async def _window_agent(self, stream: Any) -> None:
         entry = codec.default_registry().get("Window")
@@ -323,16 +331,23 @@ class StreamsWorker:
                 await fut
             self.window.finish(decision)
 
-    async def _send_emit(self, emit: Emit) -> None:
+    async def _send_emits(self, emits: list[Emit]) -> None:
+        """Send one record's outputs and wait until the broker acknowledged all of them
+        (a failed delivery raises, and the crash-only agent stops the worker before the
+        record's offset can be committed)."""
+        pending = [await self._send_emit(emit) for emit in emits]
+        for delivered in pending:
+            await delivered
+
+    async def _send_emit(self, emit: Emit) -> Any:
         if emit.kind == QUARANTINE:
             out = quarantine.encode(emit.value)  # size-checked: a reference record if too big
-            await self.quarantine_topic.send(
+            return await self.quarantine_topic.send(
                 key=emit.key.encode(), value=out.value, headers=out.headers
             )
-        else:
-            await self.threads_topic.send(
-                key=emit.key.encode(), value=json.dumps(emit.value).encode(), partition=0
-            )
+        return await self.threads_topic.send(
+            key=emit.key.encode(), value=json.dumps(emit.value).encode(), partition=0
+        )
 
     # -- timers and signals -------------------------------------------------------------
 

@@ -1,0 +1,82 @@
+"""Crash-only agents and timers for the faust worker.
+
+faust's default supervisor restarts a crashed agent *past* the record it failed on,
+whose offset is then committed: the record is in no output and the worker goes on as
+if nothing happened. Here every agent and timer body is wrapped so that an unhandled
+error logs one line (the error, and the record's topic, partition and offset when
+known) and ends the process at once with :data:`CRASH_EXIT_STATUS`, before faust can
+ack or commit anything further. Offsets are committed only after the producer is
+flushed, and the agents await the delivery of every output of a record before taking
+the next, so the committed offset never passes a record whose outputs were not
+acknowledged: a restarted worker resumes at that record (architecture invariant 11,
+crash-only). The app also uses :class:`mode.CrashingSupervisor`, so an error that
+escaped the wrappers would still not be absorbed by a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
+
+import faust
+
+log = logging.getLogger(__name__)
+CRASH_EXIT_STATUS = 70
+"""Exit status of a worker stopped by an unhandled error (``EX_SOFTWARE``)."""
+
+
+def _where(stream: Any) -> str:
+    event = faust.current_event() or getattr(stream, "current_event", None)
+    message = getattr(event, "message", None)
+    if message is None:
+        return ""
+    return f" on {message.topic}[{message.partition}]@{message.offset}"
+
+
+def crash(what: str, exc: BaseException, where: str = "") -> NoReturn:
+    """Log one line naming the error and the record, then end the process now."""
+    log.critical(
+        "streams worker crashed: %s failed%s: %s: %s; exiting %d without committing past "
+        "it, a restart resumes at that record", what, where, type(exc).__name__, exc,
+        CRASH_EXIT_STATUS,
+    )
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(CRASH_EXIT_STATUS)
+
+
+def crash_only_agent(name: str, body: Callable[[Any], Awaitable[None]]
+                     ) -> Callable[[Any], Awaitable[None]]:
+    """An agent function that runs ``body(stream)`` and crashes the process if it raises."""
+
+    async def agent(stream: Any) -> None:
+        try:
+            await body(stream)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            crash(f"agent {name}", exc, _where(stream))
+
+    agent.__name__ = agent.__qualname__ = name
+    return agent
+
+
+def crash_only_timer(name: str, body: Callable[[], Awaitable[None]]
+                     ) -> Callable[[], Awaitable[None]]:
+    """A timer function that runs ``body()`` and crashes the process if it raises."""
+
+    async def timer() -> None:
+        try:
+            await body()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            crash(f"timer {name}", exc)
+
+    timer.__name__ = timer.__qualname__ = name
+    return timer
