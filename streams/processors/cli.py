@@ -12,7 +12,8 @@ from pathlib import Path
 
 import typer
 
-from hebrus_flywheel.core.settings import bootstrap_servers
+from hebrus_flywheel.core.progress import WatchdogConfig
+from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
 from hebrus_flywheel.streams.processors.dedup import DedupConfig
 from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
@@ -80,7 +81,15 @@ def worker_command(
     route_context_length: int = typer.Option(8192, help="Context of runtime_holdout windows."),
     tick_interval_s: float = typer.Option(5.0, help="Idle check interval."),
     stats_interval_s: float = typer.Option(30.0, help="Counter log interval."),
-    idle_exit_s: float | None = typer.Option(None, help="Stop after this long without input."),
+    session_timeout_s: float = typer.Option(10.0, help="Kafka group session timeout."),
+    drain: bool = typer.Option(False, "--drain", help="Exit 0 once every input partition "
+                               "is committed to its end offset (lag 0), outputs acknowledged."),
+    drain_timeout_s: float | None = typer.Option(None, help="With --drain: exit non-zero if "
+                                                 "the lag is not 0 after this long."),
+    stall_timeout_s: float = typer.Option(120.0, help="Exit non-zero on lag with no progress "
+                                          "for this long."),
+    broker_timeout_s: float = typer.Option(300.0, help="Exit non-zero when the broker stays "
+                                           "unreachable this long."),
     data_dir: Path | None = typer.Option(None, help="faust data directory."),
 ) -> None:
     """Run one streams worker (start more with the same --app-id to share partitions)."""
@@ -104,7 +113,10 @@ def worker_command(
         processors=processors,
         tick_interval_s=tick_interval_s,
         stats_interval_s=stats_interval_s,
-        idle_exit_s=idle_exit_s,
+        session_timeout_s=session_timeout_s,
+        watchdog=WatchdogConfig(drain=drain, drain_timeout_s=drain_timeout_s,
+                                stall_timeout_s=stall_timeout_s,
+                                broker_timeout_s=broker_timeout_s),
         data_dir=data_dir,
     )
     StreamsWorker(config).run()
@@ -122,6 +134,36 @@ def inspect_command(
 
     summary = summarize_topics(bootstrap_servers(bootstrap), prefix=prefix, app_id=app_id)
     typer.echo(json.dumps(summary, sort_keys=True) if as_json else format_summary(summary))
+
+
+@streams_app.command("status")
+def status_command() -> None:
+    """One line per streams worker from its health file under $FLYWHEEL_HOME/health."""
+    typer.echo(status_lines("streams"))
+
+
+def status_lines(kind: str) -> str:
+    """The health lines of ``kind`` workers (shared with ``flywheel replay status``)."""
+    import time
+
+    from hebrus_flywheel.core.progress import format_health, read_health
+
+    records = read_health(flywheel_home(), kind)
+    if not records:
+        return f"no {kind} worker health files under {flywheel_home() / 'health'}"
+    return "\n".join(format_health(r, time.time(), alive=_alive(int(r["pid"]))) for r in records)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def main() -> None:
