@@ -63,10 +63,22 @@ def worker_command(
                                            help="Static group member id (fast restarts)."),
     session_timeout_s: float = typer.Option(30.0, "--session-timeout-s",
                                             help="Kafka group session timeout."),
+    drain: bool = typer.Option(False, "--drain", help="Exit 0 once every window partition "
+                               "is committed to its end offset (lag 0)."),
+    drain_timeout_s: float | None = typer.Option(None, "--drain-timeout-s",
+                                                 help="With --drain: exit non-zero if the "
+                                                 "lag is not 0 after this long."),
+    stall_timeout_s: float = typer.Option(120.0, "--stall-timeout-s",
+                                          help="Exit non-zero on unread lag with no "
+                                          "progress for this long."),
+    broker_timeout_s: float = typer.Option(300.0, "--broker-timeout-s",
+                                           help="Exit non-zero when the broker stays "
+                                           "unreachable this long."),
 ) -> None:
     """Consume the window topics, replay windows in prefill, write Parquet shards."""
     from hebrus_flywheel.consumers.shards import ShardConfig
     from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
+    from hebrus_flywheel.core.progress import WatchdogConfig
 
     config = ReplayWorkerConfig(
         teacher=teacher, dataset=dataset, bootstrap=bootstrap_servers(bootstrap), prefix=prefix,
@@ -76,12 +88,25 @@ def worker_command(
         batch_windows=batch_windows, torch_threads=torch_threads,
         replay_options=_options(replay_option), idle_exit_s=idle_exit_s,
         stop_after_epoch=stop_after_epoch, instance_id=instance_id,
-        session_timeout_s=session_timeout_s)
+        session_timeout_s=session_timeout_s,
+        watchdog=WatchdogConfig(drain=drain, drain_timeout_s=drain_timeout_s,
+                                stall_timeout_s=stall_timeout_s,
+                                broker_timeout_s=broker_timeout_s))
     worker = ReplayWorker(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
     stats = worker.run()
     typer.echo(json.dumps(stats.report(), indent=2, sort_keys=True))
+    if worker.drained:
+        typer.echo(worker.drained)
+
+
+@replay_app.command("status")
+def status_command() -> None:
+    """One line per replay worker from its health file under $FLYWHEEL_HOME/health."""
+    from hebrus_flywheel.streams.processors.cli import status_lines
+
+    typer.echo(status_lines("replay"))
 
 
 def seal_command(

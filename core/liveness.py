@@ -38,11 +38,12 @@ class Monitor(threading.Thread):
 
     def __init__(self, target: MonitorTarget, watchdog: WatchdogConfig,
                  client: kafka.KafkaClientConfig, *, on_verdict: Callable[[Verdict], None],
-                 agents: Callable[[], Mapping[str, str]] | None = None) -> None:
+                 agents: Callable[[], Mapping[str, str]] | None = None,
+                 consumed: Callable[[], Mapping[tuple[str, int], int]] | None = None) -> None:
         super().__init__(name=f"{target.kind}-watchdog", daemon=True)
         self.target, self.client = target, client
         self.watchdog = Watchdog(watchdog, started=time.monotonic())
-        self.on_verdict, self.agents = on_verdict, agents
+        self.on_verdict, self.agents, self.consumed = on_verdict, agents, consumed
         self._stop_event = threading.Event()
         self._probe: kafka.LagProbe | None = None
 
@@ -64,7 +65,8 @@ class Monitor(threading.Thread):
                 self._probe = kafka.LagProbe(self.client, self.target.name, self.target.topics,
                                              log_name=f"{self.target.kind}.watchdog")
             ends, committed = self._probe.read()
-            verdict = self.watchdog.observe(time.monotonic(), ends, committed)
+            consumed = dict(self.consumed()) if self.consumed is not None else None
+            verdict = self.watchdog.observe(time.monotonic(), ends, committed, consumed)
         except kafka.KafkaIOError as exc:
             verdict = self.watchdog.broker_failed(time.monotonic(), str(exc)[:300])
         self.write_health()

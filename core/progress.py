@@ -113,6 +113,7 @@ class Watchdog:
     resume: dict[TP, int] = field(default_factory=dict, init=False)
     lag: dict[TP, int] = field(default_factory=dict, init=False)
     ends: dict[TP, tuple[int, int]] | None = field(default=None, init=False)
+    consumed: dict[TP, int] = field(default_factory=dict, init=False)
     broker_error: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -130,13 +131,23 @@ class Watchdog:
         return sum(self.lag.values())
 
     def observe(self, now: float, ends: Mapping[TP, tuple[int, int]],
-                committed: Mapping[TP, int]) -> Verdict:
-        """One successful read of the end and committed offsets at time ``now``."""
+                committed: Mapping[TP, int],
+                consumed: Mapping[TP, int] | None = None) -> Verdict:
+        """One successful read of the end and committed offsets at time ``now``.
+
+        ``consumed`` (next offset the worker will read, per partition) is for workers
+        that hold consumed records uncommitted on purpose (the replay worker's open
+        block waits for an epoch boundary): reading is progress too, and everything
+        consumed with only commits outstanding is not a stall."""
         resume = resume_points(ends, committed)
         if self.first is None:
             self.first = dict(resume)
-        if any(o > self.resume.get(tp, -1) for tp, o in resume.items()) and self.resume:
+        if self.resume and any(o > self.resume.get(tp, -1) for tp, o in resume.items()):
             self.last_progress = now
+        if consumed is not None:
+            if any(o > self.consumed.get(tp, -1) for tp, o in consumed.items()):
+                self.last_progress = now
+            self.consumed = dict(consumed)
         # Two reads in a row at lag 0 with the same end offsets (an output written by
         # a hop between the two reads moves the next hop's end offset).
         done = drain_complete(self.ends, ends, committed) and self.ends is not None \
@@ -144,8 +155,9 @@ class Watchdog:
         self.resume, self.ends = resume, dict(ends)
         self.lag = partition_lag(ends, committed)
         self.last_ok, self.broker_error = now, ""
-        if not self.total_lag:
-            self.last_progress = now  # caught up is progress: nothing waits
+        if not self.total_lag or (consumed is not None
+                                  and not any(partition_lag(ends, consumed).values())):
+            self.last_progress = now  # caught up (or only commits wait): not a stall
         if self.config.drain and done:
             return Verdict(DRAINED, f"drained: processed {self.processed} records, "
                                     "final lag 0")

@@ -120,3 +120,14 @@ def test_health_file_round_trip_and_line(tmp_path: Path) -> None:
     assert line.startswith("g pid=42 up lag=6 processed=0 progress=15s-ago broker=ok")
     assert "agents=1/2 running (dedup=crashed)" in line
     assert read_health(tmp_path, "replay") == []
+
+
+def test_records_held_for_a_boundary_are_not_a_stall() -> None:
+    dog = _dog(stall_timeout_s=10)
+    dog.observe(0, {A: (0, 10)}, {A: 4}, consumed={A: 6})
+    assert dog.observe(5, {A: (0, 10)}, {A: 4}, consumed={A: 10}).state == RUNNING
+    # all consumed, commit waits (open block): never stalled
+    assert dog.observe(100, {A: (0, 10)}, {A: 4}, consumed={A: 10}).state == RUNNING
+    # new records that are not read: a stall
+    assert dog.observe(105, {A: (0, 12)}, {A: 4}, consumed={A: 10}).state == RUNNING
+    assert dog.observe(111, {A: (0, 12)}, {A: 4}, consumed={A: 10}).state == STALLED
