@@ -74,7 +74,6 @@ class ReplayWorkerConfig:
         replay_options: keyword arguments of ``replay.prefill.ReplayConfig``.
         poll_timeout_s: consumer poll timeout.
         control_sync_s: how often the control topic is re-read while idle.
-        idle_exit_s: exit after this long without a window message (None: run on).
         stop_after_epoch: exit once this epoch's boundary is known and every assigned
             partition is committed up to it (None: run on).
         instance_id: static group membership id (``group.instance.id``): a worker
@@ -102,7 +101,6 @@ class ReplayWorkerConfig:
     replay_options: Mapping[str, Any] = field(default_factory=dict)
     poll_timeout_s: float = 0.5
     control_sync_s: float = 1.0
-    idle_exit_s: float | None = None
     stop_after_epoch: int | None = None
     instance_id: str | None = None
     session_timeout_s: float = 30.0
@@ -124,8 +122,6 @@ class ReplayWorkerConfig:
                      "max_poll_interval_s", "stats_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ReplayWorkerConfig.{name} must be > 0")
-        if self.idle_exit_s is not None and self.idle_exit_s <= 0:
-            raise ConfigError("ReplayWorkerConfig.idle_exit_s must be > 0 or None")
         if self.stop_after_epoch is not None and self.stop_after_epoch < 0:
             raise ConfigError("ReplayWorkerConfig.stop_after_epoch must be >= 0 or None")
         if not isinstance(self.shard, ShardConfig):
@@ -174,8 +170,6 @@ class ReplayWorker:
         self.plan = EpochPlan(config.shard.offsets_per_shard, self.control.sync().ordered())
         self._last_sync = time.monotonic()
         self._paused = False
-        self._last_input = time.monotonic()
-        self._assigned_once = False
         self._messages = kafka.MessageCheck(self.kafka.retry, "replay worker consume")
         self.consumer = kafka.make_consumer(self.kafka, group_id=config.full_group_id,
                                             settings=self._consumer_conf(), log_name=_LOG)
@@ -221,8 +215,6 @@ class ReplayWorker:
             log.info("assigned %s[%d]: resume at %d (committed %d), %d window ids already "
                      "written", tp.topic, tp.partition, base, resume, len(ids))
         consumer.assign(committed)
-        self._last_input = time.monotonic()  # idle time counts from the assignment
-        self._assigned_once = True
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -351,10 +343,11 @@ class ReplayWorker:
         return all(p.base >= boundary.end_of(t, n) for (t, n), p in self.logs.items())
 
     def run(self) -> Counters:
-        """Consume until stopped (``stop()``, idle exit, or ``stop_after_epoch``)."""
+        """Consume until stopped (``stop()``, drained with ``watchdog.drain``, or
+        ``stop_after_epoch``); the watchdog ends a stalled or broker-less process."""
         self.consumer.subscribe(list(self.splits), on_assign=self._on_assign,
                                 on_revoke=self._on_revoke)
-        last_stats = self._last_input = time.monotonic()
+        last_stats = time.monotonic()
         self.monitor.start()
         try:
             while not self._stop.is_set():
@@ -362,7 +355,6 @@ class ReplayWorker:
                     self._sync_control()
                 msg = self.consumer.poll(self.config.poll_timeout_s)
                 if msg is not None and self._is_data(msg):
-                    self._last_input = time.monotonic()
                     self._handle(msg)
                     self._consumed[(str(msg.topic()), int(msg.partition() or 0))] = \
                         int(msg.offset() or 0) + 1
@@ -372,9 +364,7 @@ class ReplayWorker:
                 if now - last_stats > self.config.stats_interval_s:
                     last_stats = now
                     log.info("replay worker stats %s", self.stats.report())
-                idle = self.config.idle_exit_s
-                if self._epoch_done() or (idle is not None and self._assigned_once
-                                          and now - self._last_input > idle):
+                if self._epoch_done():
                     break
         finally:
             self.close()
