@@ -100,11 +100,13 @@ def worker_command(
 
 
 @replay_app.command("status")
-def status_command() -> None:
+def status_command(max_age_s: float | None = typer.Option(
+        None, "--max-age-s", help="Exit 1 unless a health file was written this recently.",
+)) -> None:
     """One line per replay worker from its health file under $FLYWHEEL_HOME/health."""
-    from hebrus_flywheel.streams.processors.cli import status_lines
+    from hebrus_flywheel.streams.processors.cli import status_exit
 
-    typer.echo(status_lines("replay"))
+    status_exit("replay", max_age_s)
 
 
 def seal_command(

@@ -136,22 +136,31 @@ def inspect_command(
     typer.echo(json.dumps(summary, sort_keys=True) if as_json else format_summary(summary))
 
 
+_MAX_AGE = typer.Option(None, "--max-age-s", help="Exit 1 unless a health file was written "
+                        "this recently (container health checks).")
+
+
 @streams_app.command("status")
-def status_command() -> None:
+def status_command(max_age_s: float | None = _MAX_AGE) -> None:
     """One line per streams worker from its health file under $FLYWHEEL_HOME/health."""
-    typer.echo(status_lines("streams"))
+    status_exit("streams", max_age_s)
 
 
-def status_lines(kind: str) -> str:
-    """The health lines of ``kind`` workers (shared with ``flywheel replay status``)."""
+def status_exit(kind: str, max_age_s: float | None) -> None:
+    """Print the health lines of ``kind`` workers (shared with ``flywheel replay status``);
+    with ``max_age_s``, exit 1 unless one of them is that fresh."""
     import time
 
     from hebrus_flywheel.core.progress import format_health, read_health
 
+    now = time.time()
     records = read_health(flywheel_home(), kind)
     if not records:
-        return f"no {kind} worker health files under {flywheel_home() / 'health'}"
-    return "\n".join(format_health(r, time.time(), alive=_alive(int(r["pid"]))) for r in records)
+        typer.echo(f"no {kind} worker health files under {flywheel_home() / 'health'}")
+    for r in records:
+        typer.echo(format_health(r, now, alive=_alive(int(r["pid"]))))
+    if max_age_s is not None and not any(now - r["written_at"] <= max_age_s for r in records):
+        raise typer.Exit(1)
 
 
 def _alive(pid: int) -> bool:
