@@ -55,18 +55,28 @@ def worker_command(
                                              help="torch intra-op threads (recorded)."),
     replay_option: list[str] = typer.Option([], "--replay-option",
                                             help="ReplayConfig field as KEY=VALUE (repeat)."),
-    idle_exit_s: float | None = typer.Option(None, "--idle-exit-s",
-                                             help="Exit after this long without input."),
     stop_after_epoch: int | None = typer.Option(None, "--stop-after-epoch",
                                                 help="Exit once this epoch is fully written."),
     instance_id: str | None = typer.Option(None, "--instance-id",
                                            help="Static group member id (fast restarts)."),
     session_timeout_s: float = typer.Option(30.0, "--session-timeout-s",
                                             help="Kafka group session timeout."),
+    drain: bool = typer.Option(False, "--drain", help="Exit 0 once every window partition "
+                               "is committed to its end offset (lag 0)."),
+    drain_timeout_s: float | None = typer.Option(None, "--drain-timeout-s",
+                                                 help="With --drain: exit non-zero if the "
+                                                 "lag is not 0 after this long."),
+    stall_timeout_s: float = typer.Option(120.0, "--stall-timeout-s",
+                                          help="Exit non-zero on unread lag with no "
+                                          "progress for this long."),
+    broker_timeout_s: float = typer.Option(300.0, "--broker-timeout-s",
+                                           help="Exit non-zero when the broker stays "
+                                           "unreachable this long."),
 ) -> None:
     """Consume the window topics, replay windows in prefill, write Parquet shards."""
     from hebrus_flywheel.consumers.shards import ShardConfig
     from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
+    from hebrus_flywheel.core.progress import WatchdogConfig
 
     config = ReplayWorkerConfig(
         teacher=teacher, dataset=dataset, bootstrap=bootstrap_servers(bootstrap), prefix=prefix,
@@ -74,14 +84,29 @@ def worker_command(
         shard=ShardConfig(offsets_per_shard=offsets_per_shard, row_group_rows=row_group_rows,
                           weight_encoding=weight_encoding),
         batch_windows=batch_windows, torch_threads=torch_threads,
-        replay_options=_options(replay_option), idle_exit_s=idle_exit_s,
+        replay_options=_options(replay_option),
         stop_after_epoch=stop_after_epoch, instance_id=instance_id,
-        session_timeout_s=session_timeout_s)
+        session_timeout_s=session_timeout_s,
+        watchdog=WatchdogConfig(drain=drain, drain_timeout_s=drain_timeout_s,
+                                stall_timeout_s=stall_timeout_s,
+                                broker_timeout_s=broker_timeout_s))
     worker = ReplayWorker(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
     stats = worker.run()
     typer.echo(json.dumps(stats.report(), indent=2, sort_keys=True))
+    if worker.drained:
+        typer.echo(worker.drained)
+
+
+@replay_app.command("status")
+def status_command(max_age_s: float | None = typer.Option(
+        None, "--max-age-s", help="Exit 1 unless a health file was written this recently.",
+)) -> None:
+    """One line per replay worker from its health file under $FLYWHEEL_HOME/health."""
+    from hebrus_flywheel.streams.processors.cli import status_exit
+
+    status_exit("replay", max_age_s)
 
 
 def seal_command(

@@ -16,6 +16,7 @@ window ids from the shards before it, and writes the same bytes again.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -42,6 +43,10 @@ from hebrus_flywheel.consumers.shards import ShardConfig, clean_staging
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.liveness import Monitor, MonitorTarget
+from hebrus_flywheel.core.progress import DRAINED, WatchdogConfig
+from hebrus_flywheel.core.progress import Verdict as WatchdogVerdict
+from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.streams import limits, quarantine
 from hebrus_flywheel.streams.topics import CONTROL_TOPIC, QUARANTINE_TOPIC, SPLITS, window_topic
 
@@ -69,7 +74,6 @@ class ReplayWorkerConfig:
         replay_options: keyword arguments of ``replay.prefill.ReplayConfig``.
         poll_timeout_s: consumer poll timeout.
         control_sync_s: how often the control topic is re-read while idle.
-        idle_exit_s: exit after this long without a window message (None: run on).
         stop_after_epoch: exit once this epoch's boundary is known and every assigned
             partition is committed up to it (None: run on).
         instance_id: static group membership id (``group.instance.id``): a worker
@@ -79,6 +83,9 @@ class ReplayWorkerConfig:
             replay must finish within ``max_poll_interval_s``.
         max_quarantine_value_bytes: original bytes kept in a QuarantineRecord.
         stats_interval_s: how often counters are logged.
+        watchdog: ``drain`` (return once every window partition is committed to its
+            end: lag 0) and the stall / broker timeouts (the process exits non-zero);
+            the health file goes to ``$FLYWHEEL_HOME/health/replay-<group>.json``.
     """
 
     teacher: Path
@@ -94,13 +101,13 @@ class ReplayWorkerConfig:
     replay_options: Mapping[str, Any] = field(default_factory=dict)
     poll_timeout_s: float = 0.5
     control_sync_s: float = 1.0
-    idle_exit_s: float | None = None
     stop_after_epoch: int | None = None
     instance_id: str | None = None
     session_timeout_s: float = 30.0
     max_poll_interval_s: float = 900.0
     max_quarantine_value_bytes: int = 1 << 20
     stats_interval_s: float = 30.0
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -115,8 +122,6 @@ class ReplayWorkerConfig:
                      "max_poll_interval_s", "stats_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ReplayWorkerConfig.{name} must be > 0")
-        if self.idle_exit_s is not None and self.idle_exit_s <= 0:
-            raise ConfigError("ReplayWorkerConfig.idle_exit_s must be > 0 or None")
         if self.stop_after_epoch is not None and self.stop_after_epoch < 0:
             raise ConfigError("ReplayWorkerConfig.stop_after_epoch must be >= 0 or None")
         if not isinstance(self.shard, ShardConfig):
@@ -165,14 +170,19 @@ class ReplayWorker:
         self.plan = EpochPlan(config.shard.offsets_per_shard, self.control.sync().ordered())
         self._last_sync = time.monotonic()
         self._paused = False
-        self._last_input = time.monotonic()
-        self._assigned_once = False
         self._messages = kafka.MessageCheck(self.kafka.retry, "replay worker consume")
         self.consumer = kafka.make_consumer(self.kafka, group_id=config.full_group_id,
                                             settings=self._consumer_conf(), log_name=_LOG)
         self.producer = kafka.CheckedProducer(
             self.kafka, log_name=_LOG,
             settings={"message.max.bytes": limits.QUARANTINE_MAX_MESSAGE_BYTES})
+        self._consumed: dict[tuple[str, int], int] = {}
+        self.drained: str | None = None
+        self.monitor = Monitor(
+            MonitorTarget(kind="replay", name=config.full_group_id, topics=tuple(self.splits),
+                          home=flywheel_home()),
+            config.watchdog, self.kafka, on_verdict=self._on_verdict,
+            consumed=lambda: dict(self._consumed))
 
     def _consumer_conf(self) -> dict[str, Any]:
         c = self.config
@@ -203,15 +213,15 @@ class ReplayWorker:
                 topic=tp.topic, partition=tp.partition, split=self.splits[tp.topic], base=base,
                 written_ids=ids)
             tp.offset = base
+            self._consumed[(tp.topic, tp.partition)] = base
             log.info("assigned %s[%d]: resume at %d (committed %d), %d window ids already "
                      "written", tp.topic, tp.partition, base, resume, len(ids))
         consumer.assign(committed)
-        self._last_input = time.monotonic()  # idle time counts from the assignment
-        self._assigned_once = True
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             dropped = self.logs.pop((tp.topic, tp.partition), None)
+            self._consumed.pop((tp.topic, tp.partition), None)
             if dropped is not None and dropped.pending:
                 log.info("revoked %s[%d] with %d uncommitted windows (the next owner "
                          "re-reads them)", tp.topic, tp.partition, len(dropped.pending))
@@ -313,6 +323,19 @@ class ReplayWorker:
         """Ask :meth:`run` to return after the current step (thread- and signal-safe)."""
         self._stop.set()
 
+    def _on_verdict(self, verdict: WatchdogVerdict) -> None:
+        """Watchdog thread: drained stops the loop (status 0); anything else ends the
+        process at once with the verdict's status (crash-only: nothing is committed
+        past an unwritten shard, so a restart redoes the open blocks)."""
+        if verdict.state == DRAINED:
+            self.drained = verdict.message
+            self.stop()
+            return
+        log.error("replay worker stops: %s", verdict.message)
+        print(verdict.message, flush=True)
+        logging.shutdown()
+        os._exit(verdict.exit_code or 1)
+
     def _epoch_done(self) -> bool:
         epoch = self.config.stop_after_epoch
         if epoch is None or len(self.plan.boundaries) <= epoch or not self.logs:
@@ -321,27 +344,28 @@ class ReplayWorker:
         return all(p.base >= boundary.end_of(t, n) for (t, n), p in self.logs.items())
 
     def run(self) -> Counters:
-        """Consume until stopped (``stop()``, idle exit, or ``stop_after_epoch``)."""
+        """Consume until stopped (``stop()``, drained with ``watchdog.drain``, or
+        ``stop_after_epoch``); the watchdog ends a stalled or broker-less process."""
         self.consumer.subscribe(list(self.splits), on_assign=self._on_assign,
                                 on_revoke=self._on_revoke)
-        last_stats = self._last_input = time.monotonic()
+        last_stats = time.monotonic()
+        self.monitor.start()
         try:
             while not self._stop.is_set():
                 if time.monotonic() - self._last_sync >= self.config.control_sync_s:
                     self._sync_control()
                 msg = self.consumer.poll(self.config.poll_timeout_s)
                 if msg is not None and self._is_data(msg):
-                    self._last_input = time.monotonic()
                     self._handle(msg)
+                    self._consumed[(str(msg.topic()), int(msg.partition() or 0))] = \
+                        int(msg.offset() or 0) + 1
                 if not self._paused:
                     self._close_ready()
                 now = time.monotonic()
                 if now - last_stats > self.config.stats_interval_s:
                     last_stats = now
                     log.info("replay worker stats %s", self.stats.report())
-                idle = self.config.idle_exit_s
-                if self._epoch_done() or (idle is not None and self._assigned_once
-                                          and now - self._last_input > idle):
+                if self._epoch_done():
                     break
         finally:
             self.close()
@@ -359,6 +383,7 @@ class ReplayWorker:
         return kind == "data"
 
     def close(self) -> None:
+        self.monitor.stop()
         self.producer.close(30)
         self.consumer.close()
         self.control.close()

@@ -108,7 +108,7 @@ def _stage_streams(ctx: DemoContext) -> None:
     # Small demo epochs need larger evaluation shares than production defaults so that
     # every split (and the parity sample) is non-empty.
     temporal_cut = ctx.temporal_cut_ms or int(time.time() * 1000)
-    _flywheel("streams", "worker", "--idle-exit-s", "8", "--validation-fraction", "0.25",
+    _flywheel("streams", "worker", "--drain", "--validation-fraction", "0.25",
               "--runtime-holdout-fraction", "0.15", "--stress-rate", "0.3",
               "--temporal-cut-ms", str(temporal_cut), log_name="streams-worker", ctx=ctx)
     lines = _flywheel("streams", "inspect", log_name="streams-inspect", ctx=ctx)

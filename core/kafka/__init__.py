@@ -39,6 +39,7 @@ from hebrus_flywheel.core.kafka.io import (
     read_to_end,
     watermarks,
 )
+from hebrus_flywheel.core.kafka.lag import LagProbe
 from hebrus_flywheel.core.kafka.retry import (
     RETRIABLE_CODES,
     RetryPolicy,
@@ -49,7 +50,8 @@ from hebrus_flywheel.core.kafka.retry import (
 
 __all__ = [
     "RESERVED_PROPERTIES", "RETRIABLE_CODES", "CheckedProducer", "DeliveryError",
-    "KafkaClientConfig", "KafkaIOError", "KafkaRetryError", "KafkaTarget", "MessageCheck",
+    "KafkaClientConfig", "KafkaIOError", "KafkaRetryError", "KafkaTarget", "LagProbe",
+    "MessageCheck",
     "MissingTopicError", "ReadIncompleteError", "RetryPolicy", "client_config", "committed",
     "committed_offsets", "describe", "drain", "end_watermarks", "faust_settings",
     "is_retriable", "kafka_error", "make_admin", "make_consumer", "make_producer",

@@ -39,9 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
-import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -55,6 +53,7 @@ from mode import CrashingSupervisor
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits, quarantine
@@ -62,6 +61,7 @@ from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage,
 from hebrus_flywheel.streams.processors.crash import crash_only_agent, crash_only_timer
 from hebrus_flywheel.streams.processors.dedup import DedupStage
 from hebrus_flywheel.streams.processors.identities import IdentityBook
+from hebrus_flywheel.streams.processors.liveness import start_monitor
 from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
 from hebrus_flywheel.streams.processors.runs import start_run
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
@@ -113,8 +113,9 @@ class WorkerConfig:
         session_timeout_s: Kafka group session timeout (a killed worker's partitions
             move after this long).
         stats_interval_s: how often per-stage counters are logged.
-        idle_exit_s: stop the worker after this many seconds without input (demo, tests);
-            None runs until stopped.
+        watchdog: ``--drain`` (stop with status 0 once every input partition is
+            committed to its end), the stall and broker timeouts (stop non-zero); see
+            :mod:`streams.processors.liveness`.
         data_dir: faust's data directory (default ``$FLYWHEEL_HOME/streams/<app id>``).
     """
 
@@ -126,7 +127,7 @@ class WorkerConfig:
     commit_interval_s: float = 2.5
     session_timeout_s: float = 10.0
     stats_interval_s: float = 30.0
-    idle_exit_s: float | None = None
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     data_dir: Path | None = None
 
     def __post_init__(self) -> None:
@@ -140,8 +141,6 @@ class WorkerConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"WorkerConfig.{name} must be > 0")
-        if self.idle_exit_s is not None and self.idle_exit_s <= 0:
-            raise ConfigError("WorkerConfig.idle_exit_s must be > 0 or None")
         if not self.app_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ConfigError("WorkerConfig.app_id may hold letters, digits, '-', '_' and '.'")
 
@@ -176,7 +175,6 @@ class StreamsWorker:
         self.counters = Counters()
         self.identities = IdentityBook(bootstrap=config.bootstrap, topic=self.topics.identities)
         self.identities.load()
-        self._last_input = time.monotonic()
         self.app = self._make_app()
         self._declare()
 
@@ -259,8 +257,6 @@ class StreamsWorker:
             )
         app.timer(self.config.tick_interval_s)(crash_only_timer("send_ticks", self._send_ticks))
         app.timer(self.config.stats_interval_s)(crash_only_timer("log_stats", self._log_stats))
-        if self.config.idle_exit_s is not None:
-            app.timer(1.0)(crash_only_timer("exit_when_idle", self._exit_when_idle))
         app.on_rebalance_complete.connect(self._on_rebalance)
         # Table writes go through faust's send-soon buffer, which stalls (and warns) at
         # 100 queued messages; one observation queues three, so allow a deeper buffer.
@@ -274,7 +270,6 @@ class StreamsWorker:
             if msg.topic == self.topics.ticks:
                 emits = self.capture.tick(msg.partition, _now_ms())
             else:
-                self._last_input = time.monotonic()
                 emits = self.capture.process_safely(
                     topic=msg.topic,
                     partition=msg.partition,
@@ -359,12 +354,6 @@ class StreamsWorker:
     async def _log_stats(self) -> None:
         log.info("streams counters %s", json.dumps(self.counters.as_dict()))
 
-    async def _exit_when_idle(self) -> None:
-        idle = self.config.idle_exit_s
-        if idle is not None and time.monotonic() - self._last_input > idle:
-            log.info("no input for %.0f s; stopping (counters %s)", idle, self.counters.as_dict())
-            os.kill(os.getpid(), signal.SIGTERM)
-
     async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
         # Hold the flow until faust has sought the stream partitions back to their
         # committed offsets. faust (0.15) sends this signal first thing in
@@ -381,10 +370,12 @@ class StreamsWorker:
         # resumes the flow.
         self.app.flow_control.suspend()
         self.dedup.reset()
-        self._last_input = time.monotonic()
 
     def run(self) -> None:
-        """Run until SIGINT/SIGTERM (or ``idle_exit_s`` without input)."""
+        """Run until SIGINT/SIGTERM, or until the watchdog stops the worker (drained:
+        status 0; stalled, broker lost, drain timeout: non-zero)."""
+        start_monitor(self.app, self.topics, self.config.full_app_id, self.config.bootstrap,
+                      self.config.watchdog)
         worker = faust.Worker(
             self.app,
             loglevel=logging.getLogger().level or logging.WARNING,

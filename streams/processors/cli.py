@@ -12,7 +12,8 @@ from pathlib import Path
 
 import typer
 
-from hebrus_flywheel.core.settings import bootstrap_servers
+from hebrus_flywheel.core.progress import WatchdogConfig
+from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
 from hebrus_flywheel.streams.processors.dedup import DedupConfig
 from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
@@ -80,7 +81,15 @@ def worker_command(
     route_context_length: int = typer.Option(8192, help="Context of runtime_holdout windows."),
     tick_interval_s: float = typer.Option(5.0, help="Idle check interval."),
     stats_interval_s: float = typer.Option(30.0, help="Counter log interval."),
-    idle_exit_s: float | None = typer.Option(None, help="Stop after this long without input."),
+    session_timeout_s: float = typer.Option(10.0, help="Kafka group session timeout."),
+    drain: bool = typer.Option(False, "--drain", help="Exit 0 once every input partition "
+                               "is committed to its end offset (lag 0), outputs acknowledged."),
+    drain_timeout_s: float | None = typer.Option(None, help="With --drain: exit non-zero if "
+                                                 "the lag is not 0 after this long."),
+    stall_timeout_s: float = typer.Option(120.0, help="Exit non-zero on lag with no progress "
+                                          "for this long."),
+    broker_timeout_s: float = typer.Option(300.0, help="Exit non-zero when the broker stays "
+                                           "unreachable this long."),
     data_dir: Path | None = typer.Option(None, help="faust data directory."),
 ) -> None:
     """Run one streams worker (start more with the same --app-id to share partitions)."""
@@ -104,7 +113,10 @@ def worker_command(
         processors=processors,
         tick_interval_s=tick_interval_s,
         stats_interval_s=stats_interval_s,
-        idle_exit_s=idle_exit_s,
+        session_timeout_s=session_timeout_s,
+        watchdog=WatchdogConfig(drain=drain, drain_timeout_s=drain_timeout_s,
+                                stall_timeout_s=stall_timeout_s,
+                                broker_timeout_s=broker_timeout_s),
         data_dir=data_dir,
     )
     StreamsWorker(config).run()
@@ -122,6 +134,45 @@ def inspect_command(
 
     summary = summarize_topics(bootstrap_servers(bootstrap), prefix=prefix, app_id=app_id)
     typer.echo(json.dumps(summary, sort_keys=True) if as_json else format_summary(summary))
+
+
+_MAX_AGE = typer.Option(None, "--max-age-s", help="Exit 1 unless a health file was written "
+                        "this recently (container health checks).")
+
+
+@streams_app.command("status")
+def status_command(max_age_s: float | None = _MAX_AGE) -> None:
+    """One line per streams worker from its health file under $FLYWHEEL_HOME/health."""
+    status_exit("streams", max_age_s)
+
+
+def status_exit(kind: str, max_age_s: float | None) -> None:
+    """Print the health lines of ``kind`` workers (shared with ``flywheel replay status``);
+    with ``max_age_s``, exit 1 unless one of them is that fresh."""
+    import time
+
+    from hebrus_flywheel.core.progress import format_health, read_health
+
+    now = time.time()
+    records = read_health(flywheel_home(), kind)
+    if not records:
+        typer.echo(f"no {kind} worker health files under {flywheel_home() / 'health'}")
+    for r in records:
+        typer.echo(format_health(r, now, alive=_alive(int(r["pid"]))))
+    if max_age_s is not None and not any(now - r["written_at"] <= max_age_s for r in records):
+        raise typer.Exit(1)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def main() -> None:

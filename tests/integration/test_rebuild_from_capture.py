@@ -1,7 +1,7 @@
 """``flywheel rebuild --from-capture`` over the whole chain on the real broker.
 
 Synthetic threads are decoded by the real teacher and published by the real capture
-path; the stream worker (a subprocess exiting when idle) cuts them into windows, in two
+path; the stream worker (a subprocess run with ``--drain``) cuts them into windows, in two
 runs with different configurations (the second sends every new thread to the temporal
 holdout); a replay worker writes shards and epoch 0 is sealed; then more threads are
 captured. The rebuild re-runs the capture topics up to the recorded offsets through the
@@ -66,7 +66,7 @@ def _run_streams(bootstrap: str, prefix: str, tmp: Path, flags: dict[str, Any],
                  name: str) -> None:
     worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID,
                            log_path=tmp / f"{name}.log", home=tmp / "home", flags=flags,
-                           extra=["--idle-exit-s", "6"]).start()
+                           extra=["--drain"]).start()
     try:
         if worker.proc is not None:
             worker.proc.wait(timeout=120)

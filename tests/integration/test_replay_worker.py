@@ -22,6 +22,7 @@ import pytest
 from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets, read_ranges
 from hebrus_flywheel.consumers.shards import STAGING_DIR, ShardConfig, iter_shards
 from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
+from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.core.snapshot import U8_MAX_ABS_ERROR, dequantize_weights_u8, sha256_file
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.topics import QUARANTINE_TOPIC, catalogue, window_topic
@@ -104,7 +105,7 @@ def e2e(topic_factory: Any, teacher: Any, teacher_dir: Path, identity_id: str,
     root = tmp_path_factory.mktemp("e2e") / "dataset"
     worker = run_in_thread(ReplayWorkerConfig(
         teacher=teacher_dir, dataset=root, bootstrap=topic_factory.bootstrap, prefix=prefix,
-        shard=SHARD, batch_windows=3, idle_exit_s=4.0), teacher)
+        shard=SHARD, batch_windows=3, watchdog=WatchdogConfig(drain=True)), teacher)
     return EndToEnd(prefix=prefix, root=root, worker=worker, train=train,
                     validation=validation, bad_identity=bad_identity[0])
 
@@ -169,7 +170,7 @@ def _worker_args(teacher_dir: Path, root: Path, bootstrap: str, prefix: str,
                  group: str) -> list[str]:
     return ["--teacher", str(teacher_dir), "--dataset", str(root), "--bootstrap-servers",
             bootstrap, "--prefix", prefix, "--group-id", group, "--offsets-per-shard", "4",
-            "--row-group-rows", "4", "--batch-windows", "2", "--idle-exit-s", "4",
+            "--row-group-rows", "4", "--batch-windows", "2", "--drain",
             "--torch-threads", "1", "--instance-id", f"{group}-0"]
 
 
@@ -194,7 +195,7 @@ def test_kill_mid_batch_and_mid_write_then_restart_gives_the_same_bytes(
     run_in_thread(ReplayWorkerConfig(
         teacher=teacher_dir, dataset=reference_root, bootstrap=topic_factory.bootstrap,
         prefix=prefix, group_id="reference", shard=SHARD, batch_windows=2, torch_threads=1,
-        idle_exit_s=4.0), teacher)
+        watchdog=WatchdogConfig(drain=True)), teacher)
     reference = shard_digests(reference_root)
     assert len(reference) == 3
 
