@@ -1,4 +1,4 @@
-"""``flywheel streams worker`` and ``flywheel streams inspect``.
+"""``flywheel streams worker``, ``inspect``, ``accounting`` and ``status``.
 
 Mounted by ``flywheel.cli`` as ``flywheel streams …``; also runnable on its own as
 ``python -m hebrus_flywheel.streams.processors.cli …`` (the integration tests do that).
@@ -134,6 +134,22 @@ def inspect_command(
 
     summary = summarize_topics(bootstrap_servers(bootstrap), prefix=prefix, app_id=app_id)
     typer.echo(json.dumps(summary, sort_keys=True) if as_json else format_summary(summary))
+
+
+@streams_app.command("accounting")
+def accounting_command(
+    bootstrap: str | None = _BOOTSTRAP,
+    prefix: str = _PREFIX,
+    app_id: str = _APP_ID,
+) -> None:
+    """Per capture partition, JSON: records up to the group's committed offset and where
+    each went (quarantined, windowed, decided, still in state, ...); ``unaccounted``
+    counts consumed records found in no output and no open state (see
+    ``streams.processors.accounting``)."""
+    from hebrus_flywheel.streams.processors.accounting import account
+
+    typer.echo(json.dumps(account(bootstrap_servers(bootstrap), prefix=prefix, app_id=app_id),
+                          sort_keys=True))
 
 
 _MAX_AGE = typer.Option(None, "--max-age-s", help="Exit 1 unless a health file was written "

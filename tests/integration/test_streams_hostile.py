@@ -12,6 +12,7 @@ import pytest
 
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits
+from hebrus_flywheel.streams.processors.accounting import account
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.topics import catalogue
@@ -84,3 +85,7 @@ def test_oversized_owner_and_key_are_quarantined_and_the_valid_thread_is_windowe
     assert any(c["field"] == "source_key" and c["size"] == BIG
                for c in by_reason["invalid_key"]["cuts"])
     print("quarantine record sizes:", sorted(len(m.value()) for m in messages))
+    totals = account(topic_factory.bootstrap, prefix=prefix, app_id="flywheel-streams")["totals"]
+    print("accounting:", totals)
+    assert totals["records"] == len(valid) + 2 and totals["unaccounted"] == 0, totals
+    assert totals["quarantined"] == 2 and totals["identity"] == 1

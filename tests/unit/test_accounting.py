@@ -1,0 +1,87 @@
+"""Record accounting, pure: each consumed capture record lands in exactly one class."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+from hebrus_flywheel.streams.processors.accounting import (
+    CLASSES,
+    Outputs,
+    apply_changelog,
+    classify,
+    tally,
+)
+from hebrus_flywheel.streams.processors.common import SEP, header_key, instance_id
+
+OBS = "flywheel.capture.observations.v1"
+TURNS = "flywheel.capture.transcripts.v1"
+
+
+def outputs() -> Outputs:
+    out = Outputs()
+    out.add_quarantine({"source_topic": OBS, "source_partition": 1, "source_offset": 7,
+                        "owner": None, "thread": None, "generation": None})
+    out.add_quarantine({"source_topic": TURNS, "source_partition": 0, "source_offset": 99,
+                        "owner": "o", "thread": "gone", "generation": 0,
+                        "stage": "assemble", "value_size": 0})
+    # one refused record of a thread does not account for the rest of it
+    out.add_quarantine({"source_topic": TURNS, "source_partition": 0, "source_offset": 98,
+                        "owner": "o", "thread": "lost", "generation": 0,
+                        "stage": "validate", "value_size": 100})
+    out.add_window({"owner": "o", "thread": "t", "generation": 0, "first_token_ordinal": 10,
+                    "anchor_positions": [0, 2], "turns": [{"turn_index": 1}]})
+    out.decided.add(("o", "dup", 0))
+    out.in_state.add(("o", "open", 0))
+    return out
+
+
+def obs(thread: str, ordinal: int) -> dict[str, object]:
+    return {"owner": "o", "thread": thread, "generation": 0, "token_ordinal": ordinal}
+
+
+def test_each_class() -> None:
+    out = outputs()
+    assert classify("observations", (OBS, 1, 7), None, out) == "quarantined"
+    assert classify("observations", (OBS, 1, 8), None, out) == "unaccounted"
+    assert classify("observations", (OBS, 0, 1), obs("t", 12), out) == "windowed"
+    assert classify("observations", (OBS, 0, 2), obs("t", 11), out) == "in_windowed_generation"
+    assert classify("transcripts", (TURNS, 0, 1),
+                    {"owner": "o", "thread": "t", "generation": 0, "turn_index": 1},
+                    out) == "windowed"
+    assert classify("transcripts", (TURNS, 0, 2),
+                    {"owner": "o", "thread": "t", "generation": 0, "turn_index": 2},
+                    out) == "in_windowed_generation"
+    assert classify("observations", (OBS, 0, 3), obs("gone", 1), out) == "generation_quarantined"
+    assert classify("observations", (OBS, 0, 4), obs("dup", 1), out) == "decided"
+    assert classify("observations", (OBS, 0, 5), obs("open", 1), out) == "in_state"
+    assert classify("observations", (OBS, 0, 6), obs("lost", 1), out) == "unaccounted"
+    assert classify("observations", (OBS, 0, 6), {"owner": "o"}, out) == "unaccounted"
+    assert classify("identities", ("ids", 0, 0), {"identity_id": "x"}, out) == "identity"
+
+
+def test_tally_counts_every_record_once_and_names_the_unaccounted() -> None:
+    out = outputs()
+    records = [(7, None), (8, None), (9, obs("t", 12)), (10, obs("lost", 0)), (11, obs("open", 3))]
+    row = tally("observations", OBS, 1, 12, records, out)
+    assert row["records"] == 5 == sum(row[c] for c in CLASSES)
+    assert (row["quarantined"], row["windowed"], row["in_state"]) == (1, 1, 1)
+    assert row["unaccounted"] == 2 and row["unaccounted_offsets"] == [8, 10]
+    assert row["committed"] == 12 and row["partition"] == 1
+
+
+def test_changelog_keeps_only_the_latest_open_header() -> None:
+    state: dict[str, tuple[str, str, int] | None] = {}
+    iid = instance_id("o", "t", 0)
+    key = json.dumps(header_key(iid)).encode()
+    header = {"owner": "o", "thread": "t", "generation": 0, "status": "open"}
+    apply_changelog(state, key, pickle.dumps(header))
+    apply_changelog(state, f"t{SEP}{iid}{SEP}0".encode(), pickle.dumps({"tokens": []}))
+    assert state == {iid: ("o", "t", 0)}
+    apply_changelog(state, key, pickle.dumps({**header, "status": "emitted"}))
+    assert state == {}
+    apply_changelog(state, header_key(iid).encode(), pickle.dumps({**header, "status": "ready"}))
+    assert state == {iid: ("o", "t", 0)}
+    apply_changelog(state, key, None)
+    apply_changelog(state, key, b"not a pickle")
+    assert state == {}
