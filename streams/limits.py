@@ -35,6 +35,12 @@ DEFAULT_STRING_MAX_BYTES = ID_MAX_BYTES
 """Bound of a string field not named in :data:`FIELD_MAX_BYTES` (enum symbols and any
 field a later schema version adds before it gets its own entry)."""
 
+CAPTURE_MAX_HEADERS = 32
+"""Headers a capture message may carry (the codec writes a handful)."""
+
+CAPTURE_HEADER_MAX_BYTES = 4096
+"""Total bytes of a capture message's header keys and values."""
+
 QUARANTINE_MAX_MESSAGE_BYTES = 1_048_576
 """``max.message.bytes`` of the quarantine topic and the maximum request size of every
 producer that writes quarantine records."""

@@ -26,13 +26,15 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
 from hebrus_flywheel.schemas.registry import SchemaEntry, SchemaKey, default_registry
-from hebrus_flywheel.streams import quarantine, routes
+from hebrus_flywheel.streams import limits, quarantine, routes
 from hebrus_flywheel.streams import validation as sv
 from hebrus_flywheel.streams.exceptions import PublishValidationError
 from hebrus_flywheel.streams.rules import IdentityRules
 
 PROCESSOR_REASONS: dict[str, str] = {
     "oversized": "the message is larger than the configured maximum record size",
+    "headers_too_large": "the message carries more headers, or more header bytes, than a "
+    "capture message may",
     "unexpected_schema": "the record type does not belong on this topic",
     "identity_mismatch": "a record's identity differs from the identity of its thread generation",
     "generated_non_assistant": "a segment of a non-assistant turn is marked generated",
@@ -137,6 +139,18 @@ def _has_schema_headers(headers: Iterable[tuple[str, Any]] | None) -> bool:
     return any(k == codec.HEADER_SCHEMA for k, _ in headers or ())
 
 
+def _check_headers(headers: Sequence[tuple[str, Any]] | None) -> Rejection | None:
+    pairs = list(headers or ())
+    size = sum(len(k.encode() if isinstance(k, str) else k or b"") + len(v or b"")
+               for k, v in pairs)
+    if len(pairs) > limits.CAPTURE_MAX_HEADERS or size > limits.CAPTURE_HEADER_MAX_BYTES:
+        return reject("headers_too_large",
+                      f"{len(pairs)} headers of {size} bytes; a capture message carries at most "
+                      f"{limits.CAPTURE_MAX_HEADERS} headers of {limits.CAPTURE_HEADER_MAX_BYTES} "
+                      "bytes in all (streams.limits)")
+    return None
+
+
 def decode_capture(
     value: bytes | None,
     headers: Sequence[tuple[str, Any]] | None,
@@ -153,6 +167,9 @@ def decode_capture(
             f"{len(value)} bytes > max_record_bytes={config.max_record_bytes}; split the record "
             "or raise the limit",
         )
+    too_large = _check_headers(headers)
+    if too_large is not None:
+        return too_large
     try:
         key, record = _decode(value, headers, config)
     except SchemaError as exc:

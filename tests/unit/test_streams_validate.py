@@ -19,6 +19,7 @@ from hebrus_flywheel.streams.processors.validate import (
     REASONS,
     WINDOW_ID_LIMIT,
     ValidateConfig,
+    decode_capture,
 )
 from hebrus_flywheel.streams.routes import pack_routes, route_arrays, to_v1
 from tests.support.streams_synthetic import (
@@ -110,6 +111,19 @@ def test_oversized() -> None:
     assert reasons(sc)[-1] == "oversized"  # (the identity record is oversized here too)
     q = sc.pipeline.quarantined[-1]
     assert q["value_truncated"] and len(q["value"]) == 50 and q["value_size"] > 200
+
+
+@pytest.mark.parametrize("headers", [[("h", b"x" * 900_000)],
+                                     [(f"h{i}", b"") for i in range(1000)]])
+def test_too_many_or_too_large_headers(headers: list[tuple[str, bytes]]) -> None:
+    sc = scenario()
+    value, schema_headers = encode_message("observations", first(sc, "observations"))
+    refused_ = decode_capture(value, [*schema_headers, *headers], kind="observations",
+                              config=ValidateConfig())
+    assert getattr(refused_, "reason", None) == "headers_too_large"
+    fine = decode_capture(value, list(schema_headers), kind="observations",
+                          config=ValidateConfig())
+    assert getattr(fine, "reason", None) is None
 
 
 def test_missing_field() -> None:
