@@ -375,6 +375,7 @@ class ReplayWorker:
                                 on_revoke=self._on_revoke)
         last_stats = time.monotonic()
         self.monitor.start()
+        clean = False
         try:
             while not self._stop.is_set():
                 if time.monotonic() - self._last_sync >= self.config.control_sync_s:
@@ -392,8 +393,9 @@ class ReplayWorker:
                     log.info("replay worker stats %s", self.stats.report())
                 if self._epoch_done():
                     break
+            clean = True
         finally:
-            self.close()
+            self.close(clean=clean)
         return self.stats
 
     def _is_data(self, msg: Any) -> bool:
@@ -407,8 +409,11 @@ class ReplayWorker:
             self.stats.inc("kafka", "errors")
         return kind == "data"
 
-    def close(self) -> None:
-        self.monitor.stop()
+    def close(self, *, clean: bool = False) -> None:
+        """Release the clients; a clean stop also deletes the health file (a crash or a
+        watchdog exit leaves it for ``flywheel replay status``)."""
+        if not (clean and self.monitor.remove_health()):
+            self.monitor.stop()
         self.producer.close(30)
         self.consumer.close()
         self.control.close()

@@ -18,6 +18,7 @@ import pytest
 from hebrus_flywheel.consumers.kafka_io import committed_offsets
 from hebrus_flywheel.consumers.seal import SealConfig, seal_epoch
 from hebrus_flywheel.consumers.shards import iter_shards
+from hebrus_flywheel.core.progress import read_health
 from hebrus_flywheel.streams.topics import catalogue, window_topic
 from tests.support.windows import (
     WorkerProcess,
@@ -63,6 +64,7 @@ def test_drain_waits_for_the_seal_boundary_then_exits_zero(
     out = worker.output()
     assert status == 0, out[-3000:]
     assert "drained: processed" in out and "final lag 0" in out, out[-3000:]
+    assert read_health(tmp_path / "home", "replay") == []  # a clean exit leaves no record
     topic = prefix + window_topic("train")
     assert committed_offsets(bootstrap, prefix + "flywheel-replay", [(topic, 0)]) == {
         (topic, 0): 6}

@@ -22,7 +22,7 @@ import pytest
 from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets
 from hebrus_flywheel.consumers.shards import ShardConfig, iter_shards
 from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
-from hebrus_flywheel.core.progress import WatchdogConfig
+from hebrus_flywheel.core.progress import WatchdogConfig, read_health
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
 from hebrus_flywheel.core.snapshot import sha256_file
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker
@@ -156,6 +156,7 @@ def test_broker_outage_mid_epoch_then_restart_gives_the_fault_free_rows(
     rc2 = _exit_status(again, 240)
     again.kill()
     assert rc2 == 0, again.output()[-3000:]
+    assert read_health(tmp_path / "home", "replay") == []  # a clean exit leaves no record
     assert _lag(bootstrap, prefix) == 0
     assert shard_digests(root) == reference
     rows = shard_rows(root)
