@@ -36,7 +36,7 @@ from hebrus_flywheel.consumers.dataset import (
     written_ids,
 )
 from hebrus_flywheel.consumers.epochs import Block, EpochPlan
-from hebrus_flywheel.consumers.exceptions import WorkerError
+from hebrus_flywheel.consumers.exceptions import ControlError, WorkerError
 from hebrus_flywheel.consumers.intake import PartitionLog, Verdict, classify, quarantine_record
 from hebrus_flywheel.consumers.labels import SourceRef
 from hebrus_flywheel.consumers.shards import ShardConfig, clean_staging
@@ -85,7 +85,9 @@ class ReplayWorkerConfig:
         stats_interval_s: how often counters are logged.
         watchdog: ``drain`` (return once every window partition is committed to its
             end: lag 0) and the stall / broker timeouts (the process exits non-zero);
-            the health file goes to ``$FLYWHEEL_HOME/health/replay-<group>.json``.
+            the health file goes to ``$FLYWHEEL_HOME/health/replay-<group>.json``. A
+            control topic that stays unreadable longer than the broker timeout also
+            ends the worker (status 2); until then open blocks just wait.
     """
 
     teacher: Path
@@ -168,7 +170,7 @@ class ReplayWorker:
         self.kafka = kafka.client_config(config.bootstrap)
         self.control = ControlChannel(self.kafka, config.prefix + CONTROL_TOPIC)
         self.plan = EpochPlan(config.shard.offsets_per_shard, self.control.sync().ordered())
-        self._last_sync = time.monotonic()
+        self._last_sync = self._control_ok = time.monotonic()
         self._paused = False
         self._messages = kafka.MessageCheck(self.kafka.retry, "replay worker consume")
         self.consumer = kafka.make_consumer(self.kafka, group_id=config.full_group_id,
@@ -262,9 +264,18 @@ class ReplayWorker:
     # -- blocks ---------------------------------------------------------------------
 
     def _sync_control(self) -> bool:
-        """Re-read the control topic; pause while a live seal intent blocks open blocks."""
-        state = self.control.sync()
-        self._last_sync = time.monotonic()
+        """Re-read the control topic; pause while a live seal intent blocks open blocks.
+
+        True means open-epoch blocks must not close now (a live intent, or the topic
+        could not be read: a boundary may be unseen)."""
+        if self._control_ok < self._last_sync \
+                and time.monotonic() - self._last_sync < self.config.control_sync_s:
+            return True  # the last read failed moments ago: no retry storm
+        try:
+            state = self.control.sync()
+        except ControlError as exc:
+            return self._control_unreadable(exc)
+        self._last_sync = self._control_ok = time.monotonic()
         ordered = state.ordered()
         if len(ordered) != len(self.plan.boundaries):
             self.plan = EpochPlan(self.config.shard.offsets_per_shard, ordered)
@@ -278,6 +289,20 @@ class ReplayWorker:
             log.info("seal intent for epoch %d %s", state.next_epoch,
                      "seen: pausing until its boundary arrives" if blocked else "resolved")
         return blocked
+
+    def _control_unreadable(self, exc: ControlError) -> bool:
+        """A failed control read (a broker outage): open blocks wait, the loop goes on;
+        unreadable for longer than the broker timeout ends the worker (status 2)."""
+        now = time.monotonic()
+        self._last_sync, down = now, now - self._control_ok
+        limit = self.config.watchdog.broker_timeout_s
+        if down > limit:
+            raise WorkerError(f"{exc} (unreadable for {down:.0f}s > --broker-timeout-s "
+                              f"{limit:g}); restart the worker once the broker is healthy") \
+                from exc
+        self.stats.inc("control", "read_errors")
+        log.warning("control topic unreadable for %.0fs; open blocks wait: %s", down, exc)
+        return True
 
     def _close_ready(self) -> None:
         synced = False
@@ -350,6 +375,7 @@ class ReplayWorker:
                                 on_revoke=self._on_revoke)
         last_stats = time.monotonic()
         self.monitor.start()
+        clean = False
         try:
             while not self._stop.is_set():
                 if time.monotonic() - self._last_sync >= self.config.control_sync_s:
@@ -367,8 +393,9 @@ class ReplayWorker:
                     log.info("replay worker stats %s", self.stats.report())
                 if self._epoch_done():
                     break
+            clean = True
         finally:
-            self.close()
+            self.close(clean=clean)
         return self.stats
 
     def _is_data(self, msg: Any) -> bool:
@@ -382,8 +409,11 @@ class ReplayWorker:
             self.stats.inc("kafka", "errors")
         return kind == "data"
 
-    def close(self) -> None:
-        self.monitor.stop()
+    def close(self, *, clean: bool = False) -> None:
+        """Release the clients; a clean stop also deletes the health file (a crash or a
+        watchdog exit leaves it for ``flywheel replay status``)."""
+        if not (clean and self.monitor.remove_health()):
+            self.monitor.stop()
         self.producer.close(30)
         self.consumer.close()
         self.control.close()

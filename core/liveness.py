@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hebrus_flywheel.core import kafka
-from hebrus_flywheel.core.progress import RUNNING, Verdict, Watchdog, WatchdogConfig, write_health
+from hebrus_flywheel.core.progress import (
+    RUNNING,
+    Verdict,
+    Watchdog,
+    WatchdogConfig,
+    health_path,
+    write_health,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,17 @@ class Monitor(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
+
+    def remove_health(self, timeout_s: float = 30.0) -> bool:
+        """Stop, wait for the thread, delete the health file: a clean exit leaves no
+        record to go stale. False (file kept) if the thread did not end in time."""
+        self.stop()
+        if self.is_alive():
+            self.join(timeout_s)
+        if self.is_alive():
+            return False
+        health_path(self.target.home, self.target.kind, self.target.name).unlink(missing_ok=True)
+        return True
 
     def run(self) -> None:
         while not self._stop_event.is_set():

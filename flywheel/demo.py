@@ -119,21 +119,29 @@ def _stage_streams(ctx: DemoContext) -> None:
 
 
 def _stage_replay(ctx: DemoContext) -> None:
+    # --drain: the worker ends on "caught up" (every window partition committed to its
+    # end). The open epoch's last, partial blocks close only at a recorded boundary, so
+    # it drains once the seal below has recorded the epoch's end offsets.
+    log_path = ctx.run_dir / "replay-worker.log"
     worker = subprocess.Popen(
         [sys.executable, "-m", "hebrus_flywheel.cli", "replay", "worker", "--teacher",
-         str(ctx.teacher_dir), "--dataset", str(ctx.dataset_dir), "--stop-after-epoch",
-         str(ctx.epoch)],
-        stdout=(ctx.run_dir / "replay-worker.log").open("w"), stderr=subprocess.STDOUT,
+         str(ctx.teacher_dir), "--dataset", str(ctx.dataset_dir), "--drain"],
+        stdout=log_path.open("w"), stderr=subprocess.STDOUT,
     )
     try:
         _wait_for_dataset(ctx, worker)
         lines = _flywheel("seal", "--epoch", str(ctx.epoch), "--dataset", str(ctx.dataset_dir),
                           log_name="seal", ctx=ctx)
-        worker.wait(timeout=120)
+        status = worker.wait(timeout=120)
     finally:
         if worker.poll() is None:
             worker.terminate()
             worker.wait(timeout=30)
+    drained = [line for line in log_path.read_text(errors="replace").splitlines()
+               if line.startswith("drained:")]
+    if status != 0 or not drained:
+        raise FlywheelError(f"the replay worker did not drain (exit {status}); see {log_path}")
+    lines.append(drained[-1])
     manifest = ctx.dataset_dir / f"epoch={ctx.epoch}" / "manifest.json"
     ctx.snapshot_dir = manifest.parent
     ctx.results["snapshot"] = str(ctx.snapshot_dir)

@@ -1,0 +1,74 @@
+"""``flywheel replay worker --drain`` ends at the boundary ``flywheel seal`` records.
+
+What the demo's replay step relies on: the open epoch's last, partial block closes only
+at a recorded boundary, so a draining worker keeps running (no premature exit 0, no
+stall verdict) until the seal records the epoch's end offsets, then writes the partial
+block, commits every partition to its end and exits 0 ("drained ... final lag 0").
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hebrus_flywheel.consumers.kafka_io import committed_offsets
+from hebrus_flywheel.consumers.seal import SealConfig, seal_epoch
+from hebrus_flywheel.consumers.shards import iter_shards
+from hebrus_flywheel.core.progress import read_health
+from hebrus_flywheel.streams.topics import catalogue, window_topic
+from tests.support.windows import (
+    WorkerProcess,
+    corpus_token_ids,
+    publish_windows,
+    thread_windows,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_drain_waits_for_the_seal_boundary_then_exits_zero(
+        topic_factory: Any, teacher_dir: Path, tmp_path: Path) -> None:
+    from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
+    from hebrus_flywheel.replay.teacher import load_teacher
+
+    ident = str(build_runtime_identity(load_teacher(teacher_dir))["identity_id"])
+    tokens = corpus_token_ids(teacher_dir)
+    bootstrap, prefix = topic_factory.bootstrap, f"{topic_factory.prefix}drainseal."
+    topic_factory.create(catalogue(prefix))
+    windows = [w for i in range(2) for w in thread_windows(
+        tokens, identity_id=ident, owner=f"d{i}", thread="t", count=3, start=100 * i)]
+    publish_windows(bootstrap, prefix, windows, partition=0)  # offsets 0..5: 4 + partial 2
+    root = tmp_path / "dataset"
+    worker = WorkerProcess(
+        ["--teacher", str(teacher_dir), "--dataset", str(root), "--bootstrap-servers",
+         bootstrap, "--prefix", prefix, "--offsets-per-shard", "4", "--row-group-rows", "4",
+         "--batch-windows", "2", "--torch-threads", "1", "--drain", "--stall-timeout-s", "20"],
+        log_path=tmp_path / "worker.log", env={"FLYWHEEL_HOME": str(tmp_path / "home")})
+    try:
+        deadline = time.monotonic() + 240
+        while not list(iter_shards(root)) and worker.proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.3)
+        time.sleep(25)  # > the stall timeout: the open partial block is not a stall
+        assert worker.proc.poll() is None, worker.output()[-3000:]
+        assert len(list(iter_shards(root))) == 1
+        sealed = seal_epoch(SealConfig(dataset=root, epoch=0, bootstrap=bootstrap,
+                                       timeout_s=120, override_parity="test: no holdout"))
+        status = worker.wait(120)
+    finally:
+        worker.kill()
+    out = worker.output()
+    assert status == 0, out[-3000:]
+    assert "drained: processed" in out and "final lag 0" in out, out[-3000:]
+    assert read_health(tmp_path / "home", "replay") == []  # a clean exit leaves no record
+    topic = prefix + window_topic("train")
+    assert committed_offsets(bootstrap, prefix + "flywheel-replay", [(topic, 0)]) == {
+        (topic, 0): 6}
+    assert sealed.manifest["totals"]["windows"] == 6
+    assert len(list(iter_shards(root))) == 2
+    for dirpath, _, _ in os.walk(root):  # sealed epochs are read-only
+        os.chmod(dirpath, 0o755)
