@@ -43,6 +43,7 @@ from hebrus_flywheel.consumers import faults
 from hebrus_flywheel.consumers.exceptions import ShardError
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import fsync_path
+from hebrus_flywheel.core.processes import pid_alive
 from hebrus_flywheel.core.snapshot import (
     SORT_COLUMNS,
     WEIGHT_ENCODINGS,
@@ -219,20 +220,13 @@ def clean_staging(root: Path, *, stale_after_s: float = 3600.0) -> int:
     for path in staging_dir.iterdir():
         parts = path.name.rsplit(".", 4)
         mine = len(parts) == 5 and parts[1] == _HOST and parts[2].isdigit()
-        dead = mine and not _pid_alive(int(parts[2]))
+        dead = mine and not pid_alive(int(parts[2]))
         if dead or now - path.stat().st_mtime > stale_after_s:
             path.unlink(missing_ok=True)
             removed += 1
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

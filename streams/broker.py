@@ -38,6 +38,7 @@ from pathlib import Path
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import atomic_write_text
+from hebrus_flywheel.core.processes import pid_alive
 from hebrus_flywheel.core.settings import (
     EMBEDDED_BROKER_PORT,
     EMBEDDED_CONTROLLER_PORT,
@@ -323,18 +324,9 @@ _SPAWNED: dict[int, subprocess.Popen[bytes]] = {}
 def _alive(pid: int) -> bool:
     proc = _SPAWNED.get(pid)
     if proc is not None and proc.poll() is not None:
-        del _SPAWNED[pid]
+        del _SPAWNED[pid]  # reap our own child, so it is not left a zombie
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rpartition(")")[2].split()[0] != "Z"
-    return True
+    return pid_alive(pid)
 
 
 def tail_lines(path: Path, lines: int) -> list[str]:

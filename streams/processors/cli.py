@@ -167,6 +167,7 @@ def status_exit(kind: str, max_age_s: float | None) -> None:
     with ``max_age_s``, exit 1 unless one of them is that fresh."""
     import time
 
+    from hebrus_flywheel.core.processes import pid_alive
     from hebrus_flywheel.core.progress import format_health, read_health
 
     now = time.time()
@@ -174,21 +175,9 @@ def status_exit(kind: str, max_age_s: float | None) -> None:
     if not records:
         typer.echo(f"no {kind} worker health files under {flywheel_home() / 'health'}")
     for r in records:
-        typer.echo(format_health(r, now, alive=_alive(int(r["pid"]))))
+        typer.echo(format_health(r, now, alive=pid_alive(int(r["pid"]))))
     if max_age_s is not None and not any(now - r["written_at"] <= max_age_s for r in records):
         raise typer.Exit(1)
-
-
-def _alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main() -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,16 @@ def test_installing_claims_no_generic_top_level_name(name: str, tmp_path: Path) 
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                           text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_pid_alive_sees_live_dead_and_zombie_processes() -> None:
+    from hebrus_flywheel.core.processes import pid_alive
+
+    assert pid_alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while pid_alive(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # exited but not reaped: a zombie, which counts as dead
+    assert not pid_alive(child.pid)
+    child.wait()
+    assert not pid_alive(child.pid)
