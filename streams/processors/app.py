@@ -51,6 +51,7 @@ from mode import CrashingSupervisor
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.files import make_dirs
 from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.schemas import codec
@@ -154,7 +155,7 @@ class StreamsWorker:
     def _make_app(self) -> faust.App:
         c = self.config
         data_dir = c.data_dir or flywheel_home() / "streams"
-        (data_dir / c.full_app_id).mkdir(parents=True, exist_ok=True)
+        make_dirs(data_dir / c.full_app_id)
         return faust.App(
             c.full_app_id,
             **self.faust_kafka,  # broker list, credentials, client id
