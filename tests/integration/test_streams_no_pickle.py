@@ -41,6 +41,7 @@ from tests.support.streams_harness import (
     produce,
     producer,
     read_windows,
+    wait_until,
     window_pairs,
     worker_processor_config,
 )
@@ -94,6 +95,10 @@ def _drain(bootstrap: str, prefix: str, tmp: Path, tag: str) -> tuple[int, str]:
 def test_every_table_and_topic_of_the_worker_has_an_explicit_codec(topic_factory: Any,
                                                                     tmp_path: Path) -> None:
     prefix, _ = _setup(topic_factory, "codecs")
+    names = [spec.name for spec in catalogue(prefix)]
+    wait_until(lambda: {t for t, _ in kafka.end_watermarks(
+        kafka.client_config(topic_factory.bootstrap), names, missing_ok=True)} == set(names),
+        timeout_s=60, interval_s=0.5, what="the new topics in the broker's metadata")
     worker = StreamsWorker(WorkerConfig(bootstrap=topic_factory.bootstrap, prefix=prefix,
                                         data_dir=tmp_path))
     app = worker.app
