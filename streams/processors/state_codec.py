@@ -48,24 +48,39 @@ class StateDecodeError(ValueError):
     """A changelog record is not a state-codec record."""
 
 
+_SCALARS = frozenset((str, int, bool, float, type(None)))
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def _enc(obj: Any) -> Any:
+    # scalars are tested inline (not by a call per element): table values are mostly
+    # lists of ints and small dicts, and every table write encodes one
     t = type(obj)
-    if obj is None or t is str or t is int or t is bool or t is float:
+    if t in _SCALARS:
         return obj
-    if t is list:
-        return [_enc(v) for v in obj]
+    if t is list or t is tuple:
+        items = [v if type(v) in _SCALARS else _enc(v) for v in obj]
+        return items if t is list else {TUPLE: items}
     if t is dict:
-        if all(type(k) is str for k in obj) and not (len(obj) == 1 and next(iter(obj)) in _TAGS):
-            return {k: _enc(v) for k, v in obj.items()}
-        return {MAP: [[_enc(k), _enc(v)] for k, v in obj.items()]}
-    if t is tuple:
-        return {TUPLE: [_enc(v) for v in obj]}
+        return _enc_dict(obj)
     if t is bytes:
         return {BYTES: base64.b64encode(obj).decode("ascii")}
     raise StateEncodeError(
         f"a table value holds a {t.__module__}.{t.__qualname__}; the state codec carries "
         "only None, bool, int, float, str, bytes, list, tuple and dict"
     )
+
+
+def _enc_dict(obj: dict[Any, Any]) -> Any:
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        if type(k) is not str:
+            break
+        out[k] = v if type(v) in _SCALARS else _enc(v)
+    else:
+        if len(out) != 1 or next(iter(out)) not in _TAGS:
+            return out
+    return {MAP: [[_enc(k), _enc(v)] for k, v in obj.items()]}
 
 
 def _hook(obj: dict[str, Any]) -> Any:
@@ -100,7 +115,7 @@ def _map(pairs: list[Any]) -> dict[Any, Any]:
 
 def dumps(value: Any) -> bytes:
     """One table value as a changelog record (:class:`StateEncodeError` if it cannot be)."""
-    return json.dumps(_enc(value), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _ENCODER.encode(_enc(value)).encode("utf-8")
 
 
 def loads(data: bytes) -> Any:
