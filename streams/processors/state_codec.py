@@ -167,11 +167,11 @@ class RefusingChangelogTopic(Topic):
 
 def _refuse(part: str, exc: Exception, message: Any) -> None:
     log.critical(
-        "changelog %s[%s]@%s is no state-codec record: someone other than a streams worker "
-        "wrote to it. The table cannot be restored past it; restrict who may write to the "
-        "changelog topics, then rebuild the stream state from the capture topics (a fresh "
-        "--app-id). A changelog written by a worker older than the state codec is refused "
-        "the same way", message.topic, message.partition, message.offset)
+        "changelog %s[%s]@%s is no state-codec record: it was written by something other "
+        "than a streams worker (or by a worker older than the state codec). The table "
+        "cannot be restored past it; restrict who may write to the changelog topics, then "
+        "rebuild the stream state from the capture topics under a fresh --app-id",
+        message.topic, message.partition, message.offset)
     crash(f"changelog restore (bad record {part}, refused unread)", exc,
           f" on {message.topic}[{message.partition}]@{message.offset}")
 
