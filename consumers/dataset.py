@@ -24,7 +24,7 @@ from typing import Any
 
 from hebrus_flywheel.consumers.exceptions import DatasetError
 from hebrus_flywheel.consumers.shards import STAGING_DIR, ShardName, iter_shards, read_window_ids
-from hebrus_flywheel.core.files import atomic_write_json
+from hebrus_flywheel.core.files import atomic_write_json, make_dirs
 from hebrus_flywheel.core.jsonio import canonical_digest, canonical_json
 
 DATASET_FILE = "dataset.json"
@@ -93,7 +93,7 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "
 def open_dataset(root: Path, record: Mapping[str, Any]) -> Path:
     """Create ``root`` with ``record`` as its ``dataset.json``, or check it matches."""
     root = Path(root).resolve()
-    (root / STAGING_DIR).mkdir(parents=True, exist_ok=True)
+    make_dirs(root / STAGING_DIR)
     path = root / DATASET_FILE
     if not path.exists():
         atomic_write_json(path, dict(record))

@@ -10,8 +10,6 @@ no timestamps or host names, so sealing the same shards twice gives the same id.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,13 @@ from typing import Any
 from hebrus_flywheel.consumers.epochs import EpochBoundary, offsets_json
 from hebrus_flywheel.consumers.exceptions import SealError
 from hebrus_flywheel.consumers.shards import STAGING_DIR, ShardName, iter_shards, shard_summary
-from hebrus_flywheel.core.files import atomic_write_json
+from hebrus_flywheel.core.files import (
+    SEALED_DIR_MODE,
+    SEALED_FILE_MODE,
+    atomic_write_json,
+    make_dirs,
+    set_tree_modes,
+)
 from hebrus_flywheel.core.snapshot import (
     MANIFEST_FILE,
     MANIFEST_FORMAT,
@@ -155,17 +159,14 @@ def build_manifest(*, epoch: int, dataset: Mapping[str, Any], boundary: EpochBou
 def write_manifest(root: Path, epoch_dir: Path, manifest: Mapping[str, Any]) -> Path:
     """Write ``manifest.json`` into ``epoch_dir`` atomically (via a temporary file)."""
     path = epoch_dir / MANIFEST_FILE
-    epoch_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(epoch_dir)
     staging = root / STAGING_DIR
-    staging.mkdir(parents=True, exist_ok=True)
+    make_dirs(staging)
     atomic_write_json(path, dict(manifest), tmp_dir=staging)
     return path
 
 
 def make_read_only(epoch_dir: Path) -> None:
-    """chmod every file to 0444 and every directory to 0555, deepest first."""
-    for dirpath, _dirnames, filenames in os.walk(epoch_dir, topdown=False):
-        for name in filenames:
-            os.chmod(Path(dirpath) / name, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-        os.chmod(dirpath, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP
-                 | stat.S_IROTH | stat.S_IXOTH)
+    """Seal: every file 0440 and every directory 0550 (owner and group read, nobody
+    writes, others nothing), deepest first."""
+    set_tree_modes(epoch_dir, file_mode=SEALED_FILE_MODE, dir_mode=SEALED_DIR_MODE)

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from hebrus_flywheel.consumers import faults
 from hebrus_flywheel.consumers.exceptions import ShardError
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.core.files import fsync_path
+from hebrus_flywheel.core.files import FILE_MODE, fsync_path, make_dirs
 from hebrus_flywheel.core.processes import pid_alive
 from hebrus_flywheel.core.snapshot import (
     SORT_COLUMNS,
@@ -170,6 +170,7 @@ def _write_staging(path: Path, table: pa.Table, config: ShardConfig) -> None:
         ) from exc
     finally:
         writer.close()
+    os.chmod(path, FILE_MODE)  # pyarrow creates it by the umask; the staging dir is 0750
     fsync_path(path)
 
 
@@ -178,8 +179,8 @@ def write_shard(root: Path, relpath: str, table: pa.Table, config: ShardConfig,
     """Write ``table`` atomically to ``root/relpath`` (see the module doc); its info."""
     final = root / relpath
     staging_dir = root / STAGING_DIR
-    staging_dir.mkdir(parents=True, exist_ok=True)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(staging_dir)
+    make_dirs(final.parent)
     staging = staging_dir / f"{final.name}.{_HOST}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         _write_staging(staging, table, config)

@@ -4,6 +4,13 @@ A write goes to a temporary file in the destination's directory (or a staging
 directory on the same filesystem), is fsynced, renamed over the destination and the
 directory is fsynced. A crash at any point leaves the old file or the whole new one,
 never a torn one, and a completed write survives power loss.
+
+File modes are explicit, never left to the process umask: every file written here is
+created :data:`FILE_MODE` (0640) and every directory made with :func:`make_dirs`
+:data:`DIR_MODE` (0750), under any umask (0000 and 0002 included): data, checkpoints and
+reports are readable by their owner and group, never by other users. A sealed snapshot
+is made read-only with :func:`set_tree_modes` (files :data:`SEALED_FILE_MODE` 0440,
+directories :data:`SEALED_DIR_MODE` 0550).
 """
 
 from __future__ import annotations
@@ -15,6 +22,44 @@ from typing import Any, BinaryIO
 
 from hebrus_flywheel.core.jsonio import pretty_json
 
+FILE_MODE = 0o640
+"""Mode of every file this project writes: owner read/write, group read, others nothing."""
+DIR_MODE = 0o750
+"""Mode of every directory this project makes."""
+SEALED_FILE_MODE = 0o440
+"""Mode of a sealed (read-only) file."""
+SEALED_DIR_MODE = 0o550
+"""Mode of a sealed (read-only) directory."""
+
+
+def make_dirs(path: Path, mode: int = DIR_MODE) -> Path:
+    """``mkdir -p path``; each directory it creates gets ``mode`` whatever the umask
+    (existing ones are left as they are). Returns ``path``."""
+    path = Path(path)
+    missing: list[Path] = []
+    for candidate in (path, *path.parents):
+        if candidate.is_dir():
+            break
+        missing.append(candidate)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, mode)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+            continue  # made by someone else meanwhile: theirs to set
+        os.chmod(directory, mode)
+    return path
+
+
+def set_tree_modes(root: Path, *, file_mode: int = FILE_MODE, dir_mode: int = DIR_MODE) -> None:
+    """chmod every file under ``root`` to ``file_mode`` and every directory (``root``
+    included) to ``dir_mode``, deepest first (so read-only directories come last)."""
+    for dirpath, _dirs, names in os.walk(root, topdown=False):
+        for name in names:
+            os.chmod(Path(dirpath) / name, file_mode)
+        os.chmod(dirpath, dir_mode)
+
 
 def fsync_path(path: Path) -> None:
     """fsync a file or a directory by path."""
@@ -25,17 +70,42 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def create_file(path: Path, mode: int = FILE_MODE) -> BinaryIO:
+    """Open a new binary file for writing (replacing any file there) with exactly ``mode``,
+    whatever the umask."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.fchmod(fd, mode)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def append_file(path: Path, mode: int = FILE_MODE) -> BinaryIO:
+    """Open ``path`` for appending (created if missing) and set it to ``mode``."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+    try:
+        os.fchmod(fd, mode)
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def atomic_write(path: Path, write: Callable[[BinaryIO], Any], *,
-                 tmp_dir: Path | None = None) -> None:
+                 tmp_dir: Path | None = None, mode: int = FILE_MODE) -> None:
     """Replace ``path`` with what ``write`` puts into a binary handle, atomically and durably.
 
     ``tmp_dir`` (same filesystem as ``path``) holds the temporary file; by default it is
-    ``path``'s own directory.
+    ``path``'s own directory. The file is created with ``mode`` (0640), not by the umask.
     """
     path = Path(path)
     tmp = Path(tmp_dir or path.parent) / f".{path.name}.{os.getpid()}.tmp"
     try:
-        with tmp.open("wb") as handle:
+        with create_file(tmp, mode) as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -45,21 +115,29 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], Any], *,
         tmp.unlink(missing_ok=True)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, tmp_dir: Path | None = None) -> None:
-    atomic_write(path, lambda handle: handle.write(data), tmp_dir=tmp_dir)
+def atomic_write_bytes(path: Path, data: bytes, *, tmp_dir: Path | None = None,
+                       mode: int = FILE_MODE) -> None:
+    atomic_write(path, lambda handle: handle.write(data), tmp_dir=tmp_dir, mode=mode)
 
 
-def atomic_write_text(path: Path, text: str, *, tmp_dir: Path | None = None) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"), tmp_dir=tmp_dir)
+def atomic_write_text(path: Path, text: str, *, tmp_dir: Path | None = None,
+                      mode: int = FILE_MODE) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), tmp_dir=tmp_dir, mode=mode)
 
 
-def atomic_write_json(path: Path, value: Any, *, tmp_dir: Path | None = None) -> None:
+def atomic_write_json(path: Path, value: Any, *, tmp_dir: Path | None = None,
+                      mode: int = FILE_MODE) -> None:
     """``value`` as indented, key-sorted JSON (:func:`~hebrus_flywheel.core.jsonio.pretty_json`)."""
-    atomic_write_text(path, pretty_json(value), tmp_dir=tmp_dir)
+    atomic_write_text(path, pretty_json(value), tmp_dir=tmp_dir, mode=mode)
 
 
-def atomic_replace_dir(staging: Path, target: Path) -> None:
-    """Move a fully written directory ``staging`` to ``target`` (which must not exist)."""
+def atomic_replace_dir(staging: Path, target: Path, *, file_mode: int = FILE_MODE,
+                       dir_mode: int = DIR_MODE) -> None:
+    """Move a fully written directory ``staging`` to ``target`` (which must not exist).
+
+    Its files and directories get ``file_mode`` and ``dir_mode`` first, so files that
+    other libraries wrote into it do not keep the modes the umask gave them."""
+    set_tree_modes(staging, file_mode=file_mode, dir_mode=dir_mode)
     for root, _dirs, names in os.walk(staging):
         for name in names:
             fsync_path(Path(root) / name)

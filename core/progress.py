@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.core.files import atomic_write_json
+from hebrus_flywheel.core.files import atomic_write_json, make_dirs
 
 TP = tuple[str, int]
 
@@ -209,7 +209,7 @@ def health_path(home: Path, kind: str, name: str) -> Path:
 
 def write_health(home: Path, record: Mapping[str, Any]) -> Path:
     path = health_path(home, str(record["kind"]), str(record["name"]))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     atomic_write_json(path, dict(record))
     return path
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hebrus_flywheel.core.errors import FlywheelError
+from hebrus_flywheel.core.files import atomic_write_text, create_file, make_dirs
 from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 
 log = logging.getLogger("hebrus_flywheel.demo")
@@ -94,7 +95,7 @@ def _flywheel(*args: str, log_name: str, ctx: DemoContext) -> list[str]:
     own their event loops and signal handlers); its log goes to the run directory."""
     cmd = [sys.executable, "-m", "hebrus_flywheel.cli", *args]
     log_path = ctx.run_dir / f"{log_name}.log"
-    with log_path.open("w") as log_file:
+    with create_file(log_path) as log_file:
         proc = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, check=False)
     lines = log_path.read_text().splitlines()
     if proc.returncode != 0:
@@ -126,7 +127,7 @@ def _stage_replay(ctx: DemoContext) -> None:
     worker = subprocess.Popen(
         [sys.executable, "-m", "hebrus_flywheel.cli", "replay", "worker", "--teacher",
          str(ctx.teacher_dir), "--dataset", str(ctx.dataset_dir), "--drain"],
-        stdout=log_path.open("w"), stderr=subprocess.STDOUT,
+        stdout=create_file(log_path), stderr=subprocess.STDOUT,
     )
     try:
         _wait_for_dataset(ctx, worker)
@@ -169,7 +170,7 @@ def _stage_rebuild(ctx: DemoContext) -> None:
     start = next(i for i, line in enumerate(lines) if line.startswith("{"))
     report = json.loads("\n".join(lines[start:]))
     ctx.rebuild_report = ctx.run_dir / "rebuild.json"
-    ctx.rebuild_report.write_text(json.dumps(report, indent=2))
+    atomic_write_text(ctx.rebuild_report, json.dumps(report, indent=2))
     print(f"[rebuild] {report['capture_windows_regenerated']} windows regenerated from the "
           f"capture topics ({report['capture_segments']} streams configuration segment(s)), "
           f"replayed into {out}: "
@@ -213,7 +214,7 @@ deletion_supported = true
 
 def _stage_qualify(ctx: DemoContext) -> None:
     config = ctx.run_dir / "qualify.toml"
-    config.write_text(QUALIFY_CONFIG)
+    atomic_write_text(config, QUALIFY_CONFIG)
     report_dir = ctx.run_dir / "report"
     lines = _flywheel("qualify", "--snapshot", str(ctx.snapshot_dir), "--checkpoint",
                       str(ctx.checkpoint_dir), "--teacher", str(ctx.teacher_dir), "--config",
@@ -252,14 +253,14 @@ def run_demo(*, threads: int = 32) -> DemoContext:
         run_dir=home / "demo" / "runs" / f"epoch-{epoch}", dataset_dir=dataset_dir,
         epoch=epoch, threads=threads,
     )
-    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(ctx.run_dir)
     started = time.perf_counter()
     for name, stage in STAGES:
         t0 = time.perf_counter()
         stage(ctx)
         ctx.results.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
     ctx.results["wall_seconds"] = round(time.perf_counter() - started, 1)
-    (ctx.run_dir / "demo.json").write_text(json.dumps(ctx.results, indent=2, default=str))
+    atomic_write_text(ctx.run_dir / "demo.json", json.dumps(ctx.results, indent=2, default=str))
     print(f"[demo] epoch {epoch} done in {ctx.results['wall_seconds']} s; "
           f"details in {ctx.run_dir / 'demo.json'}")
     if "report" in ctx.results:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from hebrus_flywheel.core.files import create_file
 from hebrus_flywheel.replay.exceptions import ConversationFormatError
 
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
@@ -285,7 +286,9 @@ def _tool_call_from_dict(raw: Any, index: int) -> ToolCall:
 
 def _open_text(path: Path, mode: str) -> IO[str]:
     if path.suffix != ".gz":
-        return path.open(mode, encoding="utf-8", newline="\n" if mode == "w" else None)
+        if mode == "w":
+            return io.TextIOWrapper(create_file(path), encoding="utf-8", newline="\n")
+        return path.open(mode, encoding="utf-8")
     if mode == "r":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
     return _GzipTextWriter(path)
@@ -295,7 +298,7 @@ class _GzipTextWriter(io.TextIOWrapper):
     """Text writer over gzip with mtime 0 and no embedded name (byte-identical output)."""
 
     def __init__(self, path: Path) -> None:
-        self._file = path.open("wb")
+        self._file = create_file(path)
         gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._file, mtime=0)
         super().__init__(gz, encoding="utf-8", newline="\n")
 

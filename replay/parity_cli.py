@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.core.files import atomic_write_text
+from hebrus_flywheel.core.files import atomic_write_text, create_file, make_dirs
 from hebrus_flywheel.replay.exceptions import WindowSourceError
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def write_window_file(path: str | Path, windows: Iterable[Mapping[str, Any]]) ->
     from hebrus_flywheel.schemas import codec
 
     count = 0
-    with Path(path).open("wb") as handle:
+    with create_file(Path(path)) as handle:
         for window in windows:
             data = codec.encode(WINDOW_SCHEMA, window)
             handle.write(_FRAME.pack(len(data)))
@@ -144,7 +144,7 @@ def parity_command(
     result = run_parity(replayer, windows, config)
     typer.echo(format_table(result))
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(out.parent)
         atomic_write_text(out, result.to_json() + "\n")
         typer.echo(f"wrote {out}")
     if not result.authoritative:

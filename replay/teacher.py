@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.core.files import atomic_replace_dir
+from hebrus_flywheel.core.files import atomic_replace_dir, make_dirs
 from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.adapters import (
     FamilyAdapter,
@@ -314,7 +314,7 @@ def init_teacher(
         raise TeacherError(
             f"{target} is not empty; choose a new directory or pass overwrite=True (--overwrite)"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(target.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         _write_checkpoint(staging, chosen, seed)

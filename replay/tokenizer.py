@@ -32,7 +32,7 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.core.files import atomic_write_text
+from hebrus_flywheel.core.files import atomic_write_text, make_dirs
 from hebrus_flywheel.replay.exceptions import TokenizerError
 
 ENDOFTEXT = "<|endoftext|>"
@@ -250,7 +250,7 @@ def build_tokenizer(
         cfg = replace(cfg, vocab_size=vocab_size)
     target = Path(out_dir)
     try:
-        target.mkdir(parents=True, exist_ok=True)
+        make_dirs(target)
     except OSError as exc:
         raise TokenizerError(f"cannot create tokenizer directory {target}: {exc}") from None
     tokenizer = train_tokenizer(cfg)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.core.files import atomic_write, atomic_write_json
+from hebrus_flywheel.core.files import atomic_write, atomic_write_json, make_dirs
 from hebrus_flywheel.core.jsonio import canonical_json
 from hebrus_flywheel.train.exceptions import CheckpointError
 from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig
@@ -79,7 +79,7 @@ def save_checkpoint(directory: Path, config: SidecarConfig,
                     state_dict: Mapping[str, torch.Tensor],
                     lineage: Mapping[str, Any]) -> dict[str, Any]:
     """Write ``checkpoint.pt`` and ``lineage.json``; returns the lineage with its id."""
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(directory)
     state = {k: v.detach().cpu() for k, v in state_dict.items()}
     plain = json.loads(json.dumps(dict(lineage)))
     plain["checkpoint_id"] = checkpoint_id(state, plain)

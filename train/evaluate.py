@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.core.files import atomic_write_json
+from hebrus_flywheel.core.files import atomic_write_json, make_dirs
 from hebrus_flywheel.train.baselines import (
     BaselineConfig,
     FrequencyTable,
@@ -327,5 +327,5 @@ def evaluate(snapshot_path: Path, checkpoint_path: Path, config: EvaluateConfig,
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     atomic_write_json(path, report)

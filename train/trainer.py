@@ -28,6 +28,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from hebrus_flywheel.core.files import append_file, make_dirs
 from hebrus_flywheel.train import ddp
 from hebrus_flywheel.train.checkpoint import HISTORY_FILE, code_version, save_checkpoint
 from hebrus_flywheel.train.config import TrainConfig, config_to_dict
@@ -263,8 +264,8 @@ class Trainer:
 
     def _write_history(self, record: dict[str, Any]) -> None:
         if self.ctx.is_main:
-            with (self.out_dir / HISTORY_FILE).open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record, sort_keys=True) + "\n")
+            with append_file(self.out_dir / HISTORY_FILE) as handle:
+                handle.write((json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
@@ -277,7 +278,7 @@ def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
         opened = Snapshot(snapshot, expected_id=expected_id, verify=config.data.verify)
         out_dir = Path(out_dir)
         if ctx.is_main:
-            out_dir.mkdir(parents=True, exist_ok=True)
+            make_dirs(out_dir)
             (out_dir / HISTORY_FILE).unlink(missing_ok=True)
         ddp.barrier(ctx)
         return Trainer(opened, out_dir, config, ctx).run()

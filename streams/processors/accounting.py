@@ -33,7 +33,6 @@ of a record was acknowledged, so every output of a counted record is already rea
 from __future__ import annotations
 
 import json
-import pickle
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from hebrus_flywheel.core import kafka
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.common import SEP
 from hebrus_flywheel.streams.processors.inspect import read_topic
+from hebrus_flywheel.streams.processors.state_codec import StateDecodeError, loads
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics
 
 CLASSES = ("quarantined", "generation_quarantined", "windowed", "in_windowed_generation",
@@ -63,6 +63,8 @@ class Outputs:
     turns: dict[Generation, set[int]] = field(default_factory=dict)
     decided: set[Generation] = field(default_factory=set)
     in_state: set[Generation] = field(default_factory=set)
+    refused_state: list[list[Any]] = field(default_factory=list)
+    """``[topic, partition, offset]`` of state headers that are no state-codec record."""
 
     def add_quarantine(self, record: Mapping[str, Any]) -> None:
         self.quarantined.add((str(record["source_topic"]), int(record["source_partition"]),
@@ -145,19 +147,27 @@ def tally(kind: str, topic: str, partition: int, committed: int,
 
 
 def apply_changelog(in_state: dict[str, Generation | None], key: bytes | None,
-                    value: bytes | None) -> None:
+                    value: bytes | None) -> bool:
     """Fold one ``capture-state`` changelog message into ``iid -> open generation``
-    (the latest header per thread generation wins; tombstones and closed ones remove)."""
+    (the latest header per thread generation wins; tombstones and closed ones remove).
+
+    False when a header's value is no state-codec record: it is refused unread (never
+    run as code) and counts as no open state."""
     text = _table_key(key)
     if not text.startswith(f"h{SEP}"):
-        return
+        return True
     iid = text[2:]
-    header = _unpickle(value)
+    try:
+        header = loads(value) if value else None
+    except StateDecodeError:
+        in_state.pop(iid, None)
+        return False
     if isinstance(header, Mapping) and header.get("status") in OPEN_STATES:
         in_state[iid] = (str(header["owner"]), str(header["thread"]),
                          int(header["generation"]))
     else:
         in_state.pop(iid, None)
+    return True
 
 
 def _table_key(key: bytes | None) -> str:
@@ -171,16 +181,6 @@ def _table_key(key: bytes | None) -> str:
         if isinstance(text, str):
             return text
     return raw.decode("utf-8", "replace")
-
-
-def _unpickle(value: bytes | None) -> Any:
-    if not value:
-        return None
-    try:
-        # written by this package's workers only (streams.processors.app._PickleCodec)
-        return pickle.loads(value)
-    except Exception:  # an unreadable header is no open state
-        return None
 
 
 def _decode(value: bytes | None) -> dict[str, Any] | None:
@@ -208,8 +208,10 @@ def gather_outputs(bootstrap: str, topics: StreamTopics, group: str) -> Outputs:
         if d is not None:
             out.decided.add((str(d["owner"]), str(d["thread"]), int(d["generation"])))
     open_headers: dict[str, Generation | None] = {}
-    for msg in read_topic(bootstrap, f"{group}-capture-state-changelog"):
-        apply_changelog(open_headers, msg.key(), msg.value())
+    changelog = f"{group}-capture-state-changelog"
+    for msg in read_topic(bootstrap, changelog):
+        if not apply_changelog(open_headers, msg.key(), msg.value()):
+            out.refused_state.append([changelog, msg.partition(), msg.offset()])
     out.in_state = {g for g in open_headers.values() if g is not None}
     return out
 
@@ -239,4 +241,5 @@ def account(bootstrap: str, *, prefix: str = "", app_id: str = DEFAULT_APP_ID,
             int(msg.offset() or 0), _decode(msg.value()), outputs)
     rows = [per[tp].row() for tp in sorted(per)]
     totals = {c: sum(r[c] for r in rows) for c in ("records", *CLASSES)}
-    return {"group": group, "partitions": rows, "totals": totals}
+    return {"group": group, "partitions": rows, "totals": totals,
+            "refused_state_records": outputs.refused_state}

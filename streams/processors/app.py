@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,12 +46,12 @@ from pathlib import Path
 from typing import Any
 
 import faust
-from faust.serializers import codecs
 from mode import CrashingSupervisor
 
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.files import make_dirs
 from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.schemas import codec
@@ -64,38 +63,13 @@ from hebrus_flywheel.streams.processors.identities import IdentityBook
 from hebrus_flywheel.streams.processors.liveness import start_monitor
 from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
 from hebrus_flywheel.streams.processors.runs import start_run
+from hebrus_flywheel.streams.processors.state_codec import StateValue, refuse_bad_changelog
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
 from hebrus_flywheel.streams.processors.window import WindowStage, window_key
 
 log = logging.getLogger(__name__)
-PICKLE_CODEC = "flywheel-pickle"
 CAPTURE_TABLE = "capture-state"
 DEDUP_TABLE = "dedup-state"
-
-
-class _PickleCodec(codecs.Codec):
-    """Table values are plain Python structures written by this package only."""
-
-    def _dumps(self, obj: Any) -> bytes:
-        return pickle.dumps(obj, protocol=5)
-
-    def _loads(self, s: bytes) -> Any:
-        return pickle.loads(s)
-
-
-codecs.register(PICKLE_CODEC, _PickleCodec())
-
-
-class PickledState:
-    """Value type of the processor tables: faust picks the serializer from
-    ``_options.serializer`` and hands decoded values to ``from_data`` unchanged."""
-
-    class _options:
-        serializer = PICKLE_CODEC
-
-    @classmethod
-    def from_data(cls, data: Any, preferred_type: Any = None) -> Any:
-        return data
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,7 +155,7 @@ class StreamsWorker:
     def _make_app(self) -> faust.App:
         c = self.config
         data_dir = c.data_dir or flywheel_home() / "streams"
-        (data_dir / c.full_app_id).mkdir(parents=True, exist_ok=True)
+        make_dirs(data_dir / c.full_app_id)
         return faust.App(
             c.full_app_id,
             **self.faust_kafka,  # broker list, credentials, client id
@@ -209,7 +183,10 @@ class StreamsWorker:
         )
 
     def _table(self, name: str, partitions: int) -> Any:
-        return self.app.Table(name, partitions=partitions, key_type=str, value_type=PickledState)
+        # keys: faust's json codec (key_type=str); values: the state codec (tagged JSON);
+        # an undecodable changelog record stops the worker (streams.processors.state_codec)
+        table = self.app.Table(name, partitions=partitions, key_type=str, value_type=StateValue)
+        return refuse_bad_changelog(table)
 
     def _declare(self) -> None:
         t, p = self.topics, self.config.processors

@@ -145,11 +145,19 @@ def accounting_command(
     """Per capture partition, JSON: records up to the group's committed offset and where
     each went (quarantined, windowed, decided, still in state, ...); ``unaccounted``
     counts consumed records found in no output and no open state (see
-    ``streams.processors.accounting``)."""
+    ``streams.processors.accounting``). Exits 1 when a state changelog record is no
+    state-codec record (``refused_state_records``: refused unread, never run as code)."""
     from hebrus_flywheel.streams.processors.accounting import account
 
-    typer.echo(json.dumps(account(bootstrap_servers(bootstrap), prefix=prefix, app_id=app_id),
-                          sort_keys=True))
+    report = account(bootstrap_servers(bootstrap), prefix=prefix, app_id=app_id)
+    typer.echo(json.dumps(report, sort_keys=True))
+    refused = report["refused_state_records"]
+    if refused:
+        typer.echo(f"refused {len(refused)} state changelog record(s) that are no state-codec "
+                   f"record (first: {refused[0]}); they were not decoded and count as no open "
+                   "state. Someone wrote to the changelog topic: check its write ACLs, then "
+                   "delete the topic's bad records or rebuild the worker state.", err=True)
+        raise typer.Exit(1)
 
 
 _MAX_AGE = typer.Option(None, "--max-age-s", help="Exit 1 unless a health file was written "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -89,6 +90,7 @@ def scenario(topic_factory: Any, teacher_dir: Path,
         shard=ShardConfig(offsets_per_shard=2), batch_windows=2, torch_threads=1,
         control_sync_s=0.3), teacher=teacher)
     thread = threading.Thread(target=worker.run)
+    umask = os.umask(0)  # the most permissive umask: modes must not come from it
     thread.start()
     try:
         first = seal_epoch(SealConfig(dataset=root, epoch=0, bootstrap=bootstrap, timeout_s=120))
@@ -104,6 +106,7 @@ def scenario(topic_factory: Any, teacher_dir: Path,
     finally:
         worker.stop()
         thread.join(timeout=120)
+        os.umask(umask)
     yield Scenario(bootstrap=bootstrap, prefix=prefix, root=root, teacher_dir=teacher_dir,
                    teacher=teacher, epochs=[first, second], refusal=str(refused.value),
                    holdout=holdout, worker=worker)
@@ -142,6 +145,19 @@ def test_seal_records_the_boundary_and_writes_a_full_manifest(scenario: Scenario
                                 [(t, p) for t, parts in ends.items() for p in parts])
     assert all(offsets[(t, p)] >= end for t, parts in ends.items()
                for p, end in parts.items() if end > 0)
+
+
+def test_sealed_files_are_0440_in_0550_dirs_and_the_rest_0640_in_0750(
+        scenario: Scenario) -> None:
+    """Written by the replay worker and the seal under umask 0 (see the fixture)."""
+    root = scenario.root
+    for path in [root, *root.rglob("*")]:
+        parts = path.relative_to(root).parts
+        if parts and parts[0].startswith("epoch="):  # epochs 0 and 1 are both sealed
+            want = 0o550 if path.is_dir() else 0o440
+        else:
+            want = 0o750 if path.is_dir() else 0o640
+        assert stat.S_IMODE(path.stat().st_mode) == want, (path, oct(path.stat().st_mode))
 
 
 def test_parity_is_computed_on_the_sealed_holdout_and_overrides_are_recorded(

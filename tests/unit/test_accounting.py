@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
+from pathlib import Path
+from typing import Any
 
 from hebrus_flywheel.streams.processors.accounting import (
     CLASSES,
@@ -13,6 +16,7 @@ from hebrus_flywheel.streams.processors.accounting import (
     tally,
 )
 from hebrus_flywheel.streams.processors.common import SEP, header_key, instance_id
+from hebrus_flywheel.streams.processors.state_codec import dumps
 
 OBS = "flywheel.capture.observations.v1"
 TURNS = "flywheel.capture.transcripts.v1"
@@ -75,13 +79,29 @@ def test_changelog_keeps_only_the_latest_open_header() -> None:
     iid = instance_id("o", "t", 0)
     key = json.dumps(header_key(iid)).encode()
     header = {"owner": "o", "thread": "t", "generation": 0, "status": "open"}
-    apply_changelog(state, key, pickle.dumps(header))
-    apply_changelog(state, f"t{SEP}{iid}{SEP}0".encode(), pickle.dumps({"tokens": []}))
+    apply_changelog(state, key, dumps(header))
+    apply_changelog(state, f"t{SEP}{iid}{SEP}0".encode(), dumps({"tokens": []}))
     assert state == {iid: ("o", "t", 0)}
-    apply_changelog(state, key, pickle.dumps({**header, "status": "emitted"}))
+    apply_changelog(state, key, dumps({**header, "status": "emitted"}))
     assert state == {}
-    apply_changelog(state, header_key(iid).encode(), pickle.dumps({**header, "status": "ready"}))
+    apply_changelog(state, header_key(iid).encode(), dumps({**header, "status": "ready"}))
     assert state == {iid: ("o", "t", 0)}
-    apply_changelog(state, key, None)
-    apply_changelog(state, key, b"not a pickle")
+    assert apply_changelog(state, key, None)
     assert state == {}
+
+
+def test_a_pickled_header_is_refused_unread(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Marker:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.mkdir, (str(marker),))
+
+    state: dict[str, tuple[str, str, int] | None] = {}
+    iid = instance_id("o", "t", 0)
+    key = json.dumps(header_key(iid)).encode()
+    assert apply_changelog(state, key, dumps({"owner": "o", "thread": "t", "generation": 0,
+                                              "status": "open"}))
+    assert not apply_changelog(state, key, pickle.dumps(Marker()))
+    assert state == {} and not marker.exists()
+    assert not apply_changelog(state, key, b"not a state record")

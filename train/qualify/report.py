@@ -14,7 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hebrus_flywheel.core.files import atomic_write_bytes, atomic_write_json, atomic_write_text
+from hebrus_flywheel.core.files import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    make_dirs,
+)
 from hebrus_flywheel.train.qualify.config import QualificationConfig
 from hebrus_flywheel.train.qualify.errors import ReportError
 from hebrus_flywheel.train.qualify.inputs import QualificationInputs
@@ -115,7 +120,7 @@ def write_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
     except (TypeError, ValueError) as exc:
         raise ReportError(f"the report is not JSON-serialisable: {exc}") from exc
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        make_dirs(out)
         for name, png in plots.items():
             atomic_write_bytes(out / f"{name}.png", png)
         json_path, html_path = out / "report.json", out / "report.html"

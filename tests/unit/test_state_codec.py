@@ -1,0 +1,138 @@
+"""The processor tables' state codec: exact round trips, and no code run on decode."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
+from hebrus_flywheel.streams.processors.state_codec import (
+    StateDecodeError,
+    StateEncodeError,
+    dumps,
+    loads,
+)
+from tests.support.streams_corpus import hostile_corpus
+from tests.support.streams_synthetic import Scenario, random_specs
+
+SAMPLES: list[Any] = [
+    None, True, 0, -(2**70), 1.5, float("inf"), "", "é\x1f\x00",
+    b"", b"\x00\xff" * 5, [1, [2, (3, b"x")]], (), ("a", 1, None, (2.5,)),
+    {"a": 1, "wm": {"transcripts": 4}, "seq": {7: 3, "s": 2}},
+    {"$tuple": [1]}, {"$bytes": "AA=="}, {"$map": []}, {"$other": 1},
+    {(1, 2): "tuple key", 3: {b"k": []}},
+    {"outbox": [("summary", "o/t", {"minhash": [1, 2], "tags": []})]},
+]
+
+
+@pytest.mark.parametrize("value", SAMPLES, ids=range(len(SAMPLES)))
+def test_values_round_trip_type_for_type(value: Any) -> None:
+    back = loads(dumps(value))
+    assert back == value
+    assert _types(back) == _types(value)
+    assert loads(dumps(back)) == back
+
+
+def _types(value: Any) -> Any:
+    if isinstance(value, dict):
+        return ("dict", [(_types(k), _types(v)) for k, v in value.items()])
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, [_types(v) for v in value])
+    return type(value).__name__
+
+
+def test_records_are_plain_json() -> None:
+    assert json.loads(dumps({"t": (1, b"\x01")})) == {"t": {"$tuple": [1, {"$bytes": "AQ=="}]}}
+
+
+@pytest.mark.parametrize("value", [{1, 2}, object(), {"a": Path("/")}, bytearray(b"x")])
+def test_other_types_are_refused_on_write(value: Any) -> None:
+    with pytest.raises(StateEncodeError, match="state codec carries only"):
+        dumps(value)
+
+
+class _Marker:
+    """Unpickling this creates a file: the visible side effect a pickle codec would run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (str(self.path),))
+
+
+def test_a_pickle_payload_is_refused_without_running_it(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(_Marker(marker), protocol=5)
+    for data in (payload, pickle.dumps(_Marker(marker), protocol=0)):
+        with pytest.raises(StateDecodeError, match="not a state-codec record"):
+            loads(data)
+    assert not marker.exists()
+    pickle.loads(payload)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("data", [b"", b"{", b'{"$tuple": 1}', b'{"$bytes": "***"}',
+                                  b'{"$map": [[1]]}', b'{"$map": [[[1], 2]]}',
+                                  b"[" * 100_000])
+def test_malformed_records_are_refused(data: bytes) -> None:
+    with pytest.raises(StateDecodeError):
+        loads(data)
+
+
+class RestoredStore(dict[str, Any]):
+    """A table store that keeps what a restore would give back: every value written
+    passes through the codec (as it does on its way to the changelog)."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, loads(dumps(value)))
+
+
+def _run(restored: bool) -> LocalPipeline:
+    pipeline = LocalPipeline()
+    if restored:
+        pipeline.capture_store = RestoredStore()
+        pipeline.dedup_store = RestoredStore()
+        pipeline.reconfigure(pipeline.config)
+    scenario = Scenario(pipeline)
+    scenario.publish_identity()
+    for spec in random_specs(12, seed=5):
+        scenario.send_thread(spec)
+    for _, kind, key, value, headers in hostile_corpus(scenario.identity):
+        pipeline.feed(kind, 1, 10_000 + len(pipeline.quarantined), key, value, headers)
+    for spec in random_specs(3, seed=6):  # left open: idle completion on the tick below
+        messages = scenario.messages(spec)
+        for kind, key, record in messages[:-1]:
+            scenario.send(kind, key, record)
+    for partition in range(4):
+        pipeline.tick(partition, 10**13)
+    pipeline.flush()
+    return pipeline
+
+
+def test_the_pipeline_behaves_the_same_on_restored_state() -> None:
+    plain, restored = _run(False), _run(True)
+    assert plain.windows and plain.decisions and plain.quarantined
+    assert restored.windows == plain.windows
+    assert restored.decisions == plain.decisions
+    assert restored.quarantined == plain.quarantined
+    assert restored.counters.as_dict() == plain.counters.as_dict()
+
+
+def test_no_package_source_mentions_pickle() -> None:
+    """``grep -rn pickle`` over the packages finds nothing (issue 12)."""
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    dirs = set(config["tool"]["setuptools"]["package-dir"].values())
+    assert {"flywheel", "streams", "core"} <= dirs
+    found = [f"{path.relative_to(root)}:{n}"
+             for d in sorted(dirs) for path in sorted((root / d).rglob("*"))
+             if path.is_file() and path.suffix not in {".pyc", ".parquet"}
+             for n, line in enumerate(path.read_bytes().splitlines(), 1) if b"pickle" in line]
+    assert found == []
