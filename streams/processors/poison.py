@@ -95,8 +95,9 @@ class CrashLedger:
             where = _parse_key(msg.key())
             if where is None:
                 continue
-            if msg.value():
-                self.counts[where] = json.loads(msg.value())
+            value = msg.value()
+            if value:
+                self.counts[where] = json.loads(value)
             else:
                 self.counts.pop(where, None)
         self._producer = kafka.make_producer(self.config)
