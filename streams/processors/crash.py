@@ -10,7 +10,10 @@ flushed, and the agents await the delivery of every output of a record before ta
 the next, so the committed offset never passes a record whose outputs were not
 acknowledged: a restarted worker resumes at that record (architecture invariant 11,
 crash-only). The app also uses :class:`mode.CrashingSupervisor`, so an error that
-escaped the wrappers would still not be absorbed by a restart.
+escaped the wrappers would still not be absorbed by a restart. Before exiting, the
+crash hooks run (:func:`on_crash`): the streams worker counts the crash on its record in
+the crash ledger, so a record that crashes it every time is quarantined as ``poison``
+after a bounded number of restarts (:mod:`streams.processors.poison`).
 """
 
 from __future__ import annotations
