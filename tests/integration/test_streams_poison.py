@@ -125,7 +125,9 @@ def test_a_record_that_always_crashes_the_worker_is_quarantined_as_poison(
     assert expected and window_pairs(read_windows(bootstrap, topics)) == expected
     summary = summarize_topics(bootstrap, prefix=prefix, app_id=APP_ID)
     assert summary["quarantine"] == {"poison": 1}, summary
+    assert summary["crashes"] == {f"{poison_at[0]}[0]@0": CRASHES}, summary
     totals = account(bootstrap, prefix=prefix, app_id=APP_ID)["totals"]
     print(f"exit codes {codes} then {rc}; quarantine {summary['quarantine']}; "
+          f"crash ledger {summary['crashes']}; "
           f"accounting {totals}")
     assert totals["unaccounted"] == 0 and totals["quarantined"] == 1, totals
