@@ -38,3 +38,13 @@ def test_ledger_counts_and_threshold_without_a_broker() -> None:
     assert ledger.entry(("t", 0, 9)) is None
     assert list(ledger.poisoned()) == [("t", 0, 5)]
     assert ledger.record_crash(("t", 0, 9), "x") == 0  # not loaded: nothing written, no count
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5])
+def test_worker_config_refuses_a_bad_poison_threshold(bad: object) -> None:
+    from hebrus_flywheel.core.errors import ConfigError
+    from hebrus_flywheel.streams.processors.app import WorkerConfig
+
+    with pytest.raises(ConfigError, match="poison_after_crashes"):
+        WorkerConfig(bootstrap="127.0.0.1:1", poison_after_crashes=bad)  # type: ignore[arg-type]
+    assert WorkerConfig(bootstrap="127.0.0.1:1").poison_after_crashes == 3
