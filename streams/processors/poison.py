@@ -25,6 +25,13 @@ forever. The *crash ledger* bounds that:
   crash is the same record (``flywheel streams inspect`` counts it once). The capture
   topic still holds the original.
 
+Limits: a crash whose record is unknown (a timer, the consumer loop) is not counted.
+Each worker counts from the ledger it loaded at start, so with several workers of one
+group crashing on the same record concurrently a count can be lower than the crashes
+(never higher): poisoning then takes more restarts, it never comes early. A crash
+caused by the infrastructure with the broker still writable (a quarantine topic that
+refuses every record) counts too; the record stays on the capture topic.
+
 Test-only fault injection: ``FLYWHEEL_STREAMS_FAULT=crash_on_key:<key>`` makes the
 capture agent raise on every capture record whose Kafka key is ``<key>`` (a record that
 deterministically crashes the worker). Unset, it costs one dictionary look-up.
