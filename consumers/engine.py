@@ -32,6 +32,7 @@ class EngineBundle:
     torch_threads: int
     vocab_size: int
     layers: int
+    context_length: int
     top_k: int
     hidden_dim: int
 
@@ -71,6 +72,7 @@ def load_engine(*, teacher_dir: Path | None, dtype: str, replay_options: Mapping
         torch_threads=torch.get_num_threads(), vocab_size=int(teacher.vocab_size),
         layers=int(geometry.routed_layer_count), top_k=int(geometry.top_k),
         hidden_dim=int(geometry.hidden_size),
+        context_length=int(getattr(teacher, "context_length", 0) or 0),
     )
 
 
@@ -89,11 +91,36 @@ def determinism_record(*, shard: Any, batch_windows: int, bundle: EngineBundle, 
     }
 
 
-def window_check(engine: Any) -> Callable[[Any], tuple[str, str] | None]:
-    """``engine.check_window`` as ``window -> (reason, detail) | None`` for intake."""
+def teacher_limits(window: Mapping[str, Any], *, context_length: int,
+                   layers: int) -> tuple[str, str] | None:
+    """Why the teacher cannot replay ``window`` at all: more tokens than its context
+    (``window_exceeds_context``), captured routes of another layer count
+    (``layer_count_mismatch``); None when it fits."""
+    tokens = len(window.get("token_ids") or ())
+    if context_length and tokens > context_length:
+        return "window_exceeds_context", (
+            f"window has {tokens} tokens but the teacher's context is {context_length} "
+            "positions; cut windows with --context-length at most the teacher's")
+    routes = window.get("routes")
+    if isinstance(routes, Mapping) and routes.get("layer_count") != layers:
+        return "layer_count_mismatch", (
+            f"captured routes have {routes.get('layer_count')} layers but the teacher routes "
+            f"{layers}; the window was captured with another model")
+    return None
+
+
+def window_check(bundle: EngineBundle) -> Callable[[Any], tuple[str, str] | None]:
+    """The teacher's limits (:func:`teacher_limits`), then ``engine.check_window``, as
+    ``window -> (reason, detail) | None`` for intake."""
     from hebrus_flywheel.replay.exceptions import WindowError
 
+    engine = bundle.engine
+
     def check(window: Any) -> tuple[str, str] | None:
+        problem = teacher_limits(window, context_length=bundle.context_length,
+                                 layers=bundle.layers)
+        if problem is not None:
+            return problem
         try:
             engine.check_window(window)
         except WindowError as exc:

@@ -162,7 +162,7 @@ def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: 
                                  base=boundary.start_of(t, p))
             for t, parts in boundary.end.items() for p in parts}
     ranges = {tp: (0, boundary.end_of(*tp)) for tp in logs}
-    check = window_check(bundle.engine)
+    check = window_check(bundle)
     for msg in read_ranges(config.bootstrap, ranges, timeout_s=config.timeout_s,
                            error=RebuildError):
         plog = logs[(msg.topic(), msg.partition())]

@@ -164,7 +164,7 @@ class ReplayWorker:
             route=self.bundle.teacher.geometry, identity_id=self.bundle.identity["identity_id"],
             config_digest=config_digest(record["determinism"]),
             feature_contract=self.bundle.replay_config.get("feature_contract"))
-        self._check = window_check(self.bundle.engine)
+        self._check = window_check(self.bundle)
         self.splits = config.window_topics()
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self.kafka = kafka.client_config(config.bootstrap)
@@ -318,7 +318,14 @@ class ReplayWorker:
 
     def _close(self, plog: PartitionLog, block: Block) -> None:
         items = plog.take(block)
-        close_block(self.bundle.engine, self.settings, block, plog.split, items, self.stats)
+        try:
+            close_block(self.bundle.engine, self.settings, block, plog.split, items, self.stats)
+        except OSError as exc:  # an infrastructure fault: stop, commit nothing past it
+            raise WorkerError(
+                f"writing the shard of {block.topic}[{block.partition}] offsets "
+                f"{block.first}-{block.last} under {self.config.dataset} failed: "
+                f"{type(exc).__name__}: {exc}; nothing was committed past offset {block.first}, "
+                "fix the dataset directory and restart the worker") from exc
         try:
             self.producer.flush(30, what="quarantine records")
         except kafka.KafkaIOError as exc:

@@ -184,6 +184,11 @@ class Teacher:
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)
 
+    @property
+    def context_length(self) -> int:
+        """Most positions one forward may cover (``max_position_embeddings``; 0: unknown)."""
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+
     def route(self, router_logits_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Ranked top-k ids and weights under this teacher's rule (any leading shape)."""
         return topk_with_tie_break(

@@ -57,11 +57,12 @@ from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits, quarantine
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
-from hebrus_flywheel.streams.processors.crash import crash_only_agent, crash_only_timer
+from hebrus_flywheel.streams.processors.crash import crash_only_agent, crash_only_timer, on_crash
 from hebrus_flywheel.streams.processors.dedup import DedupStage
 from hebrus_flywheel.streams.processors.identities import IdentityBook
 from hebrus_flywheel.streams.processors.liveness import start_monitor
 from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
+from hebrus_flywheel.streams.processors.poison import CrashLedger, injected_fault, poison_emit
 from hebrus_flywheel.streams.processors.runs import start_run
 from hebrus_flywheel.streams.processors.state_codec import StateValue, refuse_bad_changelog
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
@@ -91,6 +92,9 @@ class WorkerConfig:
             committed to its end), the stall and broker timeouts (stop non-zero); see
             :mod:`streams.processors.liveness`.
         data_dir: faust's data directory (default ``$FLYWHEEL_HOME/streams/<app id>``).
+        poison_after_crashes: a record that crashed the worker this many times in a row
+            is quarantined by reference as ``poison`` on the next start
+            (:mod:`streams.processors.poison`).
     """
 
     bootstrap: str
@@ -103,6 +107,7 @@ class WorkerConfig:
     stats_interval_s: float = 30.0
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     data_dir: Path | None = None
+    poison_after_crashes: int = 3
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -115,6 +120,9 @@ class WorkerConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"WorkerConfig.{name} must be > 0")
+        if isinstance(self.poison_after_crashes, bool) or not isinstance(
+                self.poison_after_crashes, int) or self.poison_after_crashes < 1:
+            raise ConfigError("WorkerConfig.poison_after_crashes must be an integer >= 1")
         if not self.app_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ConfigError("WorkerConfig.app_id may hold letters, digits, '-', '_' and '.'")
 
@@ -147,6 +155,11 @@ class StreamsWorker:
             config=config.processors, capture_topics=self.topics.capture_kinds().values(),
         )
         self.counters = Counters()
+        self.ledger = CrashLedger(bootstrap=config.bootstrap, topic=self.topics.crashes,
+                                  group=config.full_app_id,
+                                  threshold=config.poison_after_crashes)
+        self.ledger.load()  # before consuming: poisoned records are skipped by reference
+        on_crash(self._on_crash)
         self.identities = IdentityBook(bootstrap=config.bootstrap, topic=self.topics.identities)
         self.identities.load()
         self.app = self._make_app()
@@ -244,9 +257,12 @@ class StreamsWorker:
     async def _capture_agent(self, stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
+            if await self._skipped_poison(msg):
+                continue
             if msg.topic == self.topics.ticks:
                 emits = self.capture.tick(msg.partition, _now_ms())
             else:
+                injected_fault(msg.key)  # tests only: FLYWHEEL_STREAMS_FAULT
                 emits = self.capture.process_safely(
                     topic=msg.topic,
                     partition=msg.partition,
@@ -261,6 +277,8 @@ class StreamsWorker:
     async def _identity_agent(self, stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
+            if await self._skipped_poison(msg):
+                continue
             emits = self.capture.process_safely(
                 topic=msg.topic,
                 partition=msg.partition,
@@ -273,6 +291,8 @@ class StreamsWorker:
 
     async def _dedup_agent(self, stream: Any) -> None:
         async for event in stream.events():
+            if await self._skipped_poison(event.message):
+                continue
             summary = json.loads(event.message.value)
             decision = self.dedup.process(summary)
             delivered = await self.decisions_topic.send(
@@ -286,6 +306,8 @@ class StreamsWorker:
         entry = codec.default_registry().get("Window")
         headers = codec.kafka_headers(entry)
         async for event in stream.events():
+            if await self._skipped_poison(event.message):
+                continue
             decision = json.loads(event.message.value)
             pending = []
             for window in self.window.windows_for(decision):
@@ -302,6 +324,24 @@ class StreamsWorker:
             for fut in pending:
                 await fut
             self.window.finish(decision)
+
+    async def _skipped_poison(self, msg: Any) -> bool:
+        """True (after its reference-only ``poison`` quarantine record was acknowledged)
+        when the crash ledger says ``msg`` crashed the worker too often to process."""
+        where = (str(msg.topic), int(msg.partition), int(msg.offset))
+        entry = self.ledger.entry(where)
+        if entry is None:
+            return False
+        self.counters.inc("quarantine", "poison")
+        log.warning("quarantining poison record %s[%d]@%d by reference", *where)
+        await self._send_emits([poison_emit(where, msg.value, entry, self.ledger.threshold)])
+        return True
+
+    def _on_crash(self, where: tuple[str, int, int], error: str) -> None:
+        crashes = self.ledger.record_crash(where, error)
+        log.critical("crash ledger: %s[%d]@%d has crashed the worker %s time(s) in a row; "
+                     "at %d it is quarantined as poison on the next start", *where,
+                     crashes or "an unrecorded number of", self.ledger.threshold)
 
     async def _send_emits(self, emits: list[Emit]) -> None:
         """Send one record's outputs and wait until the broker acknowledged all of them

@@ -91,6 +91,9 @@ def worker_command(
     broker_timeout_s: float = typer.Option(300.0, help="Exit non-zero when the broker stays "
                                            "unreachable this long."),
     data_dir: Path | None = typer.Option(None, help="faust data directory."),
+    poison_after_crashes: int = typer.Option(3, help="Quarantine a record by reference as "
+                                             "'poison' on the next start once it crashed the "
+                                             "worker this many times in a row."),
 ) -> None:
     """Run one streams worker (start more with the same --app-id to share partitions)."""
     from hebrus_flywheel.streams.processors.app import StreamsWorker, WorkerConfig
@@ -118,6 +121,7 @@ def worker_command(
                                 stall_timeout_s=stall_timeout_s,
                                 broker_timeout_s=broker_timeout_s),
         data_dir=data_dir,
+        poison_after_crashes=poison_after_crashes,
     )
     StreamsWorker(config).run()
 

@@ -10,7 +10,10 @@ flushed, and the agents await the delivery of every output of a record before ta
 the next, so the committed offset never passes a record whose outputs were not
 acknowledged: a restarted worker resumes at that record (architecture invariant 11,
 crash-only). The app also uses :class:`mode.CrashingSupervisor`, so an error that
-escaped the wrappers would still not be absorbed by a restart.
+escaped the wrappers would still not be absorbed by a restart. Before exiting, the
+crash hooks run (:func:`on_crash`): the streams worker counts the crash on its record in
+the crash ledger, so a record that crashes it every time is quarantined as ``poison``
+after a bounded number of restarts (:mod:`streams.processors.poison`).
 """
 
 from __future__ import annotations
@@ -29,21 +32,45 @@ CRASH_EXIT_STATUS = 70
 """Exit status of a worker stopped by an unhandled error (``EX_SOFTWARE``)."""
 
 
-def _where(stream: Any) -> str:
+CrashHook = Callable[[tuple[str, int, int], str], None]
+"""Called with the failing record's (topic, partition, offset) and the error text
+before the process ends (the crash ledger of :mod:`streams.processors.poison`)."""
+_hooks: list[CrashHook] = []
+
+
+def on_crash(hook: CrashHook) -> None:
+    """Run ``hook`` when an agent crashes on a known record (before the exit)."""
+    _hooks.append(hook)
+
+
+def _record(stream: Any) -> tuple[str, int, int] | None:
     event = faust.current_event() or getattr(stream, "current_event", None)
     message = getattr(event, "message", None)
     if message is None:
-        return ""
-    return f" on {message.topic}[{message.partition}]@{message.offset}"
+        return None
+    return str(message.topic), int(message.partition), int(message.offset)
 
 
-def crash(what: str, exc: BaseException, where: str = "") -> NoReturn:
-    """Log one line naming the error and the record, then end the process now."""
+def _run_hooks(record: tuple[str, int, int], exc: BaseException) -> None:
+    for hook in _hooks:
+        try:
+            hook(record, f"{type(exc).__name__}: {exc}")
+        except Exception:  # the exit must happen whatever a hook does
+            log.exception("crash hook %r failed", hook)
+
+
+def crash(what: str, exc: BaseException, record: tuple[str, int, int] | None = None
+          ) -> NoReturn:
+    """Log one line naming the error and the record, run the crash hooks (when the
+    record is known), then end the process now."""
+    where = "" if record is None else f" on {record[0]}[{record[1]}]@{record[2]}"
     log.critical(
         "streams worker crashed: %s failed%s: %s: %s; exiting %d without committing past "
         "it, a restart resumes at that record", what, where, type(exc).__name__, exc,
         CRASH_EXIT_STATUS,
     )
+    if record is not None:
+        _run_hooks(record, exc)
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stderr.flush()
@@ -60,7 +87,7 @@ def crash_only_agent(name: str, body: Callable[[Any], Awaitable[None]]
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            crash(f"agent {name}", exc, _where(stream))
+            crash(f"agent {name}", exc, _record(stream))
 
     agent.__name__ = agent.__qualname__ = name
     return agent

@@ -2,7 +2,8 @@
 
 Reads every window topic (headers only: ``window_id`` and the message key), the
 decisions topic (split and dedup outcome per thread generation) and the quarantine
-topic (reason per ``quarantine_id``) up to their current end. Repeats produced by
+topic (reason per ``quarantine_id``, ``poison`` included) and the crash ledger (crashes
+per record not yet consumed past) up to their current end. Repeats produced by
 at-least-once delivery are counted once, and separately as ``repeats``.
 """
 
@@ -85,6 +86,21 @@ def quarantine_counts(bootstrap: str, topics: StreamTopics) -> dict[str, int]:
     return dict(sorted(Counter(seen.values()).items()))
 
 
+def crash_counts(bootstrap: str, topics: StreamTopics) -> dict[str, int]:
+    """The crash ledger (``streams.processors.poison``): crashes per record still listed,
+    ``topic[partition]@offset`` -> count (records consumed past are deleted on start)."""
+    latest: dict[bytes, int | None] = {}
+    for msg in read_topic(bootstrap, topics.crashes):
+        value = msg.value()
+        latest[msg.key() or b""] = int(json.loads(value)["crashes"]) if value else None
+    out = {}
+    for key, count in latest.items():
+        topic, partition, offset = key.decode("utf-8", "replace").rsplit("|", 2)
+        if count is not None:
+            out[f"{topic}[{partition}]@{offset}"] = count
+    return dict(sorted(out.items()))
+
+
 def summarize_topics(
     bootstrap: str, *, prefix: str = "", app_id: str = DEFAULT_APP_ID
 ) -> dict[str, Any]:
@@ -93,6 +109,7 @@ def summarize_topics(
         "splits": window_counts(bootstrap, topics),
         "dedup": decision_counts(bootstrap, topics),
         "quarantine": quarantine_counts(bootstrap, topics),
+        "crashes": crash_counts(bootstrap, topics),
     }
 
 
@@ -107,4 +124,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append(f"late eval conflicts: {dedup['late_eval_conflicts']}")
     quarantine = summary["quarantine"]
     lines.append("quarantine: " + (", ".join(f"{k}={v}" for k, v in quarantine.items()) or "none"))
+    crashes = summary.get("crashes") or {}
+    lines.append("crash ledger: " + (", ".join(f"{k} crashed {v}x" for k, v in crashes.items())
+                                     or "none"))
     return "\n".join(lines)

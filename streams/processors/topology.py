@@ -9,7 +9,9 @@ changelog topics (``<prefix><app id>-<name>``):
 * ``…-decisions-v1`` (N partitions): split and dedup decisions, each sent to the
   partition its thread was read from; ``flywheel streams inspect`` reads dedup counts
   from it;
-* ``…-ticks-v1`` (N partitions, 1 hour retention): idle-timeout ticks.
+* ``…-ticks-v1`` (N partitions, 1 hour retention): idle-timeout ticks;
+* ``…-crashes-v1`` (1 partition, compacted): the crash ledger, crashes per record
+  (:mod:`streams.processors.poison`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class StreamTopics:
     threads: str
     decisions: str
     ticks: str
+    crashes: str
 
     @classmethod
     def from_prefix(cls, prefix: str = "", app_id: str = DEFAULT_APP_ID) -> StreamTopics:
@@ -63,6 +66,7 @@ class StreamTopics:
             threads=f"{app}-threads-v1",
             decisions=f"{app}-decisions-v1",
             ticks=f"{app}-ticks-v1",
+            crashes=f"{app}-crashes-v1",
         )
 
     def capture_kinds(self) -> dict[str, str]:
@@ -100,6 +104,12 @@ def internal_specs(topics: StreamTopics, partitions: int) -> list[TopicSpec]:
             partitions=partitions,
             retention_ms=3_600_000,
             doc="Idle-timeout ticks of the streams worker.",
+        ),
+        TopicSpec(
+            name=topics.crashes,
+            partitions=1,
+            cleanup_policy="compact",
+            doc="Crash ledger: crashes of the streams worker per record (poison records).",
         ),
     ]
 

@@ -45,6 +45,9 @@ PROCESSOR_REASONS: dict[str, str] = {
     "incomplete_thread": "the thread went idle with a missing turn, so no window can be cut",
     "processing_error": "the processor raised on this record (a bug); the record is kept here "
     "and the worker goes on",
+    "window_exceeds_context": "replay: the window has more tokens than the teacher's context",
+    "poison": "the record crashed the streams worker N times in a row (--poison-after-crashes); "
+    "quarantined by reference on the next start so its partition goes on",
 }
 """Reason codes only the stream processors produce (stateful or thread-level checks)."""
 

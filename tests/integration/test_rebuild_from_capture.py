@@ -57,7 +57,7 @@ class Chain:
 
 def _track_stream_topics(topic_factory: Any, prefix: str) -> None:
     topics, full_app = StreamTopics.from_prefix(prefix, APP_ID), prefix + APP_ID
-    topic_factory.track([topics.threads, topics.decisions, topics.ticks,
+    topic_factory.track([topics.threads, topics.decisions, topics.ticks, topics.crashes,
                          f"{full_app}-capture-state-changelog",
                          f"{full_app}-dedup-state-changelog", f"{full_app}-__assignor-__leader"])
 

@@ -64,7 +64,7 @@ def _setup(topic_factory: Any, name: str) -> tuple[str, StreamTopics]:
     topic_factory.create(catalogue(prefix))
     topics = StreamTopics.from_prefix(prefix, APP_ID)
     full_app = prefix + APP_ID
-    topic_factory.track([topics.threads, topics.decisions, topics.ticks,
+    topic_factory.track([topics.threads, topics.decisions, topics.ticks, topics.crashes,
                          f"{full_app}-capture-state-changelog",
                          f"{full_app}-dedup-state-changelog", f"{full_app}-__assignor-__leader"])
     return prefix, topics

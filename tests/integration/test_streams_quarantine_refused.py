@@ -69,7 +69,7 @@ def test_refused_quarantine_record_stops_the_worker_and_is_quarantined_after_res
     topic_factory.create(catalogue(prefix))
     topics = StreamTopics.from_prefix(prefix, APP_ID)
     full_app = prefix + APP_ID
-    topic_factory.track([topics.threads, topics.decisions, topics.ticks,
+    topic_factory.track([topics.threads, topics.decisions, topics.ticks, topics.crashes,
                          f"{full_app}-capture-state-changelog",
                          f"{full_app}-dedup-state-changelog", f"{full_app}-__assignor-__leader"])
     prod = producer(bootstrap)

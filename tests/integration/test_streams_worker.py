@@ -7,6 +7,7 @@ the expected windows come from the in-process pipeline over the same records.
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 import threading
 import time
@@ -64,6 +65,7 @@ class Setup:
                 self.topics.threads,
                 self.topics.decisions,
                 self.topics.ticks,
+                self.topics.crashes,
                 f"{full_app}-capture-state-changelog",
                 f"{full_app}-dedup-state-changelog",
                 f"{full_app}-__assignor-__leader",
@@ -113,6 +115,22 @@ def log_tail(worker: WorkerProcess) -> str:
     return worker.log_path.read_text(errors="replace")[-3000:]
 
 
+def _thread_chunks(messages: list[Any], n: int) -> list[list[Any]]:
+    """``messages`` cut into ``n`` consecutive chunks at thread boundaries (a thread's
+    records are consecutive), so no thread waits for a later chunk."""
+    starts = [i for i in range(len(messages)) if i == 0 or messages[i][1] != messages[i - 1][1]]
+    cuts = [starts[len(starts) * k // n] for k in range(1, n)]
+    bounds = [0, *cuts, len(messages)]
+    return [messages[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def _feed(prod: Any, setup: Setup, chunk: list[Any]) -> threading.Thread:
+    feeder = threading.Thread(target=produce, args=(prod, setup.topics, chunk),
+                              kwargs={"pace_s": 0.3, "every": 10}, daemon=True)
+    feeder.start()
+    return feeder
+
+
 def test_kill9_restarts_lose_nothing_and_repeat_identical_windows(
     topic_factory: Any, tmp_path: Path
 ) -> None:
@@ -121,30 +139,29 @@ def test_kill9_restarts_lose_nothing_and_repeat_identical_windows(
     expected = window_pairs(expected_pipeline(messages, worker_processor_config(FLAGS)).windows)
     prod = producer(setup.bootstrap)
     produce(prod, setup.topics, messages[:1])
+    # Each worker gets its own share of the input while it runs (under a heavy load a
+    # restart takes long enough for one paced feed of everything to finish first, and a
+    # later worker then had nothing left to do before its kill).
+    chunks = _thread_chunks(messages[1:], 4)
     worker = setup.worker(tmp_path, "0").start()
-    feeder = threading.Thread(
-        target=produce,
-        args=(prod, setup.topics, messages[1:]),
-        kwargs={"pace_s": 0.3, "every": 10},
-        daemon=True,
-    )
-    feeder.start()
     rng = random.Random(3)
     progress = []
     try:
         for i in range(3):
             before = len(read_windows(setup.bootstrap, setup.topics))
+            feeder = _feed(prod, setup, chunks[i])
             wait_until(
                 lambda b=before: len(read_windows(setup.bootstrap, setup.topics)) >= b + 2,
-                timeout_s=90,
+                timeout_s=180,
                 interval_s=0.5,
                 what=f"progress of worker {i}",
             )
             time.sleep(rng.uniform(0.0, 1.5))  # kill at a random point while it works
             worker.kill()
             progress.append(len(read_windows(setup.bootstrap, setup.topics)) - before)
+            feeder.join(120)
             worker = setup.worker(tmp_path, str(i + 1)).start()
-        feeder.join(120)
+        _feed(prod, setup, chunks[3]).join(120)
         wait_until(setup.windows_reach(expected), timeout_s=240, what="all expected windows")
     finally:
         worker.stop()

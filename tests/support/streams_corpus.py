@@ -24,6 +24,9 @@ from tests.support.streams_synthetic import (
 
 Entry = tuple[str, str, bytes | None, bytes, list[tuple[str, bytes]]]
 BIG = 900_000
+INFLATED = 64 * 1024 * 1024
+ZSTD_CLASSES = frozenset({"zstd_inflates_64mb"})
+"""Classes published with ``compression.type=zstd`` (see the corpus test)."""
 STRING_FIELDS = ("owner", "thread", "sequence_id", "identity_id", "producer_id")
 
 
@@ -79,6 +82,9 @@ def _bytes_classes(c: Corpus) -> None:
     c.raw("flipped_byte", bytes(flipped), headers=list(headers))
     c.raw("random_900kb", rng.randbytes(BIG))
     c.raw("compressible_1_8mb", good[:10] + b"\x00" * 1_800_000, headers=list(headers))
+    # a few KiB on the wire, 64 MiB once the consumer inflates its batch
+    c.raw("zstd_inflates_64mb", good[:10] + b"\x00" * (INFLATED - 10), key=b"bad/zstd",
+          headers=list(headers))
 
 
 def _header_classes(c: Corpus) -> None:

@@ -478,6 +478,35 @@ def test_unexpected_exception_becomes_processing_error() -> None:
     assert "disk on fire" in emits[0].value["detail"]
 
 
+def test_a_poison_record_is_quarantined_by_reference() -> None:
+    from hebrus_flywheel.streams import quarantine
+    from hebrus_flywheel.streams.processors.poison import poison_emit
+
+    entry = {"crashes": 3, "error": "RuntimeError: boom"}
+    emit = poison_emit(("cap", 2, 41), b"x" * 5000, entry, 3)
+    again = poison_emit(("cap", 2, 41), b"x" * 5000, entry, 3)
+    rec = emit.value
+    assert rec["reason"] == "poison" and rec["reference_only"] is True
+    assert (rec["source_topic"], rec["source_partition"], rec["source_offset"]) == ("cap", 2, 41)
+    assert rec["value"] == b"" and rec["value_size"] == 5000
+    assert "3 times" in rec["detail"] and "boom" in rec["detail"]
+    assert rec["quarantine_id"] == again.value["quarantine_id"]  # a repeat is the same record
+    assert quarantine.encode(rec).record["reason"] == "poison"
+
+
+def test_replay_refuses_windows_beyond_the_teachers_limits() -> None:
+    from hebrus_flywheel.consumers.engine import teacher_limits
+
+    fits = {"token_ids": [1] * 8, "routes": None}
+    assert teacher_limits(fits, context_length=8, layers=4) is None
+    assert teacher_limits(fits, context_length=0, layers=4) is None  # unknown context
+    long = teacher_limits({**fits, "token_ids": [1] * 9}, context_length=8, layers=4)
+    assert long is not None and long[0] == "window_exceeds_context"
+    routed = {**fits, "routes": {"layer_count": 5}}
+    wrong = teacher_limits(routed, context_length=8, layers=4)
+    assert wrong is not None and wrong[0] == "layer_count_mismatch" and "5 layers" in wrong[1]
+
+
 def test_every_reason_is_documented_and_tested() -> None:
     source = Path(__file__).read_text(encoding="utf-8")
     tested = source.split("def test_every_reason")[0]
