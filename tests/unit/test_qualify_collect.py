@@ -17,6 +17,7 @@ import pytest
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.geometry import RouteGeometry
+from hebrus_flywheel.core.snapshot import read_parquet
 from hebrus_flywheel.replay.parity import ParityResult
 from hebrus_flywheel.train.qualify import collect_data as data
 from hebrus_flywheel.train.qualify import collect_model as model
@@ -220,8 +221,8 @@ def test_holdout_trace_follows_each_thread_in_ordinal_order(
     for seq in range(3):
         assert np.array_equal(rows.ordinal_N[rows.sequence_N == seq], np.arange(20))
     # the routes are the shards' own, token by token
-    table = pq.read_table(next(snapshot.directory.glob("split=runtime_holdout/*.parquet")),
-                          columns=["owner", "thread", "token_ordinal", "expert_ids"])
+    table = read_parquet(next(snapshot.directory.glob("split=runtime_holdout/*.parquet")),
+                         columns=["owner", "thread", "token_ordinal", "expert_ids"])
     row = table.slice(5, 1).to_pylist()[0]
     seq = rows.threads.index(f"{row['owner']}/{row['thread']}#0")
     at = np.flatnonzero((rows.sequence_N == seq) & (rows.ordinal_N == row["token_ordinal"]))

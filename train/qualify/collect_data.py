@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.geometry import RouteGeometry
@@ -31,6 +30,7 @@ from hebrus_flywheel.core.snapshot import (
     SnapshotContractError,
     load_manifest,
     manifest_path,
+    read_parquet,
     verify_snapshot,
 )
 from hebrus_flywheel.train.metrics import SPLITS
@@ -292,7 +292,7 @@ def _lineage(info: SnapshotInfo) -> dict[str, dict[str, _ThreadLineage]]:
     for entry in info.manifest.get("shards") or []:
         path = info.directory / entry["path"]
         try:
-            table = pq.read_table(path, columns=list(LINEAGE_COLUMNS))
+            table = read_parquet(path, LINEAGE_COLUMNS)
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"cannot read the lineage columns of {path}: {exc}") from exc
         for row in _window_rows(table):
