@@ -257,7 +257,7 @@ def _same_as_existing(final: Path, plain: str, crypto: ShardCrypto | None) -> No
             "(different teacher, config, library version or thread count?). Investigate "
             "before deleting either file"
         )
-    log.info("shard %s already durable with an identical plaintext encoding", final.name)
+    log.info("shard %s already durable with identical plaintext bytes", final.name)
 
 
 def clean_staging(root: Path, *, stale_after_s: float = 3600.0) -> int:
