@@ -182,6 +182,11 @@ def test_rebuild_report_maps_to_determinism() -> None:
         data.determinism_evidence(report, "b")
     with pytest.raises(InputError, match="rebuilt_snapshot_id"):
         data.determinism_evidence({"snapshot_id": "a"}, "a")
+    # Encrypted: fresh ciphertext gives a fresh snapshot id; the content ids must match.
+    encrypted = {**report, "rebuilt_snapshot_id": "z", "content_id": "c",
+                 "rebuilt_content_id": "c"}
+    assert data.determinism_evidence(encrypted, "a").identical
+    assert not data.determinism_evidence({**encrypted, "rebuilt_content_id": "d"}, "a").identical
 
 
 def test_streams_summary_maps_to_fail_closed_and_near_duplicates() -> None:

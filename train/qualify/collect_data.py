@@ -197,8 +197,12 @@ def determinism_evidence(report: Any, snapshot_id: str) -> DeterminismEvidence:
         raise InputError(f"the rebuild report is for snapshot {report.get('snapshot_id')}, "
                          f"this run qualifies {snapshot_id}; rebuild this snapshot")
     differences = report.get("differences") or []
-    return DeterminismEvidence(snapshot_digest=str(report["snapshot_id"]),
-                               rebuild_digest=str(report["rebuilt_snapshot_id"]),
+    # Encrypted shards get fresh ciphertext (so a fresh snapshot id) on every rebuild;
+    # what must match is the content id over the plaintext digests, when reported.
+    key, rebuilt = (("content_id", "rebuilt_content_id") if "rebuilt_content_id" in report
+                    else ("snapshot_id", "rebuilt_snapshot_id"))
+    return DeterminismEvidence(snapshot_digest=str(report[key]),
+                               rebuild_digest=str(report[rebuilt]),
                                shards_compared=report.get("shards"),
                                shards_differing=len(differences))
 
