@@ -161,6 +161,10 @@ class SealedSnapshot:
         self._given_crypto = crypto
         self._crypto: ShardCrypto | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable for spawned DataLoader workers: keys are loaded again there."""
+        return {**self.__dict__, "_crypto": None}
+
     def crypto(self) -> ShardCrypto | None:
         """The keys to read shards with (loaded once, on the first encrypted read)."""
         if self._crypto is None and self.manifest.encryption is not None:

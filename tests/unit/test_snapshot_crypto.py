@@ -177,3 +177,12 @@ def test_key_file_is_private_and_refused_when_it_is_not(tmp_path: Path,
     os.chmod(path, 0o644)
     with pytest.raises(KeyAccessError, match="chmod 600"):
         LocalKeyFile()
+
+
+def test_an_open_snapshot_pickles_without_its_keys(planted: PlantedSnapshot) -> None:
+    import pickle
+
+    sealed = open_snapshot(planted.directory)
+    first = sealed.read_shard(0, ["owner"])
+    again = pickle.loads(pickle.dumps(sealed))  # e.g. into a spawned DataLoader worker
+    assert again.read_shard(0, ["owner"]).equals(first)
