@@ -90,11 +90,9 @@ def main() -> None:
                  **extra)
             emit(f"read_{mode}_mib_per_s", round(mib / times[mode]["read"], 1), "MiB/s",
                  **extra)
-        emit("seal_encrypted_to_plaintext_ratio",
-             round(times["encrypted"]["write"] / times["plaintext"]["write"], 2),
-             "x time", **extra)
-        emit("read_encrypted_to_plaintext_ratio",
-             round(times["encrypted"]["read"] / times["plaintext"]["read"], 2), "x time", **extra)
+        for step, figure in (("write", "seal"), ("read", "read")):
+            emit(f"{figure}_encrypted_to_plaintext_ratio", round(
+                times["encrypted"][step] / times["plaintext"][step], 2), "x time", **extra)
         emit("encrypted_bytes_overhead",
              round(infos["encrypted"].bytes / infos["plaintext"].bytes - 1, 4), "fraction",
              encrypted_bytes=infos["encrypted"].bytes, plaintext_bytes=infos["plaintext"].bytes,
