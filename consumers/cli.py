@@ -1,4 +1,5 @@
-"""CLI of the consumers: ``flywheel replay worker``, ``seal``, ``verify`` and ``rebuild``.
+"""CLI of the consumers: ``flywheel replay worker``, ``seal``, ``verify``, ``rebuild`` and
+``export-plaintext``.
 
 ``replay_app`` is a typer sub-app (mounted as ``flywheel replay``); ``seal_command``,
 ``verify_command`` and ``rebuild_command`` are plain command functions (mounted as
@@ -151,16 +152,36 @@ def verify_command(
     snapshot: Path = typer.Argument(..., help="Sealed epoch directory or its manifest.json."),
     snapshot_id: str | None = typer.Option(None, "--snapshot-id", help="Expected snapshot id."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    keys: bool = typer.Option(
+        False, "--keys", help="Also decrypt every shard (needs the snapshot's key file) and "
+        "check the SHA-256 of its plaintext encoding."),
 ) -> None:
-    """Check every shard's bytes and SHA-256 and that no file is missing or extra."""
+    """Check every shard's bytes and SHA-256 (no key needed) and that no file is missing
+    or extra; with --keys also the decrypted content."""
     from hebrus_flywheel.core.snapshot import verify_snapshot
 
-    report = verify_snapshot(snapshot, expected_id=snapshot_id)
+    report = verify_snapshot(snapshot, expected_id=snapshot_id, keys=keys)
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
         return
+    checked = ("ciphertext and plaintext digests" if keys else
+               "ciphertext digests" if report["encrypted"] else "digests (PLAINTEXT shards)")
     typer.echo(f"ok: snapshot {report['snapshot_id']} (epoch {report['epoch']}), "
-               f"{report['shards']} shards, {report['rows']} rows, {report['bytes']} bytes")
+               f"{report['shards']} shards, {report['rows']} rows, {report['bytes']} bytes; "
+               f"checked {checked}")
+
+
+def export_command(
+    snapshot: Path = typer.Argument(..., help="Sealed epoch directory or its manifest.json."),
+    out: Path = typer.Option(..., "--out", help="Directory for the plaintext copies."),
+) -> None:
+    """Write an UNENCRYPTED copy of every shard (checked against the manifest's plaintext
+    digests) for tools such as DuckDB that cannot use the project's keys."""
+    from hebrus_flywheel.core.snapshot.export import export_plaintext
+
+    written = export_plaintext(snapshot, out)
+    typer.echo(f"exported {len(written)} plaintext shards to {out}; they are NOT encrypted: "
+               "delete them when done")
 
 
 def rebuild_command(
@@ -186,9 +207,12 @@ def rebuild_command(
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
         return
     typer.echo(f"rebuilt {report['shards']} shards ({report['rows']} rows) into {report['out']}")
-    typer.echo(f"  byte-identical to snapshot {report['snapshot_id']}: {report['identical']}")
+    typer.echo(f"  plaintext byte-identical to snapshot {report['snapshot_id']}: "
+               f"{report['identical']}")
+    typer.echo(f"  content id {report['rebuilt_content_id']}"
+               f"{'' if report['content_id_match'] else ' (differs: writer versions changed)'}")
     typer.echo(f"  rebuilt snapshot id {report['rebuilt_snapshot_id']}"
-               f"{'' if report['snapshot_id_match'] else ' (differs: writer versions changed)'}")
+               f"{'' if report['snapshot_id_match'] else ' (differs: fresh encryption keys)'}")
     if from_capture:
         typer.echo(f"  windows regenerated from capture topics: "
                    f"{report['capture_windows_regenerated']} "

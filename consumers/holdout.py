@@ -21,13 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from hebrus_flywheel.consumers.epochs import EpochBoundary
 from hebrus_flywheel.consumers.exceptions import SealError
 from hebrus_flywheel.consumers.kafka_io import read_ranges
 from hebrus_flywheel.consumers.shards import iter_shards
-from hebrus_flywheel.core.snapshot import U8_MAX_ABS_ERROR, dequantize_weights_u8
+from hebrus_flywheel.core.snapshot import (
+    U8_MAX_ABS_ERROR,
+    dequantize_weights_u8,
+    open_parquet,
+    read_parquet,
+)
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
 
@@ -49,10 +53,10 @@ class StoredLabels:
 
 def stored_labels(path: Path) -> tuple[dict[str, StoredLabels], str]:
     """Labels per window of one shard, and the name of its weight column."""
-    schema = pq.read_schema(path)
-    weight = "weights_u8" if "weights_u8" in schema.names else "weights_f16"
-    table = pq.read_table(path, columns=["window_id", "token_ordinal", "token_id", "expert_ids",
-                                         weight, "margins"]).to_pydict()
+    names = open_parquet(path).schema_arrow.names
+    weight = "weights_u8" if "weights_u8" in names else "weights_f16"
+    table = read_parquet(path, ["window_id", "token_ordinal", "token_id", "expert_ids",
+                                weight, "margins"]).to_pydict()
     rows: dict[str, list[int]] = {}
     for i, wid in enumerate(table["window_id"]):
         rows.setdefault(wid, []).append(i)

@@ -28,6 +28,7 @@ from hebrus_flywheel.core.snapshot import (
     MANIFEST_FILE,
     MANIFEST_FORMAT,
     ShardLayout,
+    content_digest,
     manifest_digest,
     sha256_file,
 )
@@ -49,10 +50,12 @@ def _shard_entry(root: Path, epoch: int, split: str, path: Path) -> dict[str, An
         )
     return {
         "path": f"split={split}/{path.name}", "sha256": sha256_file(path),
+        "plaintext_sha256": summary["plaintext_sha256"],
         "bytes": path.stat().st_size, "rows": summary["rows"], "windows": meta["windows"],
         "split": split, "topic": name.topic, "partition": name.partition,
         "first_offset": name.first_offset, "last_offset": name.last_offset,
         "geometry": {k: meta.get(k) for k in _GEOMETRY_KEYS},
+        "encryption": summary["encryption"],
     }
 
 
@@ -94,6 +97,17 @@ def _geometry(shards: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     return dict(shards[0]["geometry"]) if shards else None
 
 
+def _encryption(shards: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    kinds = {json.dumps(s["encryption"], sort_keys=True) for s in shards}
+    if len(kinds) > 1:
+        raise SealError(
+            f"the epoch's shards disagree on encryption (plaintext, KEK or key split): "
+            f"{sorted(kinds)}; they were written by differently configured workers or with "
+            "another key file — rebuild the epoch with one key file"
+        )
+    return shards[0]["encryption"] if shards else None
+
+
 def _label_encoding(geometry: Mapping[str, Any] | None) -> dict[str, Any]:
     weights = None if geometry is None else ShardLayout.from_dict(geometry).weight_quantization()
     return {"expert_ids": "uint16, rank 0 first (exact)", "weights": weights,
@@ -131,9 +145,11 @@ def build_manifest(*, epoch: int, dataset: Mapping[str, Any], boundary: EpochBou
                    previous_snapshot: str | None) -> dict[str, Any]:
     """The manifest of one epoch, ``snapshot_id`` included."""
     geometry = _geometry(shards)
+    encryption = _encryption(shards)
     identity = dict(dataset["identity"])
     layers = int(dataset["determinism"]["geometry"]["layers"])
-    entries = [{k: v for k, v in s.items() if k != "geometry"} for s in shards]
+    entries = [{k: v for k, v in s.items() if k not in ("geometry", "encryption")}
+               for s in shards]
     totals = {k: sum(s[k] for s in entries) for k in ("windows", "rows", "bytes")}
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT, "epoch": epoch, "previous_snapshot": previous_snapshot,
@@ -151,7 +167,9 @@ def build_manifest(*, epoch: int, dataset: Mapping[str, Any], boundary: EpochBou
         "totals": {**totals, "shards": len(entries), "labels": totals["rows"] * layers},
         "parity": None if parity is None else dict(parity),
         "parity_override": None if parity_override is None else {"reason": parity_override},
+        "encryption": encryption,
     }
+    manifest["content_id"] = content_digest(manifest)
     manifest["snapshot_id"] = manifest_digest(manifest)
     return manifest
 

@@ -5,8 +5,13 @@ through a fresh replay run: the same classification (:func:`consumers.intake.cla
 the same duplicate rule (window ids seen at offsets before the epoch are primed by
 decoding those records, without replaying them), the same block arithmetic with the
 manifest's start/end offsets, the same batches, engine options, torch thread count and
-Parquet writer settings. The result must be byte-identical: every shard's SHA-256 and
-the snapshot id itself are compared, and any difference raises :class:`RebuildError`.
+Parquet writer settings. The result must be *plaintext* byte-identical: every shard's
+``plaintext_sha256`` (the SHA-256 of its deterministic unencrypted encoding) and the
+manifest's ``content_id`` are compared, and any shard difference raises
+:class:`RebuildError`. The ciphertext, hence each shard's ``sha256`` and the snapshot id,
+differs by design: shards are encrypted with fresh random data keys and nonces
+(:mod:`hebrus_flywheel.core.snapshot.crypto`). Without encryption the files themselves
+are byte-identical as well.
 
 With ``--from-capture`` (:mod:`consumers.capture_check`) the stream processing is
 fresh too: the capture topics, up to the offsets the seal recorded, run through the
@@ -182,11 +187,11 @@ def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: 
 
 
 def _differences(original: dict[str, Any], rebuilt: dict[str, Any]) -> list[str]:
-    old = {s["path"]: s["sha256"] for s in original["shards"]}
-    new = {s["path"]: s["sha256"] for s in rebuilt["shards"]}
+    old = {s["path"]: s["plaintext_sha256"] for s in original["shards"]}
+    new = {s["path"]: s["plaintext_sha256"] for s in rebuilt["shards"]}
     out = [f"{p}: missing from the rebuild" for p in sorted(set(old) - set(new))]
     out += [f"{p}: not in the snapshot" for p in sorted(set(new) - set(old))]
-    out += [f"{p}: sha256 {old[p]} -> {new[p]}" for p in sorted(set(old) & set(new))
+    out += [f"{p}: plaintext sha256 {old[p]} -> {new[p]}" for p in sorted(set(old) & set(new))
             if old[p] != new[p]]
     return out
 
@@ -218,6 +223,8 @@ def rebuild_snapshot(config: RebuildConfig, *, teacher: Any = None) -> dict[str,
     report = {"snapshot_id": manifest["snapshot_id"], "rebuilt_snapshot_id": rebuilt["snapshot_id"],
               "shards": len(rebuilt["shards"]), "rows": rebuilt["totals"]["rows"],
               "identical": not diffs, "differences": diffs, "out": str(target),
+              "content_id": manifest["content_id"], "rebuilt_content_id": rebuilt["content_id"],
+              "content_id_match": manifest["content_id"] == rebuilt["content_id"],
               "snapshot_id_match": manifest["snapshot_id"] == rebuilt["snapshot_id"],
               "stats": stats.report(), **({} if capture is None else capture.report())}
     if diffs:

@@ -7,24 +7,32 @@ folders ``epoch=<N>/split=<split>/``. The range is the *block* the rows came fro
 (:mod:`consumers.epochs`), so the name is a pure function of the input offsets.
 
 Bytes: rows arrive sorted (:func:`consumers.labels.pack_rows`), every writer option is
-pinned (format version, zstd level, dictionary and page sizes, fixed row-group size,
-page checksums, sorting-columns metadata) and the only key/value metadata are the Arrow
+pinned (:mod:`core.snapshot.encode`) and the only key/value metadata are the Arrow
 schema and the contract's ``flywheel.*`` keys (:func:`core.snapshot.shard_metadata`),
-without timestamps. Parquet's
-``created_by`` is ``parquet-cpp-arrow version <pyarrow version>``: stable for one
-pyarrow version, which is why manifests record the writer versions and rebuilds check
-them. The same rows therefore give byte-identical files.
+without timestamps. Parquet's ``created_by`` is ``parquet-cpp-arrow version <pyarrow
+version>``: stable for one pyarrow version, which is why manifests record the writer
+versions and rebuilds check them. The same rows therefore give a byte-identical
+*plaintext encoding*.
+
+Encryption (secure by default): shards are written encrypted
+(:mod:`core.snapshot.crypto`: encrypted footer, per-column keys wrapped by the KEK of the
+default local key file, created on first write). Random data keys make the ciphertext
+differ on every write, so the writer also encodes the rows without encryption in memory
+and stores that encoding's SHA-256 in the (encrypted) footer as
+``flywheel.plaintext_sha256``; :class:`ShardInfo` carries both digests. ``crypto=None``
+writes plaintext shards (benchmarks, explicit opt-out; logged as a warning).
 
 Durability: the file is written to ``<root>/.staging/`` (same filesystem), fsynced,
 renamed over its final name with ``os.replace`` and the destination directory is
 fsynced, so a crash at any point leaves either no shard or the whole shard. When the
 final file already exists (a crash after the rename but before the offset commit,
-then a replay of the same block) the new bytes must equal the old ones; anything else
-is a determinism bug and raises :class:`ShardError`.
+then a replay of the same block) the new plaintext encoding must equal the old one;
+anything else is a determinism bug and raises :class:`ShardError`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -37,19 +45,33 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from hebrus_flywheel.consumers import faults
 from hebrus_flywheel.consumers.exceptions import ShardError
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import FILE_MODE, fsync_path, make_dirs
+from hebrus_flywheel.core.jsonio import canonical_json
 from hebrus_flywheel.core.processes import pid_alive
 from hebrus_flywheel.core.snapshot import (
-    SORT_COLUMNS,
     WEIGHT_ENCODINGS,
+    KeyAccessError,
     ShardFormatError,
     read_shard_metadata,
     sha256_file,
+)
+from hebrus_flywheel.core.snapshot.crypto import (
+    KEY_ENCRYPTION,
+    KEY_PLAINTEXT_SHA256,
+    ShardCrypto,
+    default_crypto,
+    open_parquet,
+    read_parquet,
+)
+from hebrus_flywheel.core.snapshot.encode import (
+    ParquetSettings,
+    open_writer,
+    plaintext_sha256,
+    write_row_groups,
 )
 
 log = logging.getLogger(__name__)
@@ -63,6 +85,8 @@ _NAME_RE = re.compile(
 _EPOCH_RE = re.compile(r"^epoch=(?P<epoch>\d+)$")
 _SPLIT_RE = re.compile(r"^split=(?P<split>[a-z_]+)$")
 _HOST = socket.gethostname().replace(".", "_")
+DEFAULT_CRYPTO = "default"
+"""``write_shard(crypto=...)``: encrypt with the default local key file (created if need be)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,52 +165,77 @@ class ShardInfo:
 
     relpath: str
     sha256: str
+    plaintext_sha256: str
     bytes: int
     rows: int
     windows: int
+    encrypted: bool
 
 
-def _writer(path: Path, schema: pa.Schema, config: ShardConfig) -> pq.ParquetWriter:
-    return pq.ParquetWriter(
-        str(path), schema, version="2.6", compression="zstd",
-        compression_level=config.compression_level, use_dictionary=True,
-        write_statistics=True, data_page_size=config.data_page_bytes, data_page_version="1.0",
-        dictionary_pagesize_limit=1 << 20, write_batch_size=1024, store_schema=True,
-        write_page_index=False, write_page_checksum=True,
-        sorting_columns=[pq.SortingColumn(schema.get_field_index(c)) for c in SORT_COLUMNS],
-    )
+def parquet_settings(config: ShardConfig) -> ParquetSettings:
+    return ParquetSettings(row_group_rows=config.row_group_rows,
+                           compression_level=config.compression_level,
+                           data_page_bytes=config.data_page_bytes)
 
 
-def _write_staging(path: Path, table: pa.Table, config: ShardConfig) -> None:
-    writer = _writer(path, table.schema, config)
+def _write_staging(path: Path, table: pa.Table, config: ShardConfig,
+                   crypto: ShardCrypto | None) -> str:
+    """Write the staging file; the SHA-256 of the plaintext encoding (None: of the file)."""
+    settings = parquet_settings(config)
     try:
-        step = config.row_group_rows
-        for start in range(0, table.num_rows, step):
-            writer.write_table(table.slice(start, step), row_group_size=step)
-            faults.hit("mid_write")
+        plain = None if crypto is None else plaintext_sha256(table, settings)
+        props = None if crypto is None else crypto.encryption_properties(table.schema.names)
+        writer = open_writer(str(path), table.schema, settings, props)
+        try:
+            write_row_groups(writer, table, settings, lambda: faults.hit("mid_write"))
+            if crypto is not None and plain is not None:
+                writer.add_key_value_metadata({
+                    KEY_PLAINTEXT_SHA256.decode(): plain,
+                    KEY_ENCRYPTION.decode(): canonical_json(
+                        crypto.record(table.schema.names)).decode()})
+        finally:
+            writer.close()
     except (OSError, pa.ArrowException) as exc:
         raise ShardError(
             f"cannot write shard staging file {path}: {exc}; check disk space"
         ) from exc
-    finally:
-        writer.close()
     os.chmod(path, FILE_MODE)  # pyarrow creates it by the umask; the staging dir is 0750
     fsync_path(path)
+    return plain if plain is not None else sha256_file(path)
+
+
+def _crypto(crypto: ShardCrypto | str | None) -> ShardCrypto | None:
+    if crypto == DEFAULT_CRYPTO:
+        try:
+            return default_crypto(create=True)
+        except KeyAccessError as exc:
+            raise ShardError(f"cannot encrypt shards: {exc}") from exc
+    if crypto is None:
+        log.warning("writing an UNENCRYPTED shard (crypto=None): sealed data will be "
+                    "readable by anyone who can read the files")
+        return None
+    if not isinstance(crypto, ShardCrypto):
+        raise ShardError(f"write_shard crypto must be a ShardCrypto, {DEFAULT_CRYPTO!r} or "
+                         f"None, got {crypto!r}")
+    return crypto
 
 
 def write_shard(root: Path, relpath: str, table: pa.Table, config: ShardConfig,
-                *, windows: int) -> ShardInfo:
+                *, windows: int, crypto: ShardCrypto | str | None = DEFAULT_CRYPTO
+                ) -> ShardInfo:
     """Write ``table`` atomically to ``root/relpath`` (see the module doc); its info."""
+    shard_crypto = _crypto(crypto)
     final = root / relpath
     staging_dir = root / STAGING_DIR
     make_dirs(staging_dir)
     make_dirs(final.parent)
     staging = staging_dir / f"{final.name}.{_HOST}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        _write_staging(staging, table, config)
+        plain = _write_staging(staging, table, config, shard_crypto)
         digest = sha256_file(staging)
         if final.exists():
-            _same_as_existing(final, digest)
+            digest = sha256_file(final)
+            _same_as_existing(final, plain, shard_crypto)
             staging.unlink()
         else:
             faults.hit("before_rename")
@@ -195,20 +244,21 @@ def write_shard(root: Path, relpath: str, table: pa.Table, config: ShardConfig,
     finally:
         staging.unlink(missing_ok=True)
     faults.hit("after_rename")
-    return ShardInfo(relpath=relpath, sha256=digest, bytes=final.stat().st_size,
-                     rows=table.num_rows, windows=windows)
+    return ShardInfo(relpath=relpath, sha256=digest, plaintext_sha256=plain,
+                     bytes=final.stat().st_size, rows=table.num_rows, windows=windows,
+                     encrypted=shard_crypto is not None)
 
 
-def _same_as_existing(final: Path, digest: str) -> None:
-    existing = sha256_file(final)
-    if existing != digest:
+def _same_as_existing(final: Path, plain: str, crypto: ShardCrypto | None) -> None:
+    existing = shard_summary(final, crypto)["plaintext_sha256"]
+    if existing != plain:
         raise ShardError(
-            f"{final} already exists with SHA-256 {existing}, but replaying the same source "
-            f"offsets now gives {digest}: replay or shard writing is not deterministic "
+            f"{final} already exists with plaintext SHA-256 {existing}, but replaying the same "
+            f"source offsets now gives {plain}: replay or shard writing is not deterministic "
             "(different teacher, config, library version or thread count?). Investigate "
             "before deleting either file"
         )
-    log.info("shard %s already durable with identical bytes", final.name)
+    log.info("shard %s already durable with identical plaintext bytes", final.name)
 
 
 def clean_staging(root: Path, *, stale_after_s: float = 3600.0) -> int:
@@ -246,21 +296,27 @@ def iter_shards(root: Path, epoch: int | None = None) -> Iterator[tuple[int, str
                 yield int(ematch["epoch"]), smatch["split"], path
 
 
-def shard_summary(path: Path) -> dict[str, Any]:
-    """Rows, row groups and ``flywheel.shard`` metadata of a shard (reads the footer only)."""
+def shard_summary(path: Path, crypto: ShardCrypto | None = None) -> dict[str, Any]:
+    """Rows, row groups, ``flywheel.shard`` metadata, plaintext SHA-256 and encryption
+    record (None when plaintext) of a shard; reads the footer only (decrypting it)."""
     try:
-        meta = pq.read_metadata(path)
+        meta = open_parquet(path, crypto).metadata
         shard = read_shard_metadata(meta.metadata)
-    except (OSError, pa.ArrowException, ShardFormatError) as exc:
+    except (OSError, pa.ArrowException, ShardFormatError, KeyAccessError) as exc:
         raise ShardError(f"cannot read the Parquet footer of {path}: {exc}") from exc
+    kv = meta.metadata or {}
+    encryption = kv.get(KEY_ENCRYPTION)
+    plain = kv.get(KEY_PLAINTEXT_SHA256)
     return {"rows": meta.num_rows, "row_groups": meta.num_row_groups,
-            "created_by": meta.created_by, "shard": shard}
+            "created_by": meta.created_by, "shard": shard,
+            "plaintext_sha256": plain.decode() if plain else sha256_file(path),
+            "encryption": None if encryption is None else json.loads(encryption)}
 
 
 def read_window_ids(path: Path) -> list[str]:
     """The distinct window ids of one shard, in row order."""
     try:
-        column = pq.read_table(path, columns=["window_id"]).column("window_id")
-    except (OSError, pa.ArrowException) as exc:
+        column = read_parquet(path, ["window_id"]).column("window_id")
+    except (OSError, pa.ArrowException, KeyAccessError) as exc:
         raise ShardError(f"cannot read window ids from {path}: {exc}") from exc
     return list(dict.fromkeys(column.to_pylist()))

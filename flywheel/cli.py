@@ -30,6 +30,7 @@ app = typer.Typer(
 
 def _mount_subapps() -> None:
     from hebrus_flywheel.consumers.cli import (
+        export_command,
         rebuild_command,
         replay_app,
         seal_command,
@@ -53,6 +54,7 @@ def _mount_subapps() -> None:
     app.command("seal")(seal_command)
     app.command("verify")(verify_command)
     app.command("rebuild")(rebuild_command)
+    app.command("export-plaintext")(export_command)
     app.command("train")(train_command)
     app.command("evaluate")(evaluate_command)
     app.command("qualify")(qualify_command)

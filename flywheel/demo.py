@@ -174,7 +174,9 @@ def _stage_rebuild(ctx: DemoContext) -> None:
     print(f"[rebuild] {report['capture_windows_regenerated']} windows regenerated from the "
           f"capture topics ({report['capture_segments']} streams configuration segment(s)), "
           f"replayed into {out}: "
-          f"{'byte-identical' if report.get('identical') else 'DIFFERENT'}")
+          f"{'plaintext byte-identical' if report.get('identical') else 'DIFFERENT'} "
+          f"(content id {'matches' if report.get('content_id_match') else 'DIFFERS'}; "
+          "ciphertext fresh: encrypted at rest)")
 
 
 def _print_lines(tag: str, lines: list[str]) -> None:

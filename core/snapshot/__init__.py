@@ -7,17 +7,28 @@ import this package and nothing else to agree on what a sealed snapshot is.
 
 from __future__ import annotations
 
+from hebrus_flywheel.core.snapshot.crypto import (
+    ShardCrypto,
+    default_crypto,
+    is_encrypted,
+    open_parquet,
+    read_parquet,
+)
+from hebrus_flywheel.core.snapshot.encode import ParquetSettings, plaintext_sha256
 from hebrus_flywheel.core.snapshot.errors import (
+    KeyAccessError,
     ManifestError,
     ShardFormatError,
     SnapshotContractError,
     VerifyError,
 )
+from hebrus_flywheel.core.snapshot.keys import KeyProvider, LocalKeyFile, default_kek_path
 from hebrus_flywheel.core.snapshot.manifest import (
     MANIFEST_FILE,
     MANIFEST_FORMAT,
     Manifest,
     ShardEntry,
+    content_digest,
     load_manifest,
     manifest_digest,
     manifest_path,
@@ -50,9 +61,11 @@ from hebrus_flywheel.core.snapshot.shard import (
 __all__ = [
     "CONTRACT_VERSION", "F16_MAX_REL_ERROR", "FEATURE_DTYPES", "MANIFEST_FILE",
     "MANIFEST_FORMAT", "METADATA_KEYS", "SHARD_FORMAT", "SORT_COLUMNS", "U8_LEVELS",
-    "U8_MAX_ABS_ERROR", "WEIGHT_ENCODINGS", "Manifest", "ManifestError", "SealedSnapshot",
+    "U8_MAX_ABS_ERROR", "WEIGHT_ENCODINGS", "KeyAccessError", "KeyProvider", "LocalKeyFile",
+    "Manifest", "ManifestError", "ParquetSettings", "SealedSnapshot", "ShardCrypto",
     "ShardEntry", "ShardFormatError", "ShardLayout", "SnapshotContractError", "VerifyError",
-    "dequantize_weights_u8", "load_manifest", "manifest_digest", "manifest_path",
-    "open_snapshot", "parse_manifest", "read_shard_metadata", "sha256_file", "shard_layout",
-    "shard_metadata", "shard_schema", "verify_snapshot",
+    "content_digest", "default_crypto", "default_kek_path", "dequantize_weights_u8", "is_encrypted",
+    "load_manifest", "manifest_digest", "manifest_path", "open_parquet", "open_snapshot",
+    "parse_manifest", "plaintext_sha256", "read_parquet", "read_shard_metadata",
+    "sha256_file", "shard_layout", "shard_metadata", "shard_schema", "verify_snapshot",
 ]

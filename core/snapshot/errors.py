@@ -20,3 +20,8 @@ class ManifestError(SnapshotContractError):
 
 class VerifyError(SnapshotContractError):
     """A sealed snapshot differs from its manifest (byte flip, missing or extra file)."""
+
+
+class KeyAccessError(SnapshotContractError):
+    """An encrypted shard cannot be written or read: no key, the wrong key, or a key file
+    that is not private."""

@@ -3,7 +3,15 @@
 A snapshot is one epoch directory ``ROOT/epoch=N/`` with its shards under ``split=S/``
 and ``manifest.json``. The snapshot id is the hex SHA-256 of the manifest's canonical
 JSON without the ``snapshot_id`` field; the manifest holds no timestamps or host names,
-so sealing the same shards twice, or a byte-identical rebuild, gives the same id.
+so sealing the same shard files twice gives the same id.
+
+Shards are encrypted with random data keys, so a rebuild writes different ciphertext
+(other ``sha256`` and, by a few bytes, other ``bytes``) and hence gets another snapshot
+id. What a rebuild reproduces is the *content*: ``content_id`` is the SHA-256 of the
+canonical JSON without the ids, the ``encryption`` record, and every ciphertext-dependent
+field (each shard's ``sha256`` and ``bytes``, ``totals.bytes``, ``splits.*.bytes``); it
+covers each shard's ``plaintext_sha256``, the digest of its deterministic plaintext
+encoding.
 ``docs/snapshot-manifest.schema.json`` is the JSON Schema of the file.
 """
 
@@ -24,10 +32,12 @@ MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = f"hebrus-flywheel-snapshot/v{CONTRACT_VERSION}"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ENTRY_INTS = ("bytes", "rows", "windows", "partition", "first_offset", "last_offset")
-_ENTRY_STRS = ("path", "sha256", "split", "topic")
+_ENTRY_STRS = ("path", "sha256", "plaintext_sha256", "split", "topic")
 _REQUIRED = ("format", "epoch", "snapshot_id", "identity", "determinism", "writer", "source",
              "geometry", "shards", "splits", "totals", "parity", "parity_override",
-             "previous_snapshot", "label_encoding", "teacher", "tokenizer")
+             "previous_snapshot", "label_encoding", "teacher", "tokenizer", "content_id",
+             "encryption")
+_CIPHERTEXT_ENTRY_KEYS = ("sha256", "bytes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +46,7 @@ class ShardEntry:
 
     path: str
     sha256: str
+    plaintext_sha256: str
     bytes: int
     rows: int
     windows: int
@@ -49,6 +60,18 @@ class ShardEntry:
 def manifest_digest(manifest: Mapping[str, Any]) -> str:
     """The snapshot id: SHA-256 of the canonical JSON without ``snapshot_id``."""
     return canonical_digest({k: v for k, v in manifest.items() if k != "snapshot_id"})
+
+
+def content_digest(manifest: Mapping[str, Any]) -> str:
+    """The content id: what a rebuild reproduces, whatever the keys (see the module doc)."""
+    view = {k: v for k, v in manifest.items()
+            if k not in ("snapshot_id", "content_id", "encryption")}
+    view["shards"] = [{k: v for k, v in s.items() if k not in _CIPHERTEXT_ENTRY_KEYS}
+                      for s in manifest.get("shards") or []]
+    view["totals"] = {k: v for k, v in (manifest.get("totals") or {}).items() if k != "bytes"}
+    view["splits"] = {name: {k: v for k, v in split.items() if k != "bytes"}
+                      for name, split in (manifest.get("splits") or {}).items()}
+    return canonical_digest(view)
 
 
 def manifest_path(snapshot: Path) -> Path:
@@ -83,6 +106,16 @@ class Manifest(Mapping[str, Any]):
         return str(self._raw["snapshot_id"])
 
     @property
+    def content_id(self) -> str:
+        return str(self._raw["content_id"])
+
+    @property
+    def encryption(self) -> dict[str, Any] | None:
+        """How the shards are encrypted (provider, KEK id, key split); None if plaintext."""
+        value = self._raw.get("encryption")
+        return dict(value) if isinstance(value, dict) else None
+
+    @property
     def epoch(self) -> int:
         return int(self._raw["epoch"])
 
@@ -114,9 +147,11 @@ def _entry(value: Any, where: str) -> ShardEntry:
     bad = [k for k in _ENTRY_INTS if isinstance(value.get(k), bool)
            or not isinstance(value.get(k), int) or value[k] < 0]
     bad += [k for k in _ENTRY_STRS if not isinstance(value.get(k), str)]
-    if bad or not _HEX64.match(value["sha256"]):
+    bad += [k for k in ("sha256", "plaintext_sha256")
+            if k not in bad and not _HEX64.match(value[k])]
+    if bad:
         raise ManifestError(f"{where}: shard entry {value.get('path')!r} has invalid "
-                            f"fields {bad or ['sha256']}")
+                            f"fields {bad}")
     if value["path"].startswith("/") or ".." in value["path"].split("/"):
         raise ManifestError(f"{where}: shard path {value['path']!r} leaves the snapshot")
     return ShardEntry(**{k: value[k] for k in ShardEntry.__dataclass_fields__})
@@ -147,6 +182,9 @@ def parse_manifest(value: Any, *, where: str = "manifest") -> Manifest:
         raise ManifestError(
             f"{where} claims snapshot id {value.get('snapshot_id')} but its content hashes "
             f"to {digest}: the manifest was edited or damaged; restore it from a copy")
+    if value.get("content_id") != content_digest(value):
+        raise ManifestError(f"{where}: content_id {value.get('content_id')} does not match its "
+                            "content; the manifest was edited or damaged; restore it from a copy")
     if not isinstance(value["shards"], list) or not isinstance(value["identity"], dict):
         raise ManifestError(f"{where}: shards must be a list and identity an object")
     shards = tuple(_entry(s, where) for s in value["shards"])

@@ -5,6 +5,12 @@ expected id when given), every listed shard must exist as a regular file with it
 count and SHA-256, and no other file (hidden ones and symlinks included) may exist
 under the snapshot. Readers that open lazily check each shard (bytes, SHA-256, footer
 against the manifest) before using any of its rows, and refuse on any mismatch.
+
+Encrypted shards (:mod:`hebrus_flywheel.core.snapshot.crypto`): verification without keys
+checks the ciphertext (``sha256``); ``keys=True`` also decrypts every shard, re-encodes
+its rows without encryption and compares ``plaintext_sha256``. Readers decrypt with the
+default local key file (never created by a reader) or a given :class:`ShardCrypto`; no
+key file or the wrong KEK raises :class:`KeyAccessError` naming what to do.
 """
 
 from __future__ import annotations
@@ -17,9 +23,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from hebrus_flywheel.core.snapshot.errors import ShardFormatError, VerifyError
+from hebrus_flywheel.core.snapshot.crypto import (
+    KEY_PLAINTEXT_SHA256,
+    ShardCrypto,
+    check_kek,
+    default_crypto,
+    is_encrypted,
+    open_parquet,
+    read_parquet,
+)
+from hebrus_flywheel.core.snapshot.encode import ParquetSettings, plaintext_sha256
+from hebrus_flywheel.core.snapshot.errors import KeyAccessError, ShardFormatError, VerifyError
 from hebrus_flywheel.core.snapshot.manifest import (
     MANIFEST_FILE,
     Manifest,
@@ -74,14 +89,50 @@ def _problems(directory: Path, manifest: Manifest, expected_id: str | None) -> l
     return problems
 
 
-def verify_snapshot(snapshot: Path, *, expected_id: str | None = None) -> dict[str, Any]:
-    """Verify a sealed epoch; a summary on success, VerifyError listing every problem."""
+def manifest_crypto(manifest: Manifest, crypto: ShardCrypto | None) -> ShardCrypto | None:
+    """The crypto to read ``manifest``'s shards with (None when they are plaintext);
+    KeyAccessError when no key file is at hand or it holds another KEK."""
+    record = manifest.encryption
+    if record is None:
+        return None
+    chosen = crypto or default_crypto()
+    check_kek(record, chosen, f"snapshot {manifest.snapshot_id}")
+    return chosen
+
+
+def _plaintext_problems(directory: Path, manifest: Manifest,
+                        crypto: ShardCrypto | None) -> list[str]:
+    chosen = manifest_crypto(manifest, crypto)
+    settings = ParquetSettings.from_mapping(manifest["determinism"].get("shard") or {})
+    problems = []
+    for entry in manifest.shards:
+        try:
+            table = read_parquet(directory / entry.path, crypto=chosen)
+        except (OSError, pa.ArrowException) as exc:
+            problems.append(f"{entry.path} cannot be read: {exc}")
+            continue
+        digest = plaintext_sha256(table, settings)
+        if digest != entry.plaintext_sha256:
+            problems.append(f"{entry.path} decrypts to plaintext SHA-256 {digest}, the manifest "
+                            f"says {entry.plaintext_sha256}")
+    return problems
+
+
+def verify_snapshot(snapshot: Path, *, expected_id: str | None = None, keys: bool = False,
+                    crypto: ShardCrypto | None = None) -> dict[str, Any]:
+    """Verify a sealed epoch; a summary on success, VerifyError listing every problem.
+
+    Without ``keys`` no key is needed (ciphertext digests); with ``keys`` every shard is
+    also decrypted and its plaintext digest compared (KeyAccessError without the KEK).
+    """
     directory = manifest_path(snapshot).parent
     try:
         manifest = load_manifest(directory)
     except ManifestError as exc:
         raise VerifyError(f"snapshot {directory} failed verification: {exc}") from exc
     problems = _problems(directory, manifest, expected_id)
+    if keys and not problems:
+        problems = _plaintext_problems(directory, manifest, crypto)
     if problems:
         more = f" (+{len(problems) - 20} more)" if len(problems) > 20 else ""
         raise VerifyError(
@@ -89,9 +140,11 @@ def verify_snapshot(snapshot: Path, *, expected_id: str | None = None) -> dict[s
             + "; ".join(problems[:20]) + more
             + ". Do not train on it: restore the files from a copy or regenerate them with "
             "`flywheel rebuild --snapshot ...`")
-    return {"snapshot_id": manifest.snapshot_id, "epoch": manifest.epoch,
-            "shards": len(manifest.shards), "rows": manifest["totals"]["rows"],
-            "bytes": manifest["totals"]["bytes"], "parity_authoritative":
+    return {"snapshot_id": manifest.snapshot_id, "content_id": manifest.content_id,
+            "epoch": manifest.epoch, "shards": len(manifest.shards),
+            "rows": manifest["totals"]["rows"], "bytes": manifest["totals"]["bytes"],
+            "encrypted": manifest.encryption is not None, "plaintext_checked": keys,
+            "parity_authoritative":
             bool((manifest.get("parity") or {}).get("authoritative")),
             "parity_override": manifest.get("parity_override")}
 
@@ -99,11 +152,24 @@ def verify_snapshot(snapshot: Path, *, expected_id: str | None = None) -> dict[s
 class SealedSnapshot:
     """A verified-on-read sealed epoch: its manifest and checked access to its shards."""
 
-    def __init__(self, directory: Path, manifest: Manifest, *, hash_on_read: bool) -> None:
+    def __init__(self, directory: Path, manifest: Manifest, *, hash_on_read: bool,
+                 crypto: ShardCrypto | None = None) -> None:
         self.directory = directory
         self.manifest = manifest
         self._hash_on_read = hash_on_read
         self._checked: set[int] = set()
+        self._given_crypto = crypto
+        self._crypto: ShardCrypto | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable for spawned DataLoader workers: keys are loaded again there."""
+        return {**self.__dict__, "_crypto": None}
+
+    def crypto(self) -> ShardCrypto | None:
+        """The keys to read shards with (loaded once, on the first encrypted read)."""
+        if self._crypto is None and self.manifest.encryption is not None:
+            self._crypto = manifest_crypto(self.manifest, self._given_crypto)
+        return self._crypto
 
     @property
     def snapshot_id(self) -> str:
@@ -132,40 +198,55 @@ class SealedSnapshot:
 
     def _check_footer(self, entry: ShardEntry, path: Path, groups: list[int | None],
                       where: str) -> None:
+        if is_encrypted(path) != (self.manifest.encryption is not None):
+            raise VerifyError(f"{where}: the manifest says the shards are "
+                              f"{'encrypted' if self.manifest.encryption else 'plaintext'}, "
+                              "the file is not; the snapshot is inconsistent")
+        crypto = self.crypto()
         try:
-            meta = pq.read_metadata(path)
+            meta = open_parquet(path, crypto).metadata
             info = read_shard_metadata(meta.metadata)
         except (OSError, pa.ArrowException, ShardFormatError) as exc:
             raise VerifyError(f"{where} has an unreadable footer: {exc}") from exc
+        plain = (meta.metadata or {}).get(KEY_PLAINTEXT_SHA256)
+        plain_ok = entry.plaintext_sha256 == (entry.sha256 if crypto is None
+                                              else (plain or b"").decode())
         layout = self.manifest.layout
         same = layout is not None and layout.to_dict() == {k: info.get(k)
                                                             for k in layout.to_dict()}
-        if (not same or meta.num_rows != entry.rows or info.get("split") != entry.split
+        if (not same or not plain_ok or meta.num_rows != entry.rows
+                or info.get("split") != entry.split
                 or info.get("identity_id") != self.manifest.identity.get("identity_id")
                 or (groups != [None] and meta.num_row_groups != len(groups))):
             raise VerifyError(f"{where}: footer disagrees with the manifest (rows, split, row "
-                              "groups, identity or layout); the snapshot is inconsistent")
+                              "groups, identity, layout or plaintext digest); the snapshot is "
+                              "inconsistent")
 
-    def read_shard(self, index: int, columns: Sequence[str],
+    def read_shard(self, index: int, columns: Sequence[str] | None,
                    row_group: int | None = None) -> pa.Table:
-        """Rows of shard ``index`` (one row group, or all), checking the shard first."""
+        """Rows of shard ``index`` (``columns`` or all; one row group, or all), checking
+        the shard first.
+
+        KeyAccessError when the shard is encrypted and the reader lacks its KEK.
+        """
         self.check_shard(index)
         path = self.directory / self.manifest.shards[index].path
         try:
-            handle = pq.ParquetFile(path)
-            if row_group is None:
-                return handle.read(columns=list(columns))
-            return handle.read_row_group(row_group, columns=list(columns))
+            return read_parquet(path, columns, self.crypto(), row_group)
+        except KeyAccessError:
+            raise
         except (OSError, pa.ArrowException) as exc:
             raise VerifyError(f"cannot read {path}: {exc}; verify the snapshot") from exc
 
 
 def open_snapshot(path: Path, *, expected_id: str | None = None,
-                  verify: Literal["lazy", "full"] = "lazy") -> SealedSnapshot:
+                  verify: Literal["lazy", "full"] = "lazy",
+                  crypto: ShardCrypto | None = None) -> SealedSnapshot:
     """Open a sealed epoch from its manifest (``lazy``) or after a full verification.
 
     ``lazy`` reads only ``manifest.json`` now and hashes each shard when first read;
-    ``full`` runs :func:`verify_snapshot` first (also refusing extra files).
+    ``full`` runs :func:`verify_snapshot` first (also refusing extra files). Encrypted
+    shards are read with ``crypto``, else the default local key file.
     """
     if verify not in ("lazy", "full"):
         raise VerifyError(f"verify must be 'lazy' or 'full', got {verify!r}")
@@ -176,4 +257,4 @@ def open_snapshot(path: Path, *, expected_id: str | None = None,
     if expected_id is not None and manifest.snapshot_id != expected_id:
         raise VerifyError(f"snapshot {directory} is {manifest.snapshot_id}, expected "
                           f"{expected_id}; point at the snapshot you meant")
-    return SealedSnapshot(directory, manifest, hash_on_read=verify == "lazy")
+    return SealedSnapshot(directory, manifest, hash_on_read=verify == "lazy", crypto=crypto)

@@ -23,8 +23,9 @@ from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.core.jsonio import canonical_json
 from hebrus_flywheel.core.snapshot.errors import ShardFormatError
 
-CONTRACT_VERSION = 2
-"""Bumped on any change to columns, metadata keys or manifest fields."""
+CONTRACT_VERSION = 3
+"""Bumped on any change to columns, metadata keys or manifest fields (3: encryption at
+rest, ``plaintext_sha256``, ``content_id``)."""
 SHARD_FORMAT = f"hebrus-flywheel-shard/v{CONTRACT_VERSION}"
 WEIGHT_ENCODINGS: tuple[str, ...] = ("uint8", "float16")
 FEATURE_DTYPES: dict[str, Any] = {"float16": (np.float16, pa.float16()),

@@ -19,6 +19,7 @@ from hebrus_flywheel.consumers.kafka_io import committed_offsets
 from hebrus_flywheel.consumers.seal import SealConfig, seal_epoch
 from hebrus_flywheel.consumers.shards import iter_shards
 from hebrus_flywheel.core.progress import read_health
+from hebrus_flywheel.core.snapshot import default_kek_path
 from hebrus_flywheel.streams.topics import catalogue, window_topic
 from tests.support.windows import (
     WorkerProcess,
@@ -47,7 +48,9 @@ def test_drain_waits_for_the_seal_boundary_then_exits_zero(
         ["--teacher", str(teacher_dir), "--dataset", str(root), "--bootstrap-servers",
          bootstrap, "--prefix", prefix, "--offsets-per-shard", "4", "--row-group-rows", "4",
          "--batch-windows", "2", "--torch-threads", "1", "--drain", "--stall-timeout-s", "20"],
-        log_path=tmp_path / "worker.log", env={"FLYWHEEL_HOME": str(tmp_path / "home")})
+        # Its own home, but the key file the seal (this process) reads the shards with.
+        log_path=tmp_path / "worker.log", env={"FLYWHEEL_HOME": str(tmp_path / "home"),
+                                               "FLYWHEEL_KEK_FILE": str(default_kek_path())})
     try:
         deadline = time.monotonic() + 240
         while not list(iter_shards(root)) and worker.proc.poll() is None \

@@ -20,13 +20,14 @@ import duckdb
 import pytest
 
 from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets
-from hebrus_flywheel.consumers.shards import ShardConfig, iter_shards
+from hebrus_flywheel.consumers.shards import ShardConfig
 from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
 from hebrus_flywheel.core.progress import WatchdogConfig, read_health
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
-from hebrus_flywheel.core.snapshot import sha256_file
+from hebrus_flywheel.core.snapshot import default_kek_path
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker
 from hebrus_flywheel.streams.topics import SPLITS, catalogue, window_topic
+from tests.support.plaintext import plaintext_copy, plaintext_digests
 from tests.support.windows import (
     WorkerProcess,
     corpus_token_ids,
@@ -62,13 +63,15 @@ def windows(teacher: Any, teacher_dir: Path) -> list[dict[str, Any]]:
 
 
 def shard_digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): sha256_file(p) for _, _, p in iter_shards(root)}
+    """Plaintext digests: shards are encrypted with fresh data keys on every write."""
+    return plaintext_digests(root)
 
 
 def shard_rows(root: Path) -> list[tuple[Any, ...]]:
+    plain = plaintext_copy(root, root.parent / f"{root.name}-plaintext")  # DuckDB: no keys
     return duckdb.sql(
         f"SELECT split, window_id, token_ordinal, source_offset FROM read_parquet("
-        f"'{root}/epoch=*/split=*/*.parquet', hive_partitioning=true) "
+        f"'{plain}/epoch=*/split=*/*.parquet', hive_partitioning=true) "
         "ORDER BY split, source_offset, token_ordinal").fetchall()
 
 
@@ -131,7 +134,9 @@ def test_broker_outage_mid_epoch_then_restart_gives_the_fault_free_rows(
     reference = shard_digests(tmp_path / "reference")
     assert len(reference) == BLOCKS
 
-    root, env = tmp_path / "outage", {"FLYWHEEL_HOME": str(tmp_path / "home")}
+    # The worker's own home, but the test's key file: the test reads its shards' footers.
+    root, env = tmp_path / "outage", {"FLYWHEEL_HOME": str(tmp_path / "home"),
+                                      "FLYWHEEL_KEK_FILE": str(default_kek_path())}
     args = _args(teacher_dir, root, bootstrap, prefix)
     first = WorkerProcess(args, log_path=tmp_path / "worker-0.log", env=env)
     _wait_for(lambda: len(shard_digests(root)) >= 1, 240, "first shard", first)

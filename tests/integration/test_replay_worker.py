@@ -23,9 +23,10 @@ from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets, r
 from hebrus_flywheel.consumers.shards import STAGING_DIR, ShardConfig, iter_shards
 from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
 from hebrus_flywheel.core.progress import WatchdogConfig
-from hebrus_flywheel.core.snapshot import U8_MAX_ABS_ERROR, dequantize_weights_u8, sha256_file
+from hebrus_flywheel.core.snapshot import U8_MAX_ABS_ERROR, dequantize_weights_u8
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.topics import QUARANTINE_TOPIC, catalogue, window_topic
+from tests.support.plaintext import plaintext_copy, plaintext_digests
 from tests.support.windows import (
     WorkerProcess,
     corpus_token_ids,
@@ -74,7 +75,8 @@ def run_in_thread(config: ReplayWorkerConfig, teacher: Any) -> ReplayWorker:
 
 
 def shard_digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): sha256_file(p) for _, _, p in iter_shards(root)}
+    """Plaintext digests: shards are encrypted with fresh data keys on every write."""
+    return plaintext_digests(root)
 
 
 @dataclass
@@ -126,12 +128,14 @@ def test_worker_writes_one_shard_per_full_block_and_commits_its_end(
     assert committed == {(train_topic, 0): 12, (validation_topic, 0): 4}
 
 
-def test_shard_labels_equal_a_direct_engine_replay(e2e: EndToEnd, teacher: Any) -> None:
+def test_shard_labels_equal_a_direct_engine_replay(e2e: EndToEnd, teacher: Any,
+                                                   tmp_path: Path) -> None:
     from hebrus_flywheel.replay.prefill import PrefillReplayer
 
+    plain = plaintext_copy(e2e.root, tmp_path / "plain")  # DuckDB cannot use our keys
     rows = duckdb.sql(
         f"SELECT split, window_id, token_ordinal, expert_ids, weights_u8, features "
-        f"FROM read_parquet('{e2e.root}/epoch=*/split=*/*.parquet', hive_partitioning=true) "
+        f"FROM read_parquet('{plain}/epoch=*/split=*/*.parquet', hive_partitioning=true) "
         f"ORDER BY split, source_offset, token_ordinal").fetchall()
     windows = e2e.train + e2e.validation
     assert len(rows) == 13 * 6
@@ -213,4 +217,4 @@ def test_kill_mid_batch_and_mid_write_then_restart_gives_the_same_bytes(
         assert len(seen) == visible, (fault, sorted(seen))
     assert shard_digests(root) == reference
     assert not any((root / STAGING_DIR).iterdir())
-    assert "already durable with identical bytes" in (tmp_path / "worker.log").read_text()
+    assert "already durable with identical plaintext bytes" in (tmp_path / "worker.log").read_text()

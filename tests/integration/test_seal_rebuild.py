@@ -34,7 +34,8 @@ from hebrus_flywheel.consumers.rebuild import RebuildConfig, rebuild_snapshot
 from hebrus_flywheel.consumers.seal import SealConfig, SealResult, seal_epoch
 from hebrus_flywheel.consumers.shards import ShardConfig
 from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
-from hebrus_flywheel.core.snapshot import dequantize_weights_u8, verify_snapshot
+from hebrus_flywheel.core.snapshot import dequantize_weights_u8, load_manifest, verify_snapshot
+from hebrus_flywheel.core.snapshot.export import export_plaintext
 from hebrus_flywheel.streams.topics import CONTROL_TOPIC, SPLITS, catalogue, window_topic
 from tests.support.windows import (
     corpus_token_ids,
@@ -173,16 +174,24 @@ def test_parity_is_computed_on_the_sealed_holdout_and_overrides_are_recorded(
     assert second.manifest["parity_override"]["reason"].startswith("no runtime_holdout")
 
 
-def test_duckdb_reads_sealed_shards_with_the_manifest_counts(scenario: Scenario) -> None:
+def test_duckdb_reads_sealed_shards_with_the_manifest_counts(scenario: Scenario,
+                                                            tmp_path: Path) -> None:
+    """DuckDB, the independent reader, refuses the encrypted shards (it cannot use our
+    KMS-wrapped keys) and reads the checked plaintext export (`flywheel export-plaintext`)."""
+    with pytest.raises(duckdb.Error, match="encrypted"):
+        duckdb.sql(f"SELECT count(*) FROM read_parquet('{scenario.root}/epoch=0/*/*.parquet')"
+                   ).fetchall()
+    plain = tmp_path / "plain"
     for result in scenario.epochs:
         epoch = result.manifest["epoch"]
+        export_plaintext(result.manifest_path.parent, plain / f"epoch={epoch}")
         got = dict(duckdb.sql(
-            f"SELECT split, count(*) FROM read_parquet('{scenario.root}/epoch=*/split=*/*.parquet',"
+            f"SELECT split, count(*) FROM read_parquet('{plain}/epoch=*/split=*/*.parquet',"
             f" hive_partitioning=true) WHERE epoch = {epoch} GROUP BY split").fetchall())
         assert got == {s: v["rows"] for s, v in result.manifest["splits"].items()}
     rows = duckdb.sql(
         f"SELECT window_id, token_ordinal, expert_ids, weights_u8 FROM read_parquet("
-        f"'{scenario.root}/epoch=0/split=runtime_holdout/*.parquet') "
+        f"'{plain}/epoch=0/split=runtime_holdout/*.parquet') "
         f"ORDER BY window_id, token_ordinal").fetchall()
     captured = {w["window_id"]: w for w in scenario.holdout}
     assert {r[0] for r in rows} == set(captured)
@@ -195,7 +204,7 @@ def test_duckdb_reads_sealed_shards_with_the_manifest_counts(scenario: Scenario)
         assert np.array_equal(np.asarray(ids), decode[a])
         assert np.allclose(dequantize_weights_u8(np.asarray(weights)).sum(-1), 1.0, atol=0.02)
     epoch1 = duckdb.sql(
-        f"SELECT count(DISTINCT window_id) FROM read_parquet('{scenario.root}/epoch=1/*/*.parquet')"
+        f"SELECT count(DISTINCT window_id) FROM read_parquet('{plain}/epoch=1/*/*.parquet')"
     ).fetchall()[0][0]
     assert epoch1 == 6  # the repeat of an epoch-0 window was dropped
 
@@ -238,15 +247,25 @@ def test_verify_accepts_the_snapshot_and_fails_on_any_damage(scenario: Scenario,
         assert "failed verification" in result.stderr
 
 
-def test_rebuild_regenerates_byte_identical_shards(scenario: Scenario, tmp_path: Path) -> None:
+def test_rebuild_regenerates_plaintext_identical_shards(scenario: Scenario,
+                                                       tmp_path: Path) -> None:
+    """Rebuild parity under encryption: every shard's plaintext encoding is byte-identical
+    and the content id matches; the ciphertext (and so the snapshot id) is fresh."""
     for result in scenario.epochs:
         report = rebuild_snapshot(RebuildConfig(
             snapshot=result.manifest_path.parent, out=tmp_path / "in-process",
             teacher=scenario.teacher_dir, bootstrap=scenario.bootstrap), teacher=scenario.teacher)
-        assert report["identical"] and report["snapshot_id_match"], report["differences"]
+        assert report["identical"] and report["content_id_match"], report["differences"]
+        assert not report["snapshot_id_match"]  # fresh data keys and nonces
         assert report["shards"] == len(result.manifest["shards"])
         rebuilt = Path(report["out"])
-        assert verify_snapshot(rebuilt)["snapshot_id"] == result.snapshot_id
+        summary = verify_snapshot(rebuilt, keys=True)
+        assert summary["content_id"] == result.manifest["content_id"]
+        assert summary["snapshot_id"] == report["rebuilt_snapshot_id"] != result.snapshot_id
+        old = {s["path"]: s for s in result.manifest["shards"]}
+        for entry in load_manifest(rebuilt).shards:
+            assert entry.plaintext_sha256 == old[entry.path]["plaintext_sha256"]
+            assert entry.sha256 != old[entry.path]["sha256"]
     cli = subprocess.run(
         [*CONSUMERS_CLI, "rebuild", "--snapshot",
          str(scenario.epochs[1].manifest_path.parent), "--out", str(tmp_path / "cli"),
@@ -254,7 +273,8 @@ def test_rebuild_regenerates_byte_identical_shards(scenario: Scenario, tmp_path:
          "--json"], capture_output=True, text=True, timeout=300, check=False)
     assert cli.returncode == 0, cli.stderr[-3000:]
     report = json.loads(cli.stdout)
-    assert report["identical"] and report["rebuilt_snapshot_id"] == scenario.epochs[1].snapshot_id
+    assert report["identical"] and report["content_id_match"]
+    assert report["rebuilt_content_id"] == scenario.epochs[1].manifest["content_id"]
 
 
 def test_seal_without_running_workers_times_out_with_a_clear_message(

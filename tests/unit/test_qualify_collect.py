@@ -17,6 +17,7 @@ import pytest
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.geometry import RouteGeometry
+from hebrus_flywheel.core.snapshot import read_parquet
 from hebrus_flywheel.replay.parity import ParityResult
 from hebrus_flywheel.train.qualify import collect_data as data
 from hebrus_flywheel.train.qualify import collect_model as model
@@ -181,6 +182,11 @@ def test_rebuild_report_maps_to_determinism() -> None:
         data.determinism_evidence(report, "b")
     with pytest.raises(InputError, match="rebuilt_snapshot_id"):
         data.determinism_evidence({"snapshot_id": "a"}, "a")
+    # Encrypted: fresh ciphertext gives a fresh snapshot id; the content ids must match.
+    encrypted = {**report, "rebuilt_snapshot_id": "z", "content_id": "c",
+                 "rebuilt_content_id": "c"}
+    assert data.determinism_evidence(encrypted, "a").identical
+    assert not data.determinism_evidence({**encrypted, "rebuilt_content_id": "d"}, "a").identical
 
 
 def test_streams_summary_maps_to_fail_closed_and_near_duplicates() -> None:
@@ -220,8 +226,8 @@ def test_holdout_trace_follows_each_thread_in_ordinal_order(
     for seq in range(3):
         assert np.array_equal(rows.ordinal_N[rows.sequence_N == seq], np.arange(20))
     # the routes are the shards' own, token by token
-    table = pq.read_table(next(snapshot.directory.glob("split=runtime_holdout/*.parquet")),
-                          columns=["owner", "thread", "token_ordinal", "expert_ids"])
+    table = read_parquet(next(snapshot.directory.glob("split=runtime_holdout/*.parquet")),
+                         columns=["owner", "thread", "token_ordinal", "expert_ids"])
     row = table.slice(5, 1).to_pylist()[0]
     seq = rows.threads.index(f"{row['owner']}/{row['thread']}#0")
     at = np.flatnonzero((rows.sequence_N == seq) & (rows.ordinal_N == row["token_ordinal"]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import subprocess
@@ -31,14 +32,18 @@ from hebrus_flywheel.core.snapshot import (
     METADATA_KEYS,
     SHARD_FORMAT,
     U8_MAX_ABS_ERROR,
+    ParquetSettings,
     ShardLayout,
     dequantize_weights_u8,
+    open_parquet,
+    read_parquet,
     read_shard_metadata,
     sha256_file,
     shard_layout,
     shard_metadata,
     shard_schema,
 )
+from hebrus_flywheel.core.snapshot.encode import plaintext_encoding
 from hebrus_flywheel.schemas import codec
 from tests.support.windows import (
     make_window,
@@ -84,7 +89,7 @@ def test_labels_survive_the_round_trip_exactly(tmp_path: Path) -> None:
     rows = items()
     info = write_shard(tmp_path, "epoch=0/split=train/a.parquet", table_for(rows),
                        ShardConfig(), windows=3)
-    back = pq.read_table(tmp_path / info.relpath)
+    back = read_parquet(tmp_path / info.relpath)
     ids = np.asarray(back.column("expert_ids").to_pylist(), dtype=np.uint16)
     q = np.asarray(back.column("weights_u8").to_pylist(), dtype=np.uint8)
     want_ids = np.concatenate([lab.expert_ids_ALK for lab, _ in rows])
@@ -106,17 +111,26 @@ def test_malformed_labels_are_refused() -> None:
 # --- determinism and atomicity ---------------------------------------------------------
 
 
-def test_same_rows_give_byte_identical_files(tmp_path: Path) -> None:
+def test_same_rows_give_byte_identical_plaintext_encodings(tmp_path: Path) -> None:
     config = ShardConfig(row_group_rows=4)
     a = write_shard(tmp_path / "a", "epoch=0/split=train/x.parquet", table_for(items()), config,
                     windows=3)
     b = write_shard(tmp_path / "b", "epoch=0/split=train/x.parquet",
                     table_for(list(reversed(items()))), config, windows=3)
-    assert a.sha256 == b.sha256 == sha256_file(tmp_path / "a" / a.relpath)
-    meta = pq.read_metadata(tmp_path / "a" / a.relpath)
+    plain = write_shard(tmp_path / "p", "epoch=0/split=train/x.parquet", table_for(items()),
+                        config, windows=3, crypto=None)
+    # Encrypted by default: fresh data keys and nonces, so only the plaintext is identical.
+    assert a.encrypted and b.encrypted and not plain.encrypted
+    assert a.sha256 == sha256_file(tmp_path / "a" / a.relpath) != b.sha256
+    assert a.plaintext_sha256 == b.plaintext_sha256 == plain.sha256 == plain.plaintext_sha256
+    assert plain.sha256 == sha256_file(tmp_path / "p" / plain.relpath)
+    meta = open_parquet(tmp_path / "a" / a.relpath).metadata
     assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [4, 4, 4, 3]
     assert meta.created_by == f"parquet-cpp-arrow version {pa.__version__}"
-    assert set(meta.metadata) == {b"ARROW:schema", *METADATA_KEYS}
+    assert set(meta.metadata) == {b"ARROW:schema", *METADATA_KEYS, b"flywheel.plaintext_sha256",
+                                  b"flywheel.encryption"}
+    assert set(pq.read_metadata(tmp_path / "p" / plain.relpath).metadata) == {
+        b"ARROW:schema", *METADATA_KEYS}
     record = read_shard_metadata(meta.metadata)
     assert record["format"] == SHARD_FORMAT and (record["epoch"], record["rows"]) == (0, 15)
     assert shard_layout(meta.metadata) == GEOMETRY
@@ -126,7 +140,7 @@ def test_same_rows_give_byte_identical_files(tmp_path: Path) -> None:
         U8_MAX_ABS_ERROR)
 
 
-def test_rewrite_of_identical_bytes_is_accepted_and_different_bytes_refused(
+def test_rewrite_of_identical_plaintext_is_accepted_and_different_content_refused(
     tmp_path: Path,
 ) -> None:
     rel = "epoch=0/split=train/x.parquet"
@@ -184,7 +198,7 @@ def test_kill_during_a_write_leaves_no_partial_shard(tmp_path: Path, point: str)
                         ShardConfig(row_group_rows=4), windows=3)
     again = write_shard(tmp_path, "epoch=0/split=train/x.parquet", table_for(items()),
                         ShardConfig(row_group_rows=4), windows=3)
-    assert again.sha256 == clean.sha256
+    assert again.plaintext_sha256 == clean.plaintext_sha256
 
 
 # --- quantisation and compactness ------------------------------------------------------
@@ -204,7 +218,7 @@ def test_uint8_weight_error_is_bounded_as_documented() -> None:
 
 
 def _column_bytes(path: Path) -> dict[str, int]:
-    meta = pq.read_metadata(path)
+    meta = open_parquet(path).metadata
     out: dict[str, int] = {}
     for rg in range(meta.num_row_groups):
         for c in range(meta.num_columns):
@@ -292,10 +306,20 @@ def test_classify_accepts_good_windows_and_names_the_reason_for_bad_ones() -> No
                     vocab_size=100).reason == "undecodable"
 
 
-def test_duckdb_reads_shards_as_an_independent_reader(tmp_path: Path) -> None:
+def test_duckdb_reads_decrypted_shards_as_an_independent_reader(tmp_path: Path) -> None:
+    """DuckDB cannot use our KMS-wrapped keys: it refuses the encrypted shard (no garbage)
+    and reads the plaintext encoding, whose digest the writer recorded."""
     rows = items()
-    write_shard(tmp_path, "epoch=0/split=train/x.parquet", table_for(rows), ShardConfig(),
-                windows=3)
+    info = write_shard(tmp_path / "sealed", "epoch=0/split=train/x.parquet", table_for(rows),
+                       ShardConfig(), windows=3)
+    with pytest.raises(duckdb.Error, match="encrypted"):
+        duckdb.sql(f"SELECT count(*) FROM read_parquet('{tmp_path}/sealed/{info.relpath}')"
+                   ).fetchall()
+    data = plaintext_encoding(read_parquet(tmp_path / "sealed" / info.relpath),
+                              ParquetSettings())
+    assert hashlib.sha256(data).hexdigest() == info.plaintext_sha256
+    (tmp_path / "epoch=0/split=train").mkdir(parents=True)
+    (tmp_path / "epoch=0/split=train/x.parquet").write_bytes(data)
     got = duckdb.sql(
         f"SELECT count(*), count(DISTINCT window_id), min(expert_ids[1][1]), "
         f"max(len(expert_ids)), max(len(features[1])) "

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
-import pyarrow.parquet as pq
 import pytest
 
 from hebrus_flywheel.core.snapshot import (
@@ -15,6 +14,7 @@ from hebrus_flywheel.core.snapshot import (
     ManifestError,
     ShardFormatError,
     load_manifest,
+    open_parquet,
     open_snapshot,
     parse_manifest,
     read_shard_metadata,
@@ -58,16 +58,16 @@ def test_the_manifest_type_exposes_the_layout_and_refuses_edits(planted: Planted
     edited = {**manifest.to_dict(), "epoch": 7}
     with pytest.raises(ManifestError, match="hashes to"):
         parse_manifest(edited)
-    with pytest.raises(ManifestError, match=r"not a hebrus-flywheel-snapshot/v2"):
+    with pytest.raises(ManifestError, match=r"not a hebrus-flywheel-snapshot/v3"):
         parse_manifest({**manifest.to_dict(), "format": "hebrus-flywheel-snapshot/v1"})
 
 
 def test_shards_describe_themselves_and_flat_keys_must_agree(planted: PlantedSnapshot) -> None:
     sealed = open_snapshot(planted.directory, expected_id=planted.snapshot_id)
     path = sealed.directory / sealed.manifest.shards[0].path
-    meta = dict(pq.read_metadata(path).metadata)
+    meta = dict(open_parquet(path).metadata.metadata)
     record = read_shard_metadata(meta)
-    assert record["route"]["routed_layers"] == [0, 1, 2] and record["contract_version"] == 2
+    assert record["route"]["routed_layers"] == [0, 1, 2] and record["contract_version"] == 3
     assert json.loads(meta[b"flywheel.feature_projection"]) == {
         "id": planted.projection.digest, "seed": 0}
     meta[b"flywheel.top_k"] = b"5"

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hebrus_flywheel.core.snapshot import manifest_digest
+from hebrus_flywheel.core.snapshot import content_digest, manifest_digest, read_parquet
 from hebrus_flywheel.core.snapshot import read as read_module
 from hebrus_flywheel.train.data import Snapshot, SnapshotDataset, StreamConfig, make_loader
 from hebrus_flywheel.train.exceptions import SnapshotError
@@ -68,12 +67,14 @@ def test_a_manifest_of_10000_shards_opens_without_touching_a_shard(
     template = next(s for s in manifest["shards"] if s["split"] == "train")
     manifest["shards"] = [{**template, "path": f"split=train/missing-{i:05d}.parquet"}
                           for i in range(10_000)]
+    manifest["content_id"] = content_digest(manifest)
     manifest["snapshot_id"] = manifest_digest(manifest)
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     touched: list[Any] = []
     monkeypatch.setattr(read_module, "sha256_file", lambda p: touched.append(p))
-    monkeypatch.setattr(read_module.pq, "ParquetFile", lambda *a, **k: touched.append(a))
-    monkeypatch.setattr(read_module.pq, "read_metadata", lambda *a, **k: touched.append(a))
+    monkeypatch.setattr(read_module, "open_parquet", lambda *a, **k: touched.append(a))
+    monkeypatch.setattr(read_module, "read_parquet", lambda *a, **k: touched.append(a))
+    monkeypatch.setattr(read_module, "is_encrypted", lambda *a, **k: touched.append(a))
     snapshot = Snapshot(tmp_path)  # none of the 10,000 files exists
     dataset = stream(snapshot, splits=("train",))
     assert len(dataset.units) == 10_000 * -(-template["rows"] // 8) and touched == []
@@ -148,7 +149,7 @@ def test_batches_decode_the_shard_rows(planted: PlantedSnapshot) -> None:
     batch = next(iter(stream(snapshot, splits=("train",), batch_size=10_000, shuffle=False,
                              layer_offsets=(0, 1))))
     entry = first_train(planted)
-    table = pq.read_table(planted.directory / entry["path"])
+    table = read_parquet(planted.directory / entry["path"])
     ids = np.array(table.column("expert_ids").to_pylist())  # (n, L, K)
     weights = np.array(table.column("weights_u8").to_pylist()) / 255.0
     features = np.array(table.column("features").to_pylist(), dtype=np.float16)

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.geometry import RouteGeometry
@@ -31,6 +30,7 @@ from hebrus_flywheel.core.snapshot import (
     SnapshotContractError,
     load_manifest,
     manifest_path,
+    read_parquet,
     verify_snapshot,
 )
 from hebrus_flywheel.train.metrics import SPLITS
@@ -197,8 +197,12 @@ def determinism_evidence(report: Any, snapshot_id: str) -> DeterminismEvidence:
         raise InputError(f"the rebuild report is for snapshot {report.get('snapshot_id')}, "
                          f"this run qualifies {snapshot_id}; rebuild this snapshot")
     differences = report.get("differences") or []
-    return DeterminismEvidence(snapshot_digest=str(report["snapshot_id"]),
-                               rebuild_digest=str(report["rebuilt_snapshot_id"]),
+    # Encrypted shards get fresh ciphertext (so a fresh snapshot id) on every rebuild;
+    # what must match is the content id over the plaintext digests, when reported.
+    key, rebuilt = (("content_id", "rebuilt_content_id") if "rebuilt_content_id" in report
+                    else ("snapshot_id", "rebuilt_snapshot_id"))
+    return DeterminismEvidence(snapshot_digest=str(report[key]),
+                               rebuild_digest=str(report[rebuilt]),
                                shards_compared=report.get("shards"),
                                shards_differing=len(differences))
 
@@ -292,7 +296,7 @@ def _lineage(info: SnapshotInfo) -> dict[str, dict[str, _ThreadLineage]]:
     for entry in info.manifest.get("shards") or []:
         path = info.directory / entry["path"]
         try:
-            table = pq.read_table(path, columns=list(LINEAGE_COLUMNS))
+            table = read_parquet(path, LINEAGE_COLUMNS)
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"cannot read the lineage columns of {path}: {exc}") from exc
         for row in _window_rows(table):

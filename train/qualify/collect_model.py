@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from hebrus_flywheel.core.snapshot import read_parquet
 from hebrus_flywheel.train.qualify.collect_data import HOLDOUT_SPLIT, SnapshotInfo
 from hebrus_flywheel.train.qualify.data_evidence import ParityEvidence
 from hebrus_flywheel.train.qualify.errors import InputError
@@ -117,7 +117,7 @@ def _holdout_table(info: SnapshotInfo) -> pa.Table | None:
             continue
         path = info.directory / entry["path"]
         try:
-            tables.append(pq.read_table(path, columns=list(_HOLDOUT_COLUMNS)))
+            tables.append(read_parquet(path, _HOLDOUT_COLUMNS))
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"cannot read {path}: {exc}; verify the snapshot") from exc
     return pa.concat_tables(tables) if tables else None

@@ -67,9 +67,9 @@ class DeterminismEvidence:
     """A rebuild of the snapshot from its recorded source offsets (Gate 1)."""
 
     snapshot_digest: str
-    """Digest of the sealed snapshot (its manifest)."""
+    """Digest of the sealed snapshot (its content id: manifest over plaintext digests)."""
     rebuild_digest: str
-    """Digest of the rebuilt one."""
+    """The same digest of the rebuilt one."""
     shards_compared: int | None = None
     """Shards compared byte for byte, when reported."""
     shards_differing: int | None = None

@@ -109,7 +109,7 @@ def _opaque_id_check(found: tuple[OpaqueIds, ...] | None) -> Check:
 
 
 def _determinism_check(d: DeterminismEvidence | None, config: ReplayGateConfig) -> Check:
-    threshold = "rebuild digest equal to the snapshot digest" + (
+    threshold = "rebuild content digest equal to the snapshot's" + (
         "" if config.require_rebuild else " (optional: require_rebuild is false)")
     if d is None:
         return unmeasured("determinism", "no rebuild was made, so deterministic shards are "
