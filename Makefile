@@ -18,7 +18,8 @@ LOCK_ARGS ?=
 # Everything is installed from the hash-checked lock, nothing is resolved here: the lock
 # must cover pyproject.toml (tools/lockfile.py check) or this fails telling you to `make lock`.
 $(STAMP): pyproject.toml $(LOCK) requirements-build.in tools/lockfile.py
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# A half-deleted venv (bin/python without pyvenv.cfg) would install into the base Python.
+	test -x $(BIN)/python -a -f $(VENV)/pyvenv.cfg || $(PY) -m venv --clear $(VENV)
 	$(BIN)/python tools/lockfile.py check
 	# The installer and build backend first (pip cannot safely replace itself mid-install).
 	$(BIN)/python tools/lockfile.py extract pip setuptools wheel > $(VENV)/build.lock
@@ -33,7 +34,7 @@ install: $(STAMP)
 # for this platform (Linux x86_64, CPython 3.11); existing pins are kept unless they no
 # longer fit or LOCK_ARGS=--upgrade. Commit the result.
 lock:
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	test -x $(BIN)/python -a -f $(VENV)/pyvenv.cfg || $(PY) -m venv --clear $(VENV)
 	test -x $(BIN)/pip-compile || $(BIN)/python -m pip install -q 'pip-tools>=7.4'
 	$(BIN)/pip-compile -q --generate-hashes --allow-unsafe --strip-extras --no-emit-find-links \
 	  --extra dev $(LOCK_ARGS) -o $(LOCK) pyproject.toml requirements-build.in

@@ -253,35 +253,13 @@ def _resolve_jars(dest: Path, version: str) -> None:
 
 
 def ensure_jars(config: BrokerConfig) -> Path:
-    """Resolve the broker jars into ``config.jars_dir`` unless the digest marker matches,
-    then check every jar against ``streams/kafka/jars.sha256`` (on every call)."""
-    version, pins = kafka_jars.kafka_version(), kafka_jars.read_pins()
-    kafka_jars.check_pins_version(pins, version)
-    libs, digest = config.jars_dir, kafka_jars.resolution_digest(version)
-    marker = libs / ".pom.sha256"
-    if marker.is_file() and marker.read_text().strip() == digest:
-        kafka_jars.verify_jars(libs, pins)
-        return libs
-    partial = libs.with_name(libs.name + ".partial")
-    _resolve_jars(partial, version)
-    kafka_jars.verify_jars(partial, pins)  # a bad download never becomes libs/
-    (partial / ".pom.sha256").write_text(digest + "\n")
-    shutil.rmtree(libs, ignore_errors=True)
-    partial.rename(libs)
-    return libs
+    """Resolve the jars into ``config.jars_dir`` if needed; refuse any not pinned by SHA-256."""
+    return kafka_jars.ensure_jars(config.jars_dir, _resolve_jars)
 
 
 def pin_jars(config: BrokerConfig) -> Path:
     """Resolve the jars afresh and write their SHA-256 to ``streams/kafka/jars.sha256``."""
-    version = kafka_jars.kafka_version()
-    scratch = config.kafka_dir / "libs.pinning"
-    try:
-        _resolve_jars(scratch, version)
-        text = kafka_jars.pins_text(kafka_jars.jar_digests(scratch), version)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    atomic_write_text(kafka_jars.PINS_PATH, text)
-    return kafka_jars.PINS_PATH
+    return kafka_jars.pin_jars(config.kafka_dir / "libs.pinning", _resolve_jars)
 
 
 def render_server_properties(config: BrokerConfig) -> str:

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
+from hebrus_flywheel.core.files import atomic_write_text
 from hebrus_flywheel.streams.exceptions import BrokerError
 
 KAFKA_DIR = Path(__file__).resolve().parent / "kafka"
@@ -27,6 +30,9 @@ VERSION_KEY = "KAFKA_VERSION"
 KAFKA_JAR = "kafka_2.13"
 _VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
 _PIN_RE = re.compile(r"^([0-9a-f]{64}) [ *]([^/\\\s]+\.jar)$")
+MARKER = ".pom.sha256"
+Resolver = Callable[[Path, str], None]
+"""``resolve(dest, version)``: Maven copies the jars of Kafka ``version`` into ``dest``."""
 _REPIN = (
     "if the Kafka version or streams/kafka/pom.xml changed on purpose, run "
     "`flywheel broker pin-jars` (make pin-jars), review and commit streams/kafka/jars.sha256"
@@ -143,3 +149,34 @@ def maven_command(mvn: str, dest: Path, version: str) -> list[str]:
         mvn, "-q", "-B", "-C", "-f", str(POM_PATH), "dependency:copy-dependencies",
         f"-Dkafka.version={version}", f"-DoutputDirectory={dest}",
     ]  # fmt: skip
+
+
+def ensure_jars(libs: Path, resolve: Resolver) -> Path:
+    """Resolve into ``libs`` unless its digest marker is current, then refuse any jar that
+    is not pinned with its SHA-256 (checked on every call, i.e. before every start)."""
+    version, pins = kafka_version(), read_pins()
+    check_pins_version(pins, version)
+    digest = resolution_digest(version)
+    marker = libs / MARKER
+    if marker.is_file() and marker.read_text().strip() == digest:
+        verify_jars(libs, pins)
+        return libs
+    partial = libs.with_name(libs.name + ".partial")
+    resolve(partial, version)
+    verify_jars(partial, pins)  # a bad download never becomes libs/
+    (partial / MARKER).write_text(digest + "\n")
+    shutil.rmtree(libs, ignore_errors=True)
+    partial.rename(libs)
+    return libs
+
+
+def pin_jars(scratch: Path, resolve: Resolver, path: Path = PINS_PATH) -> Path:
+    """Resolve the jars into ``scratch`` (then removed) and write their SHA-256 to ``path``."""
+    version = kafka_version()
+    try:
+        resolve(scratch, version)
+        text = pins_text(jar_digests(scratch), version)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    atomic_write_text(path, text)
+    return path
