@@ -9,16 +9,41 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install broker-up broker-down demo test test-unit test-integration lint bench clean
+.PHONY: install lock pin-jars broker-up broker-down demo test test-unit test-integration lint bench clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# One install for everything: pip settles faust-streaming's and huggingface-hub's click pins together.
-	$(BIN)/pip install -q -e '.[dev]'
+LOCK := requirements.lock
+# pip-compile's flags for `make lock`; `make lock LOCK_ARGS=--upgrade` moves every pin.
+LOCK_ARGS ?=
+
+# Everything is installed from the hash-checked lock, nothing is resolved here: the lock
+# must cover pyproject.toml (tools/lockfile.py check) or this fails telling you to `make lock`.
+$(STAMP): pyproject.toml $(LOCK) requirements-build.in tools/lockfile.py
+	# A half-deleted venv (bin/python without pyvenv.cfg) would install into the base Python.
+	test -x $(BIN)/python -a -f $(VENV)/pyvenv.cfg || $(PY) -m venv --clear $(VENV)
+	$(BIN)/python tools/lockfile.py check
+	# The installer and build backend first (pip cannot safely replace itself mid-install).
+	$(BIN)/python tools/lockfile.py extract pip setuptools wheel > $(VENV)/build.lock
+	$(BIN)/python -m pip install -q --require-hashes --no-deps -r $(VENV)/build.lock
+	$(BIN)/python -m pip install -q --require-hashes --no-deps -r $(LOCK)
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Re-pin requirements.lock (hashes included) from pyproject.toml + requirements-build.in
+# for this platform (Linux x86_64, CPython 3.11); existing pins are kept unless they no
+# longer fit or LOCK_ARGS=--upgrade. Commit the result.
+lock:
+	test -x $(BIN)/python -a -f $(VENV)/pyvenv.cfg || $(PY) -m venv --clear $(VENV)
+	test -x $(BIN)/pip-compile || $(BIN)/python -m pip install -q 'pip-tools>=7.4'
+	$(BIN)/pip-compile -q --generate-hashes --allow-unsafe --strip-extras --no-emit-find-links \
+	  --extra dev $(LOCK_ARGS) -o $(LOCK) pyproject.toml requirements-build.in
+	$(BIN)/python tools/lockfile.py check
+
+# Re-pin streams/kafka/jars.sha256 after changing the Kafka version (streams/kafka/kafka.env)
+# or streams/kafka/pom.xml; review the diff and commit it.
+pin-jars: install
+	$(BIN)/flywheel broker pin-jars
 
 broker-up: install
 	$(BIN)/flywheel broker up
@@ -39,6 +64,7 @@ test-integration: broker-up
 	$(BIN)/python -m pytest -q -m integration tests/integration
 
 lint: install
+	$(BIN)/python tools/lockfile.py check
 	$(BIN)/ruff check .
 	# import-linter and mypy read packages from disk: give them the installed layout.
 	$(BIN)/python tools/lint_tree.py .lint

@@ -2,7 +2,8 @@
 
 Layout under ``<home>/kafka`` (``home`` is ``$FLYWHEEL_HOME`` or ``./.flywheel``)::
 
-    libs/               jars resolved by Maven from streams/kafka/pom.xml (+ .pom.sha256 marker)
+    libs/               jars resolved by Maven from streams/kafka/pom.xml (+ .pom.sha256 marker),
+                        checked against streams/kafka/jars.sha256 before every start
     data/               log.dirs; formatted once, survives restarts
     logs/server.log     broker log (log4j2, see streams/kafka/log4j2.properties)
     logs/server.out     the JVM's stdout/stderr
@@ -20,7 +21,6 @@ import base64
 import contextlib
 import fcntl
 import functools
-import hashlib
 import logging
 import os
 import re
@@ -44,12 +44,13 @@ from hebrus_flywheel.core.settings import (
     EMBEDDED_CONTROLLER_PORT,
     flywheel_home,
 )
+from hebrus_flywheel.streams import kafka_jars
 from hebrus_flywheel.streams.exceptions import BrokerError, ToolNotFoundError
 
 log = logging.getLogger(__name__)
 
-KAFKA_DIR = Path(__file__).resolve().parent / "kafka"
-POM_PATH = KAFKA_DIR / "pom.xml"
+KAFKA_DIR = kafka_jars.KAFKA_DIR
+POM_PATH = kafka_jars.POM_PATH
 LOG4J2_PATH = KAFKA_DIR / "log4j2.properties"
 SERVER_TEMPLATE_PATH = KAFKA_DIR / "server.properties.template"
 MAIN_CLASS = "kafka.Kafka"
@@ -239,25 +240,26 @@ def _run_tool(cmd: list[str], what: str, hint: str, timeout_s: float) -> None:
         raise BrokerError(f"{what} failed (exit {done.returncode}):\n{tail}\n{hint}")
 
 
-def ensure_jars(config: BrokerConfig) -> Path:
-    """Resolve the broker jars into ``config.jars_dir`` unless the pom digest marker matches."""
-    libs, digest = config.jars_dir, hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
-    marker = libs / ".pom.sha256"
-    if marker.is_file() and marker.read_text().strip() == digest:
-        return libs
-    partial = libs.with_name(libs.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    log.info("resolving Kafka jars with Maven into %s", libs)
-    cmd = [find_maven(), "-q", "-B", "-f", str(POM_PATH), "dependency:copy-dependencies"]
+def _resolve_jars(dest: Path, version: str) -> None:
+    """Maven copies the jars of Kafka ``version`` (checksums checked by Maven) into ``dest``."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    log.info("resolving Kafka %s jars with Maven into %s", version, dest)
     hint = "check network access to Maven Central (or a mirror in ~/.m2/settings.xml) and retry"
-    _run_tool([*cmd, f"-DoutputDirectory={partial}"], "resolving the Kafka jars", hint, 1800)
-    if not any(partial.glob("kafka_2.13-*.jar")):
-        raise BrokerError(f"Maven left no kafka_2.13 jar in {partial}; {hint}")
-    (partial / ".pom.sha256").write_text(digest + "\n")
-    shutil.rmtree(libs, ignore_errors=True)
-    partial.rename(libs)
-    return libs
+    cmd = kafka_jars.maven_command(find_maven(), dest, version)
+    _run_tool(cmd, "resolving the Kafka jars", hint, 1800)
+    if not (dest / f"{kafka_jars.KAFKA_JAR}-{version}.jar").is_file():
+        raise BrokerError(f"Maven left no {kafka_jars.KAFKA_JAR}-{version}.jar in {dest}; {hint}")
+
+
+def ensure_jars(config: BrokerConfig) -> Path:
+    """Resolve the jars into ``config.jars_dir`` if needed; refuse any not pinned by SHA-256."""
+    return kafka_jars.ensure_jars(config.jars_dir, _resolve_jars)
+
+
+def pin_jars(config: BrokerConfig) -> Path:
+    """Resolve the jars afresh and write their SHA-256 to ``streams/kafka/jars.sha256``."""
+    return kafka_jars.pin_jars(config.kafka_dir / "libs.pinning", _resolve_jars)
 
 
 def render_server_properties(config: BrokerConfig) -> str:

@@ -16,7 +16,14 @@ import typer
 
 from hebrus_flywheel.core.errors import FlywheelError
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV, bootstrap_servers, flywheel_home
-from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker, is_embedded, probe_metadata
+from hebrus_flywheel.streams import kafka_jars
+from hebrus_flywheel.streams.broker import (
+    BrokerConfig,
+    EmbeddedBroker,
+    is_embedded,
+    pin_jars,
+    probe_metadata,
+)
 from hebrus_flywheel.streams.topics import CATALOGUE, catalogue, create_topics, describe_topics
 
 P = ParamSpec("P")
@@ -126,6 +133,20 @@ def broker_status(bootstrap_servers_: BootstrapOpt = None, home: HomeOpt = None)
     if not is_embedded(bootstrap, broker.config):
         ok = probe_metadata(bootstrap, 5.0)
         typer.echo(f"configured:  {bootstrap} (external), metadata {'ok' if ok else 'unreachable'}")
+
+
+@broker_app.command("pin-jars")
+@_fail_cleanly
+def broker_pin_jars(home: HomeOpt = None) -> None:
+    """Resolve the Kafka jars afresh with Maven and rewrite streams/kafka/jars.sha256.
+
+    Run after changing KAFKA_VERSION (streams/kafka/kafka.env) or the pom; review the
+    diff before committing it: every later `broker up` refuses jars that differ from it.
+    """
+    path = pin_jars(BrokerConfig(home=home or flywheel_home()))
+    version = kafka_jars.kafka_version()
+    count = len(kafka_jars.read_pins(path))
+    typer.echo(f"pinned {count} jars of Kafka {version} in {path}; review `git diff` and commit it")
 
 
 @broker_app.command("logs")
