@@ -136,7 +136,8 @@ class SyntheticThread:
 
 @cache
 def _corpus_file(name: str) -> str:
-    return resources.files("replay").joinpath("data", name).read_text(encoding="utf-8")
+    data = resources.files("hebrus_flywheel.replay").joinpath("data", name)
+    return data.read_text(encoding="utf-8")
 
 
 def corpus_texts() -> list[tuple[str, str]]:

@@ -172,8 +172,10 @@ def _refuse(part: str, exc: Exception, message: Any) -> None:
         "cannot be restored past it; restrict who may write to the changelog topics, then "
         "rebuild the stream state from the capture topics under a fresh --app-id",
         message.topic, message.partition, message.offset)
-    crash(f"changelog restore (bad record {part}, refused unread)", exc,
-          f" on {message.topic}[{message.partition}]@{message.offset}")
+    # No record coordinates for crash(): its hooks would count a changelog record
+    # towards poison and skip it, and a table restored without it is wrong state.
+    crash(f"changelog restore (bad record {part}, refused unread) on "
+          f"{message.topic}[{message.partition}]@{message.offset}", exc)
 
 
 def refuse_bad_changelog(table: Any) -> Any:

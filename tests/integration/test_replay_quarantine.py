@@ -12,6 +12,7 @@ tiny teacher.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
 from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.topics import QUARANTINE_TOPIC, catalogue, window_topic
+from tests.support.plaintext import plaintext_copy
 from tests.support.windows import (
     WorkerProcess,
     corpus_token_ids,
@@ -72,9 +74,12 @@ def _quarantined(bootstrap: str, prefix: str) -> list[dict[str, Any]]:
 
 
 def _rows(root: Path) -> list[tuple[Any, ...]]:
-    return duckdb.sql(
-        f"SELECT window_id, token_ordinal FROM read_parquet('{root}/epoch=*/split=*/*.parquet',"
-        " hive_partitioning=true) ORDER BY source_offset, token_ordinal").fetchall()
+    with tempfile.TemporaryDirectory() as tmp:  # DuckDB cannot use our keys: read a copy
+        plain = plaintext_copy(root, Path(tmp))
+        return duckdb.sql(
+            f"SELECT window_id, token_ordinal FROM read_parquet('{plain}/epoch=*/split=*/"
+            "*.parquet', hive_partitioning=true) ORDER BY source_offset, token_ordinal"
+        ).fetchall()
 
 
 def _unreplayable(teacher: Any, tokens: list[int], identity_id: str) -> list[dict[str, Any]]:
