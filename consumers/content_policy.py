@@ -48,6 +48,10 @@ DEFAULT_PATTERNS: Mapping[str, str] = {
     "phone": r"(?<![\w.])\+?\(?\d{1,3}\)?[ .-]\(?\d{2,4}\)?[ .-]\d{3,4}[ .-]\d{3,4}(?![\w.])",
 }
 TOOL_OUTPUT = "tool_output"
+# Links are left out of the unquoted entropy runs: commit hashes and slugs in URLs are
+# high-entropy but public. A run without a digit is never a secret (alphabets, words).
+_URL = re.compile(r"https?://\S+")
+_DIGIT = re.compile(r"\d")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,8 +167,8 @@ class SecretScanner:
 
     def _entropy_hit(self, plugin: Any, run: re.Pattern[str], line: str) -> bool:
         candidates = list(plugin.analyze_string(line))  # quoted strings, as detect-secrets
-        candidates += [m for m in run.findall(line) if any(c.isdigit() for c in m)]
-        return any(plugin.calculate_shannon_entropy(c) > plugin.entropy_limit
+        candidates += run.findall(_URL.sub(" ", line))  # unquoted runs outside links
+        return any(_DIGIT.search(c) and plugin.calculate_shannon_entropy(c) > plugin.entropy_limit
                    for c in candidates)
 
     def scan(self, text: str) -> Finding | None:
