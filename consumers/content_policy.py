@@ -5,8 +5,8 @@ text holds a secret, or a turn the policy excludes, is dropped whole: never repl
 never written into a shard and never copied into the quarantine. Only the reason is
 counted (``secret:<plugin>``, ``pattern:<name>``, ``tool_output``).
 
-The text is the teacher's tokenizer decoding the window's tokens. It is scanned line by
-line with detect-secrets' plugins, called in-process (``analyze_string``: no baseline,
+The text is the teacher's tokenizer decoding the window's tokens. It is scanned with
+detect-secrets' plugins, called in-process (``analyze_string``: no baseline,
 no filters, no network verification), plus configurable regular expressions (e-mail
 addresses and phone numbers by default). detect-secrets' high-entropy plugins only look
 inside quotes; chat text leaves secrets unquoted, so every run of their alphabet of at
@@ -172,20 +172,20 @@ class SecretScanner:
                    for c in candidates)
 
     def scan(self, text: str) -> Finding | None:
-        """The first finding in ``text`` (plugins, then entropy, then patterns)."""
+        """The first finding in ``text`` (patterns, then plugins, then entropy).
+
+        The plugins run on the whole text at once: none of their expressions crosses a
+        line end (``^``/``$`` only stand beside whitespace), so this finds what a
+        line-by-line scan finds, at a fraction of the calls."""
         for name, pattern in self._patterns:
             if pattern.search(text):
                 return Finding(reason=f"pattern:{name}", detail=f"matches pattern {name!r}")
-        lines = text.splitlines()
-        if "PrivateKeyDetector" in {n for n, _ in self._plugins} and "PRIVATE KEY" in text:
-            return Finding(reason="secret:PrivateKeyDetector", detail="private key block")
-        for line in lines:
-            for name, plugin in self._plugins:
-                if next(iter(plugin.analyze_string(line)), None) is not None:
-                    return Finding(reason=f"secret:{name}", detail=plugin.secret_type)
-            for name, plugin, run in self._entropy:
-                if self._entropy_hit(plugin, run, line):
-                    return Finding(reason=f"secret:{name}", detail=plugin.secret_type)
+        for name, plugin in self._plugins:
+            if next(iter(plugin.analyze_string(text)), None) is not None:
+                return Finding(reason=f"secret:{name}", detail=plugin.secret_type)
+        for name, plugin, run in self._entropy:
+            if self._entropy_hit(plugin, run, text):
+                return Finding(reason=f"secret:{name}", detail=plugin.secret_type)
         return None
 
 
