@@ -137,7 +137,8 @@ def policy_from_file(path: Path) -> ContentPolicyConfig:
 def _plugin_classes() -> dict[str, type]:
     from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
 
-    return {cls.__name__: cls for cls in get_mapping_from_secret_type_to_class().values()}
+    classes: list[type] = list(get_mapping_from_secret_type_to_class().values())
+    return {cls.__name__: cls for cls in classes}
 
 
 @dataclass(frozen=True, kw_only=True)
