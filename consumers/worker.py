@@ -199,7 +199,8 @@ class ReplayWorker:
             MonitorTarget(kind="replay", name=config.full_group_id, topics=tuple(self.splits),
                           home=flywheel_home()),
             config.watchdog, self.kafka, on_verdict=self._on_verdict,
-            consumed=lambda: dict(self._consumed))
+            consumed=lambda: dict(self._consumed),
+            dropped=lambda: self.stats.stage("policy_dropped"))
 
     def _consumer_conf(self) -> dict[str, Any]:
         c = self.config

@@ -20,7 +20,8 @@ from hebrus_flywheel.consumers.content_policy import ContentPolicyConfig
 from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets
 from hebrus_flywheel.consumers.shards import ShardConfig
 from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
-from hebrus_flywheel.core.progress import WatchdogConfig
+from hebrus_flywheel.core.progress import WatchdogConfig, health_path
+from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.streams.processors.window import content_digest
 from hebrus_flywheel.streams.topics import QUARANTINE_TOPIC, catalogue, window_topic
 from tests.support.plaintext import plaintext_copy
@@ -117,5 +118,13 @@ def test_windows_with_secrets_or_tool_outputs_are_dropped_before_replay(
     train = prefix + window_topic("train")
     assert committed_offsets(bootstrap, worker.config.full_group_id, [(train, 0)]) == \
         {(train, 0): 8}
+    health = worker.monitor.write_health  # the file a clean stop removed: write one to read
+    health()
+    path = health_path(flywheel_home(), "replay", worker.config.full_group_id)
+    try:
+        record = json.loads(path.read_text())
+    finally:
+        path.unlink()
+    assert record["policy_dropped"] == {k.split("/", 1)[1]: v for k, v in expected.items()}
     dataset = json.loads((root / "dataset.json").read_text())
     assert dataset["determinism"]["content_policy"]["excluded_roles"] == ["tool"]

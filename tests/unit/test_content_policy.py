@@ -153,3 +153,14 @@ def test_bad_settings_are_refused_naming_the_field(values: dict[str, Any], field
 def test_unknown_keys_in_a_config_table_are_refused() -> None:
     with pytest.raises(ConfigError, match="unknown keys"):
         policy_from_mapping({"enable": True})
+
+
+def test_the_health_line_shows_windows_dropped_by_reason() -> None:
+    from hebrus_flywheel.core.progress import format_health
+
+    record = {"name": "replay", "pid": 1, "lag": 0, "processed": 8, "last_progress_at": 0.0,
+              "policy_dropped": {"secret:AWSKeyDetector": 2, "tool_output": 1}}
+    line = format_health(record, 1.0, alive=True)
+    assert line.endswith("policy_dropped=3 (secret:AWSKeyDetector=2, tool_output=1)"), line
+    del record["policy_dropped"]
+    assert "policy_dropped" not in format_health(record, 1.0, alive=True)
