@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import jsonschema
 import pytest
 
 from hebrus_flywheel.consumers.content_policy import ContentPolicyConfig
@@ -178,6 +179,8 @@ def test_the_sealed_manifest_records_the_policy_and_a_rebuild_drops_the_same_win
 ) -> None:
     manifest = scenario.sealed.manifest
     assert manifest["determinism"]["content_policy"]["excluded_roles"] == ["tool"]
+    schema = Path(__file__).resolve().parents[2] / "docs" / "snapshot-manifest.schema.json"
+    jsonschema.validate(manifest, json.loads(schema.read_text()))
     assert manifest["totals"]["windows"] == len(scenario.valid), manifest["totals"]
     report = rebuild_snapshot(RebuildConfig(
         snapshot=scenario.sealed.manifest_path.parent, out=tmp_path / "rebuilt",
