@@ -151,7 +151,9 @@ def test_windows_with_secrets_or_tool_outputs_are_dropped_before_replay(
     worker = scenario.worker
     counts = worker.stats.report()["counts"]
     by_reason = {k: v for k, v in counts.items() if k.startswith("policy_dropped/")}
-    print(f"dropped by the content policy: {by_reason}")
+    seconds = worker.stats.report()["seconds"]
+    print(f"dropped by the content policy: {by_reason}; seconds: policy "
+          f"{seconds.get('policy')} intake {seconds.get('intake')} replay {seconds.get('replay')}")
     assert by_reason == _expected(), counts
 
     rows = _shard_rows(scenario.root, tmp_path / "plain")
