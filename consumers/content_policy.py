@@ -166,9 +166,9 @@ class SecretScanner:
                 self._plugins.append((name, cls()))
         self._patterns = [(n, re.compile(p)) for n, p in sorted(config.patterns.items())]
 
-    def _entropy_hit(self, plugin: Any, run: re.Pattern[str], line: str) -> bool:
-        candidates = list(plugin.analyze_string(line))  # quoted strings, as detect-secrets
-        candidates += run.findall(_URL.sub(" ", line))  # unquoted runs outside links
+    def _entropy_hit(self, plugin: Any, run: re.Pattern[str], text: str) -> bool:
+        candidates = list(plugin.analyze_string(text))  # quoted strings, as detect-secrets
+        candidates += run.findall(_URL.sub(" ", text))  # unquoted runs outside links
         return any(_DIGIT.search(c) and plugin.calculate_shannon_entropy(c) > plugin.entropy_limit
                    for c in candidates)
 
