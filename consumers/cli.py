@@ -73,8 +73,13 @@ def worker_command(
     broker_timeout_s: float = typer.Option(300.0, "--broker-timeout-s",
                                            help="Exit non-zero when the broker stays "
                                            "unreachable this long."),
+    content_policy: Path | None = typer.Option(
+        None, "--content-policy", help="TOML file whose [content_policy] table sets the "
+        "secrets and tool-output policy (default: detect-secrets plugins, e-mail and phone "
+        "patterns, no excluded roles)."),
 ) -> None:
     """Consume the window topics, replay windows in prefill, write Parquet shards."""
+    from hebrus_flywheel.consumers.content_policy import ContentPolicyConfig, policy_from_file
     from hebrus_flywheel.consumers.shards import ShardConfig
     from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
     from hebrus_flywheel.core.progress import WatchdogConfig
@@ -90,7 +95,9 @@ def worker_command(
         session_timeout_s=session_timeout_s,
         watchdog=WatchdogConfig(drain=drain, drain_timeout_s=drain_timeout_s,
                                 stall_timeout_s=stall_timeout_s,
-                                broker_timeout_s=broker_timeout_s))
+                                broker_timeout_s=broker_timeout_s),
+        content_policy=(ContentPolicyConfig() if content_policy is None
+                        else policy_from_file(content_policy)))
     worker = ReplayWorker(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())

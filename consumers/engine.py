@@ -77,9 +77,13 @@ def load_engine(*, teacher_dir: Path | None, dtype: str, replay_options: Mapping
 
 
 def determinism_record(*, shard: Any, batch_windows: int, bundle: EngineBundle, dtype: str,
-                       replay_options: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings that decide shard bytes; recorded in dataset.json and manifests."""
+                       replay_options: Mapping[str, Any],
+                       content_policy: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The settings that decide shard bytes; recorded in dataset.json and manifests
+    (``content_policy``: which windows are dropped before replay)."""
+    policy = {} if content_policy is None else {"content_policy": _plain(dict(content_policy))}
     return {
+        **policy,
         "shard": dataclasses.asdict(shard),
         "batch_windows": batch_windows,
         "torch_threads": bundle.torch_threads,

@@ -36,6 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from hebrus_flywheel.consumers.blocks import BlockSettings, close_block
+from hebrus_flywheel.consumers.content_policy import (
+    ContentPolicy,
+    policy_from_mapping,
+    tokenizer_decoder,
+)
 from hebrus_flywheel.consumers.dataset import config_digest, writer_versions
 from hebrus_flywheel.consumers.engine import load_engine, window_check
 from hebrus_flywheel.consumers.epochs import EpochBoundary, EpochPlan, freeze_offsets
@@ -153,6 +158,29 @@ def _classify(msg: Any, split: str, settings: BlockSettings, bundle: Any, check:
     return run(fresh.get(verdict.window["window_id"], msg.value()))
 
 
+def _policy(config: RebuildConfig, det: Mapping[str, Any], bundle: Any) -> ContentPolicy | None:
+    """The content policy the snapshot was written under (None: sealed before it existed,
+    every accepted window was replayed)."""
+    recorded = det.get("content_policy")
+    if recorded is None:
+        return None
+    return ContentPolicy(policy_from_mapping(recorded, "manifest determinism.content_policy"),
+                         tokenizer_decoder(config.tokenizer_dir or bundle.teacher.path))
+
+
+def _intake(plog: PartitionLog, offset: int, verdict: Any, policy: ContentPolicy | None,
+            stats: Counters) -> None:
+    """What the worker does with one record past the block base (see worker._handle)."""
+    if not verdict.accepted:
+        stats.inc("quarantine", str(verdict.reason))
+        plog.skip(offset)
+    elif policy is not None and (found := policy.screen(verdict.window or {})) is not None:
+        stats.inc("policy_dropped", found.reason)
+        plog.skip(offset)
+    elif not plog.admit(offset, verdict.window or {}):
+        stats.inc("intake", "duplicate")
+
+
 def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: Path,
             stats: Counters, fresh: Mapping[str, bytes] | None = None) -> None:
     det = manifest["determinism"]
@@ -168,6 +196,7 @@ def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: 
             for t, parts in boundary.end.items() for p in parts}
     ranges = {tp: (0, boundary.end_of(*tp)) for tp in logs}
     check = window_check(bundle)
+    policy = _policy(config, det, bundle)
     for msg in read_ranges(config.bootstrap, ranges, timeout_s=config.timeout_s,
                            error=RebuildError):
         plog = logs[(msg.topic(), msg.partition())]
@@ -177,11 +206,7 @@ def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: 
                 plog.written_ids.add(verdict.window["window_id"])
             stats.inc("prime", "records")
             continue
-        if not verdict.accepted:
-            stats.inc("quarantine", str(verdict.reason))
-            plog.skip(msg.offset())
-        elif not plog.admit(msg.offset(), verdict.window or {}):
-            stats.inc("intake", "duplicate")
+        _intake(plog, msg.offset(), verdict, policy, stats)
         while (block := plog.next_block(plan)) is not None:
             close_block(bundle.engine, settings, block, plog.split, plog.take(block), stats)
 

@@ -28,6 +28,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from hebrus_flywheel.consumers import faults
 from hebrus_flywheel.consumers.blocks import BlockSettings, close_block
+from hebrus_flywheel.consumers.content_policy import (
+    ContentPolicy,
+    ContentPolicyConfig,
+    Finding,
+    tokenizer_decoder,
+)
 from hebrus_flywheel.consumers.control import ControlChannel
 from hebrus_flywheel.consumers.dataset import (
     config_digest,
@@ -88,6 +94,9 @@ class ReplayWorkerConfig:
             the health file goes to ``$FLYWHEEL_HOME/health/replay-<group>.json``. A
             control topic that stays unreadable longer than the broker timeout also
             ends the worker (status 2); until then open blocks just wait.
+        content_policy: the secrets and tool-output policy run on every accepted window
+            before replay (:mod:`consumers.content_policy`); recorded in the dataset's
+            determinism record so a rebuild drops the same windows.
     """
 
     teacher: Path
@@ -110,6 +119,7 @@ class ReplayWorkerConfig:
     max_quarantine_value_bytes: int = 1 << 20
     stats_interval_s: float = 30.0
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    content_policy: ContentPolicyConfig = field(default_factory=ContentPolicyConfig)
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -128,6 +138,8 @@ class ReplayWorkerConfig:
             raise ConfigError("ReplayWorkerConfig.stop_after_epoch must be >= 0 or None")
         if not isinstance(self.shard, ShardConfig):
             raise ConfigError("ReplayWorkerConfig.shard must be a ShardConfig")
+        if not isinstance(self.content_policy, ContentPolicyConfig):
+            raise ConfigError("ReplayWorkerConfig.content_policy must be a ContentPolicyConfig")
 
     @property
     def full_group_id(self) -> str:
@@ -153,7 +165,8 @@ class ReplayWorker:
                                   tokenizer_dir=config.tokenizer_dir, teacher=teacher)
         determinism = determinism_record(shard=config.shard, batch_windows=config.batch_windows,
                                          bundle=self.bundle, dtype=config.dtype,
-                                         replay_options=config.replay_options)
+                                         replay_options=config.replay_options,
+                                         content_policy=config.content_policy.to_dict())
         source = {"prefix": config.prefix, "group_id": config.full_group_id}
         record = dataset_record(identity=self.bundle.identity, determinism=determinism,
                                 source=source)
@@ -165,6 +178,8 @@ class ReplayWorker:
             config_digest=config_digest(record["determinism"]),
             feature_contract=self.bundle.replay_config.get("feature_contract"))
         self._check = window_check(self.bundle)
+        self.policy = ContentPolicy(config.content_policy, tokenizer_decoder(
+            config.tokenizer_dir or self.bundle.teacher.path))
         self.splits = config.window_topics()
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self.kafka = kafka.client_config(config.bootstrap)
@@ -184,7 +199,8 @@ class ReplayWorker:
             MonitorTarget(kind="replay", name=config.full_group_id, topics=tuple(self.splits),
                           home=flywheel_home()),
             config.watchdog, self.kafka, on_verdict=self._on_verdict,
-            consumed=lambda: dict(self._consumed))
+            consumed=lambda: dict(self._consumed),
+            dropped=lambda: self.stats.stage("policy_dropped"))
 
     def _consumer_conf(self) -> dict[str, Any]:
         c = self.config
@@ -243,10 +259,24 @@ class ReplayWorker:
         if not verdict.accepted:
             self._quarantine(verdict, source, msg)
             plog.skip(msg.offset())
+        elif (finding := self._screen(verdict.window or {})) is not None:
+            self._drop(finding, source)
+            plog.skip(msg.offset())
         elif plog.admit(msg.offset(), verdict.window or {}):
             self.stats.inc("intake", "accepted")
         else:
             self.stats.inc("intake", "duplicate")
+
+    def _screen(self, window: Mapping[str, Any]) -> Finding | None:
+        with self.stats.timer("policy"):
+            return self.policy.screen(window)
+
+    def _drop(self, finding: Finding, source: SourceRef) -> None:
+        """A window the content policy refuses: counted by reason, logged as metadata
+        only (never its tokens or text), its offset consumed like a quarantined one."""
+        self.stats.inc("policy_dropped", finding.reason)
+        log.info("dropped by the content policy %s[%d]@%d: %s", source.topic,
+                 source.partition, source.offset, finding.reason)
 
     def _quarantine(self, verdict: Verdict, source: SourceRef, msg: Any) -> None:
         record = quarantine_record(verdict, source, value=msg.value(), key=msg.key(),

@@ -46,11 +46,13 @@ class Monitor(threading.Thread):
     def __init__(self, target: MonitorTarget, watchdog: WatchdogConfig,
                  client: kafka.KafkaClientConfig, *, on_verdict: Callable[[Verdict], None],
                  agents: Callable[[], Mapping[str, str]] | None = None,
-                 consumed: Callable[[], Mapping[tuple[str, int], int]] | None = None) -> None:
+                 consumed: Callable[[], Mapping[tuple[str, int], int]] | None = None,
+                 dropped: Callable[[], Mapping[str, int]] | None = None) -> None:
         super().__init__(name=f"{target.kind}-watchdog", daemon=True)
         self.target, self.client = target, client
         self.watchdog = Watchdog(watchdog, started=time.monotonic())
         self.on_verdict, self.agents, self.consumed = on_verdict, agents, consumed
+        self.dropped = dropped
         self._stop_event = threading.Event()
         self._probe: kafka.LagProbe | None = None
 
@@ -93,7 +95,8 @@ class Monitor(threading.Thread):
     def write_health(self) -> None:
         agents = dict(self.agents()) if self.agents is not None else {}
         record = self.watchdog.health(time.time(), time.monotonic(), kind=self.target.kind,
-                                      name=self.target.name, pid=os.getpid(), agents=agents)
+                                      name=self.target.name, pid=os.getpid(), agents=agents,
+                                      dropped=None if self.dropped is None else self.dropped())
         try:
             write_health(self.target.home, record)
         except OSError as exc:

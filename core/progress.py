@@ -190,9 +190,12 @@ class Watchdog:
         return ", ".join(f"{t}[{p}]={n}" for (t, p), n in sorted(self.lag.items()) if n) or "0"
 
     def health(self, now_wall: float, now: float, *, kind: str, name: str, pid: int,
-               agents: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """The health record of a worker (written by :func:`write_health`)."""
+               agents: Mapping[str, str] | None = None,
+               dropped: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """The health record of a worker (written by :func:`write_health`); ``dropped``:
+        windows dropped by the content policy, by reason (replay workers)."""
         return {
+            **({} if dropped is None else {"policy_dropped": dict(sorted(dropped.items()))}),
             "kind": kind, "name": name, "pid": pid, "written_at": now_wall,
             "last_progress_at": now_wall - (now - self.last_progress),
             "last_broker_ok_at": now_wall - (now - self.last_ok),
@@ -234,4 +237,13 @@ def format_health(record: Mapping[str, Any], now_wall: float, *, alive: bool) ->
             f"progress={now_wall - record['last_progress_at']:.0f}s-ago "
             f"broker={'ok' if not record.get('broker_error') else 'ERROR'} "
             f"agents={len(agents) - len(bad)}/{len(agents)} running"
-            + (f" ({', '.join(f'{a}={s}' for a, s in sorted(bad.items()))})" if bad else ""))
+            + (f" ({', '.join(f'{a}={s}' for a, s in sorted(bad.items()))})" if bad else "")
+            + _dropped(record.get("policy_dropped")))
+
+
+def _dropped(counts: Mapping[str, int] | None) -> str:
+    """`` policy_dropped=N (reason=n, ...)`` for a replay worker's health line."""
+    if counts is None:
+        return ""
+    detail = ", ".join(f"{r}={n}" for r, n in sorted(counts.items()))
+    return f" policy_dropped={sum(counts.values())}" + (f" ({detail})" if detail else "")
