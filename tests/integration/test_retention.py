@@ -85,7 +85,7 @@ def test_guarantee_breaking_changes_fail_startup(kafka_bootstrap: str, topic_fac
     _alter(kafka_bootstrap, prefix + window_topic("validation"), "retention.ms", "-1")
     assert create_topics(kafka_bootstrap, specs) == {s.name: "exists" for s in specs}
     _alter(kafka_bootstrap, prefix + IDENTITIES_TOPIC, "cleanup.policy", "delete")
-    with pytest.raises(TopicError, match="cleanup.policy=delete, catalogue wants compact"):
+    with pytest.raises(TopicError, match=r"cleanup\.policy=delete, catalogue wants compact"):
         ensure_topics(kafka_bootstrap, StreamTopics.from_prefix(prefix))
 
 
