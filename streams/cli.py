@@ -179,7 +179,9 @@ def topics_create(
     for name, state in result.items():
         typer.echo(f"{state:8} {name}")
     existing = [s for s in specs if result.get(s.name) == "exists"]
-    for note in compare_topics(bootstrap, existing, timeout_s=timeout).notes if existing else []:
+    notes = (compare_topics(bootstrap, existing, timeout_s=timeout, log_notes=False).notes
+             if existing else [])
+    for note in notes:
         typer.echo(f"note: {note}")
 
 

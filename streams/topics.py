@@ -432,9 +432,11 @@ def _retention_problem(name: str, have: str | None) -> str | None:
 
 
 def compare_topics(
-    bootstrap: str, specs: Sequence[TopicSpec], *, timeout_s: float = 15.0
+    bootstrap: str, specs: Sequence[TopicSpec], *, timeout_s: float = 15.0,
+    log_notes: bool = True,
 ) -> TopicCheck:
-    """Problems and accepted differences between ``specs`` and the cluster."""
+    """Problems and accepted differences between ``specs`` and the cluster (the accepted
+    ones logged at INFO unless ``log_notes`` is false)."""
     infos = describe_topics(bootstrap, [s.name for s in specs], timeout_s=timeout_s)
     problems: list[str] = []
     notes: list[str] = []
@@ -446,7 +448,7 @@ def compare_topics(
         bad, accepted = spec_differences(spec, info)
         problems += bad
         notes += accepted
-    for note in notes:
+    for note in notes if log_notes else []:
         log.info("%s", note)
     return TopicCheck(problems=problems, notes=notes)
 
