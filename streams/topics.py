@@ -223,8 +223,6 @@ _BASE_CATALOGUE: tuple[TopicSpec, ...] = (
 )
 
 
-
-
 def apply_retention(specs: Iterable[TopicSpec], policy: RetentionPolicy) -> tuple[TopicSpec, ...]:
     """``specs`` with the policy's retention for their class; compacted-only topics and
     topics of a class the policy does not configure are left as they are."""
