@@ -1,5 +1,5 @@
-"""CLI of the consumers: ``flywheel replay worker``, ``seal``, ``verify``, ``rebuild`` and
-``export-plaintext``.
+"""CLI of the consumers: ``flywheel replay worker``, ``seal``, ``verify``, ``rebuild``,
+``export-plaintext`` and ``snapshots expire``.
 
 ``replay_app`` is a typer sub-app (mounted as ``flywheel replay``); ``seal_command``,
 ``verify_command`` and ``rebuild_command`` are plain command functions (mounted as
@@ -21,6 +21,8 @@ from hebrus_flywheel.core.settings import bootstrap_servers
 
 replay_app = typer.Typer(help="Replay windows through the frozen teacher into shards.",
                          no_args_is_help=True)
+snapshots_app = typer.Typer(help="Manage sealed snapshots under a dataset root.",
+                            no_args_is_help=True)
 
 _BOOTSTRAP_HELP = "Kafka bootstrap servers (default: $FLYWHEEL_BOOTSTRAP_SERVERS or embedded)."
 
@@ -224,3 +226,34 @@ def rebuild_command(
         typer.echo(f"  windows regenerated from capture topics: "
                    f"{report['capture_windows_regenerated']} "
                    f"({report['capture_segments']} streams configuration segment(s))")
+
+
+@snapshots_app.callback()
+def _snapshots() -> None:
+    """Manage sealed snapshots under a dataset root (a group even with one command)."""
+
+
+@snapshots_app.command("expire")
+def expire_command(
+    dataset: Path = typer.Option(..., "--dataset", help="Dataset root (holds epoch=N)."),
+    older_than: str = typer.Option(..., "--older-than", metavar="DURATION",
+                                   help="Only snapshots sealed longer ago than this "
+                                   "(e.g. 7d, 36h, 90m)."),
+    keep: int = typer.Option(1, "--keep", help="The newest N sealed snapshots stay, "
+                             "whatever their age."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would go; delete nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Delete the files of old sealed snapshots (never unsealed epochs or the newest N);
+    resumes a deletion a killed run left half-done."""
+    from hebrus_flywheel.consumers.expire import ExpireConfig, expire_snapshots
+    from hebrus_flywheel.core.durations import parse_duration_ms
+
+    result = expire_snapshots(ExpireConfig(
+        root=dataset, keep=keep, dry_run=dry_run,
+        older_than_ms=parse_duration_ms(older_than, what="--older-than")))
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+        return
+    for line in result.lines():
+        typer.echo(line)

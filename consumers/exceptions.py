@@ -13,8 +13,8 @@ from __future__ import annotations
 from hebrus_flywheel.core.errors import FlywheelError
 from hebrus_flywheel.core.snapshot.errors import ManifestError, VerifyError
 
-__all__ = ["ConsumersError", "ControlError", "DatasetError", "ManifestError", "RebuildError",
-           "SealError", "ShardError", "VerifyError", "WorkerError"]
+__all__ = ["ConsumersError", "ControlError", "DatasetError", "ExpireError", "ManifestError",
+           "RebuildError", "SealError", "ShardError", "VerifyError", "WorkerError"]
 
 
 class ConsumersError(FlywheelError):
@@ -39,6 +39,10 @@ class WorkerError(ConsumersError):
 
 class SealError(ConsumersError):
     """An epoch cannot be sealed (out of order, workers behind, parity refused, conflict)."""
+
+
+class ExpireError(ConsumersError):
+    """Old snapshots cannot be expired as asked (e.g. a file cannot be deleted)."""
 
 
 class RebuildError(ConsumersError):

@@ -29,6 +29,19 @@ def end_offsets(bootstrap: kafka.KafkaTarget, topics: Iterable[str], *, timeout_
     return out
 
 
+def low_offsets(bootstrap: kafka.KafkaTarget, topics: Iterable[str], *, timeout_s: float = 15.0,
+                error: type[ConsumersError] = ConsumersError) -> dict[tuple[str, int], int]:
+    """Low watermark (earliest offset still on the broker) of every partition of ``topics``;
+    above 0 once retention (or ``delete_records``) removed the partition's first records."""
+    config, topics = kafka.client_config(bootstrap), list(topics)
+    try:
+        marks = kafka.end_watermarks(config, topics, timeout_s=timeout_s, log_name=_LOG)
+    except kafka.KafkaIOError as exc:
+        raise error(f"cannot read the offsets of {', '.join(topics)} from "
+                    f"{config.bootstrap_servers}: {exc}") from exc
+    return {tp: low for tp, (low, _) in marks.items()}
+
+
 def committed_offsets(bootstrap: kafka.KafkaTarget, group_id: str,
                       partitions: Iterable[tuple[str, int]], *, timeout_s: float = 15.0,
                       error: type[ConsumersError] = ConsumersError) -> dict[tuple[str, int], int]:

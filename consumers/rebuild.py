@@ -21,8 +21,14 @@ and content digest, and the replay then uses those FRESH windows. Which window-t
 offset holds which window still comes from the window topics: windows are
 deterministic (ids and content digests depend only on the thread and the
 configuration) but at-least-once delivery may repeat a window on the topic, so offsets,
-hence block boundaries and shard names, are not a function of the capture topics. The
-window topics keep data forever (``retention.ms=-1``) for that reason.
+hence block boundaries and shard names, are not a function of the capture topics.
+
+Rebuild works only within the retention window of the topics (``streams.retention``:
+7 days by default): before reading, the low watermark of every window partition is
+compared with the manifest's first source offset, and with ``--from-capture`` every
+capture partition (and the streams group's threads topic) must still hold offset 0.
+When retention (or ``delete_records``) removed records the snapshot was made from,
+:class:`RebuildError` says so instead of producing a different snapshot.
 
 Nothing is published to Kafka: records refused again are only counted.
 """
@@ -46,7 +52,7 @@ from hebrus_flywheel.consumers.engine import load_engine, window_check
 from hebrus_flywheel.consumers.epochs import EpochBoundary, EpochPlan, freeze_offsets
 from hebrus_flywheel.consumers.exceptions import RebuildError
 from hebrus_flywheel.consumers.intake import PartitionLog, classify
-from hebrus_flywheel.consumers.kafka_io import read_ranges
+from hebrus_flywheel.consumers.kafka_io import low_offsets, read_ranges
 from hebrus_flywheel.consumers.manifest import (
     build_manifest,
     describe_shards,
@@ -127,6 +133,49 @@ def _window_ranges(manifest: dict[str, Any]) -> dict[tuple[str, int], tuple[int,
             for p in parts}
 
 
+def check_retained(bootstrap: str, needed: Mapping[tuple[str, int], int], *,
+                   what: str, timeout_s: float = 15.0) -> None:
+    """RebuildError when a partition's low watermark is past the offset a rebuild needs
+    first (``needed``: (topic, partition) -> first offset that must still exist)."""
+    if not needed:
+        return
+    lows = low_offsets(bootstrap, sorted({t for t, _ in needed}), timeout_s=timeout_s,
+                       error=RebuildError)
+    gone = [(tp, first, lows.get(tp, 0)) for tp, first in sorted(needed.items())
+            if lows.get(tp, 0) > first]
+    if gone:
+        (topic, partition), first, low = gone[0]
+        raise RebuildError(
+            f"{topic}[{partition}] starts at offset {low} on the broker but the rebuild needs "
+            f"{what} from offset {first}: retention (or delete_records) removed records this "
+            f"snapshot was made from ({len(gone)} partition(s) affected). A snapshot can only "
+            "be rebuilt within the topics' retention window (streams.retention); keep the "
+            "sealed snapshot itself as the copy of record")
+    primed = {tp: low for tp, low in lows.items() if low > 0 and tp in needed}
+    if primed:
+        log.warning("records before %s are gone; windows repeated from there cannot be "
+                    "recognised as duplicates (the comparison will tell)", primed)
+
+
+def _window_starts(manifest: dict[str, Any]) -> dict[tuple[str, int], int]:
+    boundary, _ = _boundary(manifest)
+    return {(t, int(p)): boundary.start_of(t, p) for t, parts in boundary.end.items()
+            for p in parts if boundary.start_of(t, p) < boundary.end_of(t, p)}
+
+
+def _capture_starts(prefix: str, capture: Mapping[str, Any]) -> dict[tuple[str, int], int]:
+    """Every capture partition the seal recorded, and the group's threads topic, from 0."""
+    from hebrus_flywheel.consumers.capture_check import recorded_runs
+    from hebrus_flywheel.streams.processors.topology import StreamTopics
+
+    needed = {(str(t), int(p)): 0 for t, parts in (capture.get("end") or {}).items()
+              for p, end in parts.items() if int(end) > 0}
+    app_id = recorded_runs(capture)[0].app_id
+    if app_id.startswith(prefix):
+        needed[(StreamTopics.from_prefix(prefix, app_id[len(prefix):]).threads, 0)] = 0
+    return needed
+
+
 def _capture_check(config: RebuildConfig, manifest: dict[str, Any]) -> Any:
     from hebrus_flywheel.consumers.capture_check import check_windows, regenerate
 
@@ -137,6 +186,8 @@ def _capture_check(config: RebuildConfig, manifest: dict[str, Any]) -> Any:
             "recorded at seal time (manifest source.prefix and source.capture); this snapshot "
             "was sealed without them — rebuild it from the window topics (drop --from-capture)"
         )
+    check_retained(config.bootstrap, _capture_starts(prefix, capture), what="the capture records",
+                   timeout_s=config.timeout_s)
     fresh = regenerate(config.bootstrap, prefix, capture, timeout_s=config.timeout_s)
     check = check_windows(config.bootstrap, _window_ranges(manifest), fresh,
                           timeout_s=config.timeout_s)
@@ -228,6 +279,8 @@ def rebuild_snapshot(config: RebuildConfig, *, teacher: Any = None) -> dict[str,
     target = epoch_dir(out, manifest["epoch"])
     if target.exists():
         raise RebuildError(f"{target} already exists; choose an empty --out directory")
+    check_retained(config.bootstrap, _window_starts(manifest), what="the window records",
+                   timeout_s=config.timeout_s)
     capture = _capture_check(config, manifest) if config.from_capture else None
     bundle = _load(config, manifest, teacher)
     stats = Counters()

@@ -34,6 +34,7 @@ def _mount_subapps() -> None:
         rebuild_command,
         replay_app,
         seal_command,
+        snapshots_app,
         verify_command,
     )
     from hebrus_flywheel.replay.capture_cli import capture_command
@@ -55,6 +56,7 @@ def _mount_subapps() -> None:
     app.command("verify")(verify_command)
     app.command("rebuild")(rebuild_command)
     app.command("export-plaintext")(export_command)
+    app.add_typer(snapshots_app, name="snapshots", help="Manage sealed snapshots (expire).")
     app.command("train")(train_command)
     app.command("evaluate")(evaluate_command)
     app.command("qualify")(qualify_command)

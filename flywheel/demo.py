@@ -54,7 +54,8 @@ def _stage_broker(ctx: DemoContext) -> None:
     embedded = EmbeddedBroker(BrokerConfig())
     if ctx.bootstrap == embedded.config.bootstrap:
         embedded.up()
-    created = topics.create_topics(ctx.bootstrap, topics.CATALOGUE)
+    # the retention policy of $FLYWHEEL_RETENTION_CONFIG, else the defaults (7 days)
+    created = topics.create_topics(ctx.bootstrap, topics.catalogue())
     ctx.results["topics"] = created
     print(f"[broker] {ctx.bootstrap}: {len(created)} catalogue topics ready")
 

@@ -24,7 +24,15 @@ from hebrus_flywheel.streams.broker import (
     pin_jars,
     probe_metadata,
 )
-from hebrus_flywheel.streams.topics import CATALOGUE, catalogue, create_topics, describe_topics
+from hebrus_flywheel.streams.retention import CONFIGURABLE, RETENTION_CONFIG_ENV, load_policy
+from hebrus_flywheel.streams.topics import (
+    CATALOGUE,
+    catalogue,
+    compare_topics,
+    create_topics,
+    describe_topics,
+    spec_differences,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -174,12 +182,28 @@ def topics_create(
     bootstrap_servers_: BootstrapOpt = None,
     prefix: Annotated[str, typer.Option("--prefix", help="Prefix every topic name (tests).")] = "",
     timeout: TimeoutOpt = 30.0,
+    config: Annotated[Path | None, typer.Option(
+        "--config", help=f"TOML file with a [retention] section (class = \"7d\") "
+        f"[default: ${RETENTION_CONFIG_ENV}].", show_default=False)] = None,
+    retention: Annotated[list[str] | None, typer.Option(
+        "--retention", metavar="CLASS=DURATION",
+        help=f"Retention of one topic class ({', '.join(CONFIGURABLE)}), e.g. capture=3d, "
+        "quarantine=12h, control=forever; repeat for several.")] = None,
 ) -> None:
-    """Create every catalogue topic that does not exist yet (idempotent)."""
+    """Create every catalogue topic that does not exist yet (idempotent), with the retention
+    policy; existing topics keep the retention set on the broker, which is printed."""
     bootstrap = bootstrap_servers(bootstrap_servers_)
-    result = create_topics(bootstrap, catalogue(prefix), timeout_s=timeout)
+    policy = load_policy(config, retention or ())
+    typer.echo("retention: " + ", ".join(f"{c}={d}" for c, d in policy.describe().items()))
+    specs = catalogue(prefix, policy)
+    result = create_topics(bootstrap, specs, timeout_s=timeout)
     for name, state in result.items():
         typer.echo(f"{state:8} {name}")
+    existing = [s for s in specs if result.get(s.name) == "exists"]
+    notes = (compare_topics(bootstrap, existing, timeout_s=timeout, log_notes=False).notes
+             if existing else [])
+    for note in notes:
+        typer.echo(f"note: {note}")
 
 
 @topics_app.command("list")
@@ -203,11 +227,9 @@ def topics_list(
         if info is None:
             rows.append((name, "-", "-", "-", "missing"))
             continue
-        drift = spec is not None and (
-            info.partitions != spec.partitions
-            or any(info.configs.get(k) != v for k, v in spec.topic_configs().items())
-        )
-        state = "not in catalogue" if spec is None else ("differs" if drift else "ok")
+        problems, notes = spec_differences(spec, info) if spec is not None else ([], [])
+        state = ("not in catalogue" if spec is None else "differs" if problems
+                 else "ok (retention set on the broker)" if notes else "ok")
         cfg = info.configs
         policy, retention = cfg.get("cleanup.policy", "?"), cfg.get("retention.ms", "?")
         rows.append((name, str(info.partitions), policy, retention, state))

@@ -1,9 +1,12 @@
 """The topic catalogue: every Kafka topic the flywheel uses, and idempotent creation.
 
 Topics are named ``flywheel.<stage>.<name>.v<N>`` and keyed by ``owner/thread`` (the
-identities topic is keyed by identity id). Capture, quarantine, window, control and
-streams-run topics keep their data forever (``retention.ms=-1``) because snapshots must be
-rebuildable by replaying them; the identities topic is compacted.
+identities topic is keyed by identity id). How long each topic keeps its records is the
+operator's retention policy per topic class (:mod:`streams.retention`: capture and window
+topics 7 days, quarantine 24 hours, control and streams-runs forever by default); the
+identities topic is compacted. An existing topic whose retention differs from the policy
+is accepted and reported as its effective retention; a different partition count or
+cleanup policy, or a retention under the class minimum, is refused.
 
 Integration tests use :func:`catalogue` with a unique ``prefix`` so that each run gets
 its own uuid-named copies of the real topics.
@@ -25,6 +28,15 @@ from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.streams.exceptions import TopicError
 from hebrus_flywheel.streams.limits import QUARANTINE_MAX_MESSAGE_BYTES
+from hebrus_flywheel.streams.retention import (
+    CONFIGURABLE,
+    DEFAULT_POLICY,
+    RETAIN_FOREVER,
+    RetentionPolicy,
+    load_policy,
+    min_retention_ms,
+    topic_class,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +47,6 @@ TOPIC_NAME_RE = re.compile(rf"^{TOPIC_NAME_PATTERN}$")
 _KAFKA_LEGAL_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _KAFKA_MAX_NAME = 249
 CLEANUP_POLICIES = ("delete", "compact", "compact,delete")
-RETAIN_FOREVER = -1
 
 IDENTITIES_TOPIC = "flywheel.capture.identities.v1"
 TRANSCRIPTS_TOPIC = "flywheel.capture.transcripts.v1"
@@ -102,7 +113,8 @@ class TopicSpec:
     partitions: int
     """Number of partitions; records with the same key always land in the same one."""
     retention_ms: int = RETAIN_FOREVER
-    """``retention.ms``: -1 keeps data forever (needed for rebuildable snapshots)."""
+    """``retention.ms``: -1 keeps data forever; catalogue topics get their class's value
+    from the retention policy (:func:`apply_retention`)."""
     cleanup_policy: str = "delete"
     """``cleanup.policy``: ``delete``, ``compact`` or ``compact,delete``."""
     key: str = "owner/thread"
@@ -169,7 +181,7 @@ def _window_spec(split: str) -> TopicSpec:
     )
 
 
-CATALOGUE: tuple[TopicSpec, ...] = (
+_BASE_CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec(
         name=IDENTITIES_TOPIC,
         partitions=1,
@@ -211,11 +223,30 @@ CATALOGUE: tuple[TopicSpec, ...] = (
 )
 
 
-def catalogue(prefix: str = "") -> tuple[TopicSpec, ...]:
-    """The catalogue, with every name prefixed by ``prefix`` (e.g. ``"t-<uuid>."`` in tests)."""
+def apply_retention(specs: Iterable[TopicSpec], policy: RetentionPolicy) -> tuple[TopicSpec, ...]:
+    """``specs`` with the policy's retention for their class; compacted-only topics and
+    topics of a class the policy does not configure are left as they are."""
+    out = []
+    for spec in specs:
+        cls = topic_class(spec.name)
+        if spec.cleanup_policy != "compact" and cls in CONFIGURABLE:
+            spec = replace(spec, retention_ms=policy.retention_ms(cls), configs=dict(spec.configs))
+        out.append(spec)
+    return tuple(out)
+
+
+CATALOGUE: tuple[TopicSpec, ...] = apply_retention(_BASE_CATALOGUE, DEFAULT_POLICY)
+"""The catalogue with the default retention policy."""
+
+
+def catalogue(prefix: str = "", policy: RetentionPolicy | None = None) -> tuple[TopicSpec, ...]:
+    """The catalogue, with every name prefixed by ``prefix`` (e.g. ``"t-<uuid>."`` in tests)
+    and the retention of ``policy`` (default: :func:`streams.retention.load_policy`, i.e.
+    ``$FLYWHEEL_RETENTION_CONFIG`` or the defaults)."""
     if prefix:
         _check_kafka_legal(prefix)
-    return tuple(spec.with_prefix(prefix) for spec in CATALOGUE)
+    policy = load_policy() if policy is None else policy
+    return apply_retention((spec.with_prefix(prefix) for spec in _BASE_CATALOGUE), policy)
 
 
 def spec_for(name: str, specs: Iterable[TopicSpec] = CATALOGUE) -> TopicSpec:
@@ -244,8 +275,9 @@ def create_topics(
     """Create ``specs`` on the cluster; existing topics are left alone and reported ``exists``.
 
     With ``strict`` (the default), an existing topic whose partition count, cleanup policy
-    or retention differs from its spec raises :class:`TopicError`, because e.g. an
-    auto-created capture topic with 7-day retention would silently break rebuilds.
+    or extra configs differ from its spec, or whose retention is under its class minimum,
+    raises :class:`TopicError` (:func:`check_topics`); a retention the operator set on the
+    broker is accepted and logged as the effective retention.
     """
     if not specs:
         return {}
@@ -349,26 +381,82 @@ def _topic_configs(
     return out
 
 
-def check_topics(
-    bootstrap: str, specs: Sequence[TopicSpec], *, timeout_s: float = 15.0
-) -> list[str]:
-    """Human-readable differences between ``specs`` and the cluster (missing topics included)."""
+@dataclass(frozen=True, kw_only=True)
+class TopicCheck:
+    """How the cluster's topics compare with their specs."""
+
+    problems: list[str]
+    """Differences that break a guarantee (missing topic, partitions, cleanup policy,
+    extra configs, retention under the class minimum): startup must fail."""
+    notes: list[str]
+    """Accepted differences: the effective retention the operator configured."""
+
+
+def spec_differences(spec: TopicSpec, info: TopicInfo) -> tuple[list[str], list[str]]:
+    """(problems, notes) of one existing topic against its spec (see :class:`TopicCheck`)."""
+    problems: list[str] = []
+    notes: list[str] = []
+    if info.partitions != spec.partitions:
+        problems.append(
+            f"{spec.name} has {info.partitions} partitions, catalogue wants {spec.partitions}"
+        )
+    for key, want in spec.topic_configs().items():
+        have = info.configs.get(key)
+        if have == want:
+            continue
+        if key != "retention.ms":
+            problems.append(f"{spec.name} has {key}={have}, catalogue wants {want}")
+        elif (problem := _retention_problem(spec.name, have)) is not None:
+            problems.append(problem)
+        elif spec.cleanup_policy != "compact":
+            notes.append(f"{spec.name}: effective retention.ms={have} (set on the broker; "
+                         f"the policy default is {want})")
+    return problems, notes
+
+
+def _retention_problem(name: str, have: str | None) -> str | None:
+    floor = min_retention_ms(topic_class(name))
+    try:
+        value = int(have) if have is not None else None
+    except ValueError:
+        value = None
+    if value is None or (value != RETAIN_FOREVER and value <= 0):
+        return f"{name} has retention.ms={have}, which is not a retention Kafka accepts"
+    if value != RETAIN_FOREVER and value < floor:
+        return (f"{name} has retention.ms={value}, under the minimum {floor} for "
+                f"{topic_class(name)} topics (streams.retention.MIN_DATA_RETENTION_MS); "
+                "raise it with kafka-configs or recreate the topic")
+    return None
+
+
+def compare_topics(
+    bootstrap: str, specs: Sequence[TopicSpec], *, timeout_s: float = 15.0,
+    log_notes: bool = True,
+) -> TopicCheck:
+    """Problems and accepted differences between ``specs`` and the cluster (the accepted
+    ones logged at INFO unless ``log_notes`` is false)."""
     infos = describe_topics(bootstrap, [s.name for s in specs], timeout_s=timeout_s)
     problems: list[str] = []
+    notes: list[str] = []
     for spec in specs:
         info = infos.get(spec.name)
         if info is None:
             problems.append(f"{spec.name} is missing")
             continue
-        if info.partitions != spec.partitions:
-            problems.append(
-                f"{spec.name} has {info.partitions} partitions, catalogue wants {spec.partitions}"
-            )
-        for key, want in spec.topic_configs().items():
-            have = info.configs.get(key)
-            if have != want:
-                problems.append(f"{spec.name} has {key}={have}, catalogue wants {want}")
-    return problems
+        bad, accepted = spec_differences(spec, info)
+        problems += bad
+        notes += accepted
+    for note in notes if log_notes else []:
+        log.info("%s", note)
+    return TopicCheck(problems=problems, notes=notes)
+
+
+def check_topics(
+    bootstrap: str, specs: Sequence[TopicSpec], *, timeout_s: float = 15.0
+) -> list[str]:
+    """Human-readable differences between ``specs`` and the cluster that break a guarantee
+    (missing topics included); accepted retention differences are only logged."""
+    return compare_topics(bootstrap, specs, timeout_s=timeout_s).problems
 
 
 def delete_topics(

@@ -4,6 +4,9 @@ Capture, quarantine and window topics come from the catalogue (``streams.topics`
 each worker group (app id) adds three internal topics of its own, named like faust's
 changelog topics (``<prefix><app id>-<name>``):
 
+The delete-policy internal topics (threads, decisions) keep records for the retention
+policy's ``internal`` class (:mod:`streams.retention`, default 7 days):
+
 * ``…-threads-v1`` (1 partition): summaries of completed thread generations, the input
   of the single split+dedup agent;
 * ``…-decisions-v1`` (N partitions): split and dedup decisions, each sent to the
@@ -19,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hebrus_flywheel.streams.processors.exceptions import WorkerError
+from hebrus_flywheel.streams.retention import RetentionPolicy, load_policy
 from hebrus_flywheel.streams.topics import (
     IDENTITIES_TOPIC,
     OBSERVATIONS_TOPIC,
@@ -27,9 +31,9 @@ from hebrus_flywheel.streams.topics import (
     STREAMS_RUNS_TOPIC,
     TRANSCRIPTS_TOPIC,
     TopicSpec,
+    catalogue,
     create_topics,
     describe_topics,
-    spec_for,
     window_topic,
 )
 
@@ -87,16 +91,20 @@ class StreamTopics:
         ]
 
 
-def internal_specs(topics: StreamTopics, partitions: int) -> list[TopicSpec]:
+def internal_specs(topics: StreamTopics, partitions: int,
+                   policy: RetentionPolicy | None = None) -> list[TopicSpec]:
+    internal_ms = (policy or load_policy()).internal_ms
     return [
         TopicSpec(
             name=topics.threads,
             partitions=1,
+            retention_ms=internal_ms,
             doc="Completed thread generations awaiting split and dedup.",
         ),
         TopicSpec(
             name=topics.decisions,
             partitions=partitions,
+            retention_ms=internal_ms,
             doc="Split and dedup decision of every completed thread generation.",
         ),
         TopicSpec(
@@ -136,11 +144,12 @@ def ensure_topics(
     tables: dict[str, int | None] | None = None,
 ) -> int:
     """Create the catalogue topics the worker uses, its internal topics and the changelog
-    topics of ``tables`` (``None`` partitions means N); returns N."""
-    specs = [
-        spec_for(name[len(topics.prefix) :]).with_prefix(topics.prefix)
-        for name in topics.catalogue_names()
-    ]
+    topics of ``tables`` (``None`` partitions means N); returns N. Missing topics get the
+    retention policy of ``$FLYWHEEL_RETENTION_CONFIG`` (or the defaults); existing ones
+    keep the retention configured on the broker."""
+    policy = load_policy()
+    by_name = {s.name: s for s in catalogue(topics.prefix, policy)}
+    specs = [by_name[name] for name in topics.catalogue_names()]
     create_topics(bootstrap, specs)
     info = describe_topics(bootstrap, [topics.transcripts, topics.observations])
     counts = {name: i.partitions for name, i in info.items()}
@@ -150,7 +159,7 @@ def ensure_topics(
             "recreate them from the catalogue (`flywheel topics create`)"
         )
     partitions = next(iter(counts.values()))
-    specs = internal_specs(topics, partitions)
+    specs = internal_specs(topics, partitions, policy)
     if app_id is not None and tables:
         specs += changelog_specs(app_id, {t: n or partitions for t, n in tables.items()})
     create_topics(bootstrap, specs)

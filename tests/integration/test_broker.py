@@ -96,7 +96,7 @@ def test_create_topics_twice_is_idempotent(kafka_bootstrap: str, topic_factory) 
     assert identities.configs["cleanup.policy"] == "compact"
     transcripts = infos[topic_factory.prefix + TRANSCRIPTS_TOPIC]
     assert transcripts.partitions == 4
-    assert transcripts.configs["retention.ms"] == "-1"
+    assert transcripts.configs["retention.ms"] == str(7 * 86_400_000)  # the default policy
 
 
 def test_first_creation_reports_created(kafka_bootstrap: str, topic_factory) -> None:

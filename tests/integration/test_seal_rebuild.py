@@ -26,9 +26,11 @@ from typing import Any
 import duckdb
 import numpy as np
 import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from hebrus_flywheel.consumers.control import ControlChannel
-from hebrus_flywheel.consumers.exceptions import SealError
+from hebrus_flywheel.consumers.exceptions import RebuildError, SealError
 from hebrus_flywheel.consumers.kafka_io import committed_offsets, end_offsets
 from hebrus_flywheel.consumers.rebuild import RebuildConfig, rebuild_snapshot
 from hebrus_flywheel.consumers.seal import SealConfig, SealResult, seal_epoch
@@ -289,3 +291,23 @@ def test_seal_without_running_workers_times_out_with_a_clear_message(
                               timeout_s=3, poll_interval_s=0.5))
     assert time.monotonic() - start < 60
     assert "flywheel replay worker" in str(info.value) and "re-run the same seal" in str(info.value)
+
+
+def test_rebuild_refuses_once_retention_removed_its_records(scenario: Scenario,
+                                                            tmp_path: Path) -> None:
+    """Last in the module: it deletes the first records of a shared window partition,
+    as retention would, and rebuild must say so instead of sealing another snapshot."""
+    result = scenario.epochs[0]
+    topic, partition, start = next(
+        (t, int(p), int(r["start"])) for t, v in sorted(result.manifest["source"]["topics"].items())
+        for p, r in sorted(v["partitions"].items()) if int(r["end"]) > int(r["start"]))
+    admin = AdminClient({"bootstrap.servers": scenario.bootstrap})
+    for fut in admin.delete_records([TopicPartition(topic, partition, start + 1)]).values():
+        fut.result(timeout=30)
+    with pytest.raises(RebuildError, match=rf"{topic}\[{partition}\] starts at offset "
+                                           rf"{start + 1} on the broker but the rebuild needs "
+                                           rf"the window records from offset {start}"):
+        rebuild_snapshot(RebuildConfig(
+            snapshot=result.manifest_path.parent, out=tmp_path / "gone",
+            teacher=scenario.teacher_dir, bootstrap=scenario.bootstrap), teacher=scenario.teacher)
+    assert not (tmp_path / "gone").exists()

@@ -91,13 +91,16 @@ def test_identities_topic_is_compacted_single_partition() -> None:
     assert spec.key == "identity id"
 
 
-def test_data_topics_keep_everything() -> None:
+def test_data_topics_follow_the_default_retention_policy() -> None:
+    week, day = str(7 * 86_400_000), str(86_400_000)
+    want = {TRANSCRIPTS_TOPIC: week, OBSERVATIONS_TOPIC: week, QUARANTINE_TOPIC: day,
+            CONTROL_TOPIC: "-1", STREAMS_RUNS_TOPIC: "-1",
+            **{window_topic(s): week for s in SPLITS}}
     for spec in CATALOGUE:
         if spec.name == IDENTITIES_TOPIC:
             continue
         assert spec.cleanup_policy == "delete", spec.name
-        assert spec.retention_ms == -1, spec.name
-        assert spec.topic_configs()["retention.ms"] == "-1"
+        assert spec.topic_configs()["retention.ms"] == want[spec.name], spec.name
     for name in (TRANSCRIPTS_TOPIC, OBSERVATIONS_TOPIC, QUARANTINE_TOPIC):
         assert spec_for(name).partitions == 4
         assert spec_for(name).key == "owner/thread"
@@ -149,6 +152,7 @@ def test_spec_is_immutable_and_hashable() -> None:
     with pytest.raises(TypeError):
         spec.configs["a"] = "2"  # type: ignore[index]
     assert hash(spec) == hash(dataclasses.replace(spec))
+    # a spec outside the catalogue keeps its own retention (forever unless set)
     assert spec.topic_configs() == {"cleanup.policy": "delete", "retention.ms": "-1", "a": "1"}
 
 
