@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from hebrus_flywheel.core.files import atomic_write_json
+from hebrus_flywheel.core.kafka.security import declare_role
 from hebrus_flywheel.core.settings import bootstrap_servers
 
 
@@ -31,6 +32,7 @@ def capture_command(
     ),
 ) -> None:
     """Run real KV-cache decode on threads and publish identities, turns and routes."""
+    declare_role("runtime")
     from hebrus_flywheel.replay.capture import CaptureConfig, load_threads
 
     config = CaptureConfig(mode=mode, seed=seed, max_new_tokens=max_new_tokens,

@@ -271,7 +271,8 @@ def render_server_properties(config: BrokerConfig) -> str:
     return template.substitute(
         client_listener="PLAINTEXT" if insecure else "SASL_SSL",
         controller_protocol="PLAINTEXT" if insecure else "SSL",
-        security="" if insecure else security.server_security(security.SecurityFiles.of(config.home)),
+        security="" if insecure else security.server_security(
+            security.SecurityFiles.of(config.home)),
         host=config.host,
         port=config.port,
         controller_port=config.controller_port,

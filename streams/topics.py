@@ -250,15 +250,19 @@ def create_topics(
     if not specs:
         return {}
     admin = admin_client(bootstrap)
-    _require_reachable(admin, bootstrap, min(timeout_s, 10.0))
+    known = _require_reachable(admin, bootstrap, min(timeout_s, 10.0))
+    # Existing topics are not created again: a role that may use a topic but not create it
+    # (the streams worker and the catalogue topics) then never asks for CREATE.
+    result: dict[str, TopicState] = {s.name: "exists" for s in specs if s.name in known}
     new = [
         NewTopic(
             s.name, num_partitions=s.partitions, replication_factor=-1, config=s.topic_configs()
         )
         for s in specs
+        if s.name not in known
     ]
-    futures = admin.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s)
-    result: dict[str, TopicState] = {}
+    futures = admin.create_topics(new, operation_timeout=timeout_s,
+                                  request_timeout=timeout_s) if new else {}
     for name, fut in futures.items():
         result[name] = _creation_state(name, fut, bootstrap, timeout_s)
     existing = [s for s in specs if result.get(s.name) == "exists"]
@@ -274,15 +278,17 @@ def create_topics(
     return result
 
 
-def _require_reachable(admin: AdminClient, bootstrap: str, timeout_s: float) -> None:
+def _require_reachable(admin: AdminClient, bootstrap: str, timeout_s: float) -> set[str]:
+    """The topics the cluster shows this client; TopicError when it does not answer."""
     try:
-        kafka.client_config(bootstrap).retry.call(lambda: admin.list_topics(timeout=timeout_s),
-                                                  what=f"metadata request to {bootstrap}")
+        metadata = kafka.client_config(bootstrap).retry.call(
+            lambda: admin.list_topics(timeout=timeout_s), what=f"metadata request to {bootstrap}")
     except (KafkaException, kafka.KafkaRetryError) as exc:
         raise TopicError(
             f"cannot reach Kafka at {bootstrap}: {exc}; start the broker (`flywheel broker up`) "
             "or point --bootstrap-servers / FLYWHEEL_BOOTSTRAP_SERVERS at a running cluster"
         ) from exc
+    return set(metadata.topics)
 
 
 def _creation_state(name: str, fut: Any, bootstrap: str, timeout_s: float) -> TopicState:

@@ -9,9 +9,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka import Message
 from typer.testing import CliRunner
 
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker, find_java, probe_metadata
 from hebrus_flywheel.streams.cli import broker_app, topics_app
@@ -33,7 +34,7 @@ external_cluster = pytest.mark.skipif(
 
 
 def _produce(bootstrap: str, topic: str, records: list[tuple[str, str]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    producer = kafka.make_producer(kafka.client_config(bootstrap))
     for key, value in records:
         producer.produce(topic, key=key, value=value, headers={"schema": b"test.v1"})
     remaining = producer.flush(30)
@@ -41,14 +42,9 @@ def _produce(bootstrap: str, topic: str, records: list[tuple[str, str]]) -> None
 
 
 def _consume(bootstrap: str, topic: str, count: int, timeout_s: float = 60.0) -> list[Message]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"test-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = kafka.make_consumer(kafka.client_config(bootstrap),
+                                   group_id=f"flywheel-reader-{uuid.uuid4().hex}",
+                                   settings={"auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
     got: list[Message] = []
     deadline = time.monotonic() + timeout_s
