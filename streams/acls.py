@@ -27,14 +27,17 @@ Every reading role may also use private reader groups (``flywheel-reader-*``, se
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
+    AdminClient,
     ResourcePatternType,
     ResourceType,
     ScramCredentialInfo,
@@ -136,8 +139,30 @@ def grant_catalogue(target: kafka.KafkaTarget, prefix: str = "", *,
     except KafkaException as exc:
         raise BrokerError(f"granting the role ACLs on {bootstrap} failed: {exc}; check "
                           "`flywheel broker logs`") from exc
+    _await_visible(admin, bindings, bootstrap, timeout_s)
     log.info("granted %d role ACL bindings for prefix %r", len(bindings), prefix)
     return len(bindings)
+
+
+def _await_visible(admin: AdminClient, bindings: list[AclBinding], bootstrap: str,
+                   timeout_s: float) -> None:
+    """Wait until the broker's authorizer shows every binding (it applies them from the
+    metadata log a moment after CreateAcls returns), so the next client is not refused."""
+    every = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.PREFIXED, None, None,
+                             AclOperation.ANY, AclPermissionType.ANY)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            shown = set(admin.describe_acls(every, request_timeout=timeout_s)
+                        .result(timeout=timeout_s + 5))
+        except KafkaException as exc:
+            raise BrokerError(f"listing the ACLs on {bootstrap} failed: {exc}") from exc
+        if shown.issuperset(bindings):
+            return
+        if time.monotonic() > deadline:
+            raise BrokerError(f"the role ACLs did not show up on {bootstrap} within "
+                              f"{timeout_s:.0f}s; check `flywheel broker logs`")
+        time.sleep(0.1)
 
 
 def upsert_credentials(config: kafka.KafkaClientConfig, passwords: dict[str, str], *,
