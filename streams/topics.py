@@ -228,6 +228,11 @@ def spec_for(name: str, specs: Iterable[TopicSpec] = CATALOGUE) -> TopicSpec:
     )
 
 
+def _where(target: kafka.KafkaTarget) -> str:
+    """The bootstrap list for messages (never a config's credentials)."""
+    return target if isinstance(target, str) else target.bootstrap_servers
+
+
 def admin_client(bootstrap: kafka.KafkaTarget, **extra: Any) -> AdminClient:
     """An AdminClient (see :func:`core.kafka.make_admin`) with the process's Kafka config."""
     return kafka.make_admin(kafka.client_config(bootstrap), settings=extra,
@@ -235,7 +240,7 @@ def admin_client(bootstrap: kafka.KafkaTarget, **extra: Any) -> AdminClient:
 
 
 def create_topics(
-    bootstrap: str,
+    bootstrap: kafka.KafkaTarget,
     specs: Sequence[TopicSpec] = CATALOGUE,
     *,
     timeout_s: float = 30.0,
@@ -274,24 +279,28 @@ def create_topics(
                 + "; ".join(problems)
                 + ". Delete and recreate them (data is lost) or alter their configs to match."
             )
-    log.info("topics on %s: %s", bootstrap, result)
+    log.info("topics on %s: %s", _where(bootstrap), result)
     return result
 
 
-def _require_reachable(admin: AdminClient, bootstrap: str, timeout_s: float) -> set[str]:
+def _require_reachable(admin: AdminClient, bootstrap: kafka.KafkaTarget,
+                       timeout_s: float) -> set[str]:
     """The topics the cluster shows this client; TopicError when it does not answer."""
     try:
         metadata = kafka.client_config(bootstrap).retry.call(
-            lambda: admin.list_topics(timeout=timeout_s), what=f"metadata request to {bootstrap}")
+            lambda: admin.list_topics(timeout=timeout_s),
+            what=f"metadata request to {_where(bootstrap)}")
     except (KafkaException, kafka.KafkaRetryError) as exc:
         raise TopicError(
-            f"cannot reach Kafka at {bootstrap}: {exc}; start the broker (`flywheel broker up`) "
+            f"cannot reach Kafka at {_where(bootstrap)}: {exc}; start the broker "
+            "(`flywheel broker up`) "
             "or point --bootstrap-servers / FLYWHEEL_BOOTSTRAP_SERVERS at a running cluster"
         ) from exc
     return set(metadata.topics)
 
 
-def _creation_state(name: str, fut: Any, bootstrap: str, timeout_s: float) -> TopicState:
+def _creation_state(name: str, fut: Any, bootstrap: kafka.KafkaTarget,
+                    timeout_s: float) -> TopicState:
     try:
         fut.result(timeout=timeout_s + 5)
     except KafkaException as exc:
@@ -299,7 +308,8 @@ def _creation_state(name: str, fut: Any, bootstrap: str, timeout_s: float) -> To
         if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return "exists"
         raise TopicError(
-            f"could not create topic {name} on {bootstrap}: {exc}; check that the broker is "
+            f"could not create topic {name} on {_where(bootstrap)}: {exc}; check that the "
+            "broker is "
             "running (`flywheel broker status`) and accepts topic creation"
         ) from exc
     return "created"
@@ -315,7 +325,7 @@ class TopicInfo:
 
 
 def describe_topics(
-    bootstrap: str, names: Iterable[str] | None = None, *, timeout_s: float = 15.0
+    bootstrap: kafka.KafkaTarget, names: Iterable[str] | None = None, *, timeout_s: float = 15.0
 ) -> dict[str, TopicInfo]:
     """Partitions and configs of ``names`` (all non-internal topics when None).
 
@@ -324,7 +334,8 @@ def describe_topics(
     admin = admin_client(bootstrap)
     _require_reachable(admin, bootstrap, timeout_s)
     metadata = kafka.client_config(bootstrap).retry.call(
-        lambda: admin.list_topics(timeout=timeout_s), what=f"metadata request to {bootstrap}")
+        lambda: admin.list_topics(timeout=timeout_s),
+        what=f"metadata request to {_where(bootstrap)}")
     wanted = (
         [n for n in metadata.topics if not n.startswith("__")] if names is None else list(names)
     )
@@ -348,7 +359,7 @@ def _topic_configs(
             entries = fut.result(timeout=timeout_s + 5)
         except KafkaException as exc:
             raise TopicError(
-                f"cannot describe configs of {resource.name} on {bootstrap}: {exc}; "
+                f"cannot describe configs of {resource.name} on {_where(bootstrap)}: {exc}; "
                 "retry once the broker is healthy (`flywheel broker status`)"
             ) from exc
         out[resource.name] = {k: str(e.value) for k, e in entries.items() if e.value is not None}
@@ -356,7 +367,7 @@ def _topic_configs(
 
 
 def check_topics(
-    bootstrap: str, specs: Sequence[TopicSpec], *, timeout_s: float = 15.0
+    bootstrap: kafka.KafkaTarget, specs: Sequence[TopicSpec], *, timeout_s: float = 15.0
 ) -> list[str]:
     """Human-readable differences between ``specs`` and the cluster (missing topics included)."""
     infos = describe_topics(bootstrap, [s.name for s in specs], timeout_s=timeout_s)
@@ -378,7 +389,7 @@ def check_topics(
 
 
 def delete_topics(
-    bootstrap: str, names: Iterable[str], *, timeout_s: float = 30.0
+    bootstrap: kafka.KafkaTarget, names: Iterable[str], *, timeout_s: float = 30.0
 ) -> dict[str, str]:
     """Delete ``names``; returns name -> ``deleted`` | ``missing``. Used by test teardown."""
     names = list(names)
@@ -398,6 +409,6 @@ def delete_topics(
                 result[name] = "missing"
                 continue
             raise TopicError(
-                f"could not delete topic {name} on {bootstrap}: {exc}; check the broker log"
+                f"could not delete topic {name} on {_where(bootstrap)}: {exc}; check the broker log"
             ) from exc
     return result

@@ -45,7 +45,8 @@ class KafkaClientConfig:
     """
 
     bootstrap_servers: str
-    properties: Mapping[str, str] = field(default_factory=dict)
+    # Not in repr: it may hold sasl.password / ssl.key.password.
+    properties: Mapping[str, str] = field(default_factory=dict, repr=False)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
