@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
@@ -42,6 +43,7 @@ from confluent_kafka.admin import (
     ResourceType,
     ScramCredentialInfo,
     ScramMechanism,
+    UserScramCredentialAlteration,
     UserScramCredentialUpsertion,
 )
 
@@ -148,8 +150,9 @@ def _await_visible(admin: AdminClient, bindings: list[AclBinding], bootstrap: st
                    timeout_s: float) -> None:
     """Wait until the broker's authorizer shows every binding (it applies them from the
     metadata log a moment after CreateAcls returns), so the next client is not refused."""
-    every = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.PREFIXED, None, None,
-                             AclOperation.ANY, AclPermissionType.ANY)
+    anything: Any = None  # the stubs type the filter's wildcards as str
+    every = AclBindingFilter(ResourceType.ANY, anything, ResourcePatternType.PREFIXED,
+                             anything, anything, AclOperation.ANY, AclPermissionType.ANY)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -170,8 +173,9 @@ def upsert_credentials(config: kafka.KafkaClientConfig, passwords: dict[str, str
     """Create or update every role's SCRAM-SHA-512 credential (as admin, idempotent)."""
     admin = kafka.make_admin(config, log_name=__name__)
     info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
-    upserts = [UserScramCredentialUpsertion(user, info, password.encode())
-               for user, password in passwords.items()]
+    upserts: list[UserScramCredentialAlteration] = [
+        UserScramCredentialUpsertion(user, info, password.encode())
+        for user, password in passwords.items()]
     try:
         futures = admin.alter_user_scram_credentials(upserts, request_timeout=timeout_s)
         for future in futures.values():

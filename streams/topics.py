@@ -348,7 +348,7 @@ def describe_topics(
 
 
 def _topic_configs(
-    admin: AdminClient, bootstrap: str, names: list[str], timeout_s: float
+    admin: AdminClient, bootstrap: kafka.KafkaTarget, names: list[str], timeout_s: float
 ) -> dict[str, dict[str, str]]:
     if not names:
         return {}
