@@ -307,6 +307,11 @@ def _creation_state(name: str, fut: Any, bootstrap: kafka.KafkaTarget,
         err = exc.args[0] if exc.args else None
         if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return "exists"
+        if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise TopicError(
+                f"topic {name} is missing on {_where(bootstrap)} and this process's Kafka "
+                "principal may not create it; create the catalogue as the admin "
+                "(`flywheel topics create`) and run again") from exc
         raise TopicError(
             f"could not create topic {name} on {_where(bootstrap)}: {exc}; check that the "
             "broker is "
