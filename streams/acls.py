@@ -9,8 +9,9 @@ grants them (:func:`grant_catalogue`). The broker denies everything else
 =========  ==============================================================================
 role       may
 =========  ==============================================================================
-runtime    write + describe the capture topics
-streams    read the capture topics; write + read windows, quarantine and streams runs;
+runtime    write + describe (and describe configs of) the capture topics
+streams    read the capture topics; write + read windows, quarantine and streams runs
+           (and describe their configs, checked against the catalogue at start);
            everything on its own internal topics and group (``<P>flywheel-streams*``)
 replay     read windows; read + write control; its groups ``<P>flywheel-replay*``
 sealer     read + write control; read capture, windows and streams runs (seal, rebuild);
@@ -86,10 +87,14 @@ def role_grants(role: str, prefix: str = "") -> tuple[Grant, ...]:
         return Grant(kind="group", prefix=name, operations=ops)
 
     reader = group(READER_GROUP, ("READ",))
+    # A role that makes sure its topics exist (capture, the streams worker) also checks
+    # their configs against the catalogue: DESCRIBE_CONFIGS, read-only.
+    checks = ("DESCRIBE_CONFIGS",)
     table: dict[str, tuple[Grant, ...]] = {
-        "runtime": (topic(CAPTURE, WRITE),),
-        "streams": (topic(CAPTURE, READ), topic(WINDOWS, READ_WRITE),
-                    topic(QUARANTINE, READ_WRITE), topic(STREAMS_RUNS, READ_WRITE),
+        "runtime": (topic(CAPTURE, WRITE + checks),),
+        "streams": (topic(CAPTURE, READ + checks), topic(WINDOWS, READ_WRITE + checks),
+                    topic(QUARANTINE, READ_WRITE + checks),
+                    topic(STREAMS_RUNS, READ_WRITE + checks),
                     topic(DEFAULT_APP_ID, ("ALL",)), group(prefix + DEFAULT_APP_ID, ("ALL",)),
                     reader),
         "replay": (topic(WINDOWS, READ), topic(CONTROL, READ_WRITE),

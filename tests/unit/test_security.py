@@ -117,7 +117,7 @@ def test_role_table_is_least_privilege() -> None:
     assert acls.role_grants("admin") == ()
     runtime = acls.role_grants("runtime")
     assert [(g.kind, g.prefix, g.operations) for g in runtime] == [
-        ("topic", "flywheel.capture.", ("WRITE", "DESCRIBE"))]
+        ("topic", "flywheel.capture.", ("WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"))]
     for role in roles.ROLES:
         for grant in acls.role_grants(role, "t-1."):
             # every topic grant is inside the prefixed catalogue; no cluster-wide grant
