@@ -127,3 +127,17 @@ def test_role_table_is_least_privilege() -> None:
                 assert "ALL" not in grant.operations or role == "streams"
     bindings = acls.acl_bindings("t-1.")
     assert {b.principal for b in bindings} == {f"User:{r}" for r in roles.ROLES if r != "admin"}
+
+
+def test_data_dir_formatted_without_security_gets_a_clear_error(tmp_path: Path) -> None:
+    from hebrus_flywheel.streams.exceptions import BrokerError
+    from hebrus_flywheel.streams.security import check_formatted, mark_formatted
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.properties").write_text("cluster.id=x\n")
+    with pytest.raises(BrokerError, match=r"move .* away"):
+        check_formatted(tmp_path, data, insecure_plaintext=False)
+    check_formatted(tmp_path, data, insecure_plaintext=True)  # plaintext may reuse it
+    mark_formatted(tmp_path, insecure_plaintext=False)
+    check_formatted(tmp_path, data, insecure_plaintext=False)
