@@ -14,7 +14,8 @@ streams    read the capture topics; write + read windows, quarantine and streams
            (and describe their configs, checked against the catalogue at start);
            everything on its own internal topics and group (``<P>flywheel-streams*``)
 replay     read windows; read + write control; its groups ``<P>flywheel-replay*``
-sealer     read + write control; read capture, windows and streams runs (seal, rebuild);
+sealer     read + write control; read capture, windows, streams runs and the streams
+           worker's threads topic (seal, ``rebuild --from-capture``);
            describe the replay group (its committed offsets)
 trainer    read windows and quarantine, describe capture (``flywheel qualify
            --bootstrap-servers`` reads the streams summary); nothing else
@@ -100,8 +101,8 @@ def role_grants(role: str, prefix: str = "") -> tuple[Grant, ...]:
         "replay": (topic(WINDOWS, READ), topic(CONTROL, READ_WRITE),
                    group(prefix + REPLAY_GROUP, ("READ", "DESCRIBE")), reader),
         "sealer": (topic(CONTROL, READ_WRITE), topic(CAPTURE, READ), topic(WINDOWS, READ),
-                   topic(STREAMS_RUNS, READ), group(prefix + REPLAY_GROUP, ("DESCRIBE",)),
-                   reader),
+                   topic(STREAMS_RUNS, READ), topic(f"{DEFAULT_APP_ID}-threads-", READ),
+                   group(prefix + REPLAY_GROUP, ("DESCRIBE",)), reader),
         "trainer": (topic(WINDOWS, READ), topic(QUARANTINE, READ),
                     topic(CAPTURE, ("DESCRIBE",)), reader),
         "admin": (),
