@@ -230,3 +230,53 @@ def _print_matrix(rows: Mapping[str, Mapping[str, str]]) -> None:
     print(" " * width + "  " + "  ".join(f"{r:>7}" for r in rows))
     for column in columns:
         print(f"{column:<{width}}  " + "  ".join(f"{rows[r][column]:>7}" for r in rows))
+
+
+# --------------------------------------------------------------------------- CLI, opt-out
+
+
+def test_cli_prints_pasteable_credentials(kafka_bootstrap: str) -> None:
+    from typer.testing import CliRunner
+
+    from hebrus_flywheel.streams.cli import broker_app
+
+    result = CliRunner().invoke(broker_app, ["credentials", "--role", "replay"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line and not line.startswith("#")]
+    props = dict(line.split("=", 1) for line in lines)
+    assert props["security.protocol"] == "SASL_SSL" and props["sasl.username"] == "replay"
+    assert Path(props["ssl.ca.location"]).is_file()
+    assert "password file:" in result.output
+    assert kafka.probe(kafka.KafkaClientConfig(bootstrap_servers=kafka_bootstrap,
+                                               properties=props), 15.0)
+    bad = CliRunner().invoke(broker_app, ["credentials", "--role", "root"])
+    assert bad.exit_code == 2 and "one of" in bad.output
+
+
+def test_insecure_plaintext_is_an_explicit_recorded_opt_out(tmp_path: Path) -> None:
+    from hebrus_flywheel.core.kafka.security import insecure_plaintext
+    from hebrus_flywheel.streams.broker import EmbeddedBroker
+
+    libs = BrokerConfig().jars_dir
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        ports = (a.getsockname()[1], b.getsockname()[1])
+    config = BrokerConfig(home=tmp_path, port=ports[0], controller_port=ports[1], heap_mb=256,
+                          insecure_plaintext=True,
+                          libs_dir=libs if (libs / ".pom.sha256").is_file() else None)
+    broker = EmbeddedBroker(config)
+    try:
+        assert broker.up() is True
+        assert insecure_marker(tmp_path).is_file()
+        assert not (tmp_path / "kafka" / "security").exists()
+        plain = kafka.KafkaClientConfig(bootstrap_servers=config.bootstrap)
+        assert kafka.probe(plain, 15.0)
+        saved = os.environ.pop("FLYWHEEL_KAFKA_CONFIG", None)
+        try:
+            assert insecure_plaintext(tmp_path)
+        finally:
+            if saved is not None:
+                os.environ["FLYWHEEL_KAFKA_CONFIG"] = saved
+    finally:
+        broker.down()

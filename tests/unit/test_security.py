@@ -141,3 +141,11 @@ def test_data_dir_formatted_without_security_gets_a_clear_error(tmp_path: Path) 
     check_formatted(tmp_path, data, insecure_plaintext=True)  # plaintext may reuse it
     mark_formatted(tmp_path, insecure_plaintext=False)
     check_formatted(tmp_path, data, insecure_plaintext=False)
+
+
+def test_insecure_reports_carry_a_red_banner() -> None:
+    from hebrus_flywheel.train.qualify.report_html import insecure_banner
+
+    assert insecure_banner({}) == ""
+    banner = insecure_banner({"insecure_plaintext": roles.INSECURE_WARNING})
+    assert "#b00020" in banner and "--insecure-plaintext" in banner
