@@ -17,8 +17,9 @@ replay     read windows; read + write control; its groups ``<P>flywheel-replay*`
 sealer     read + write control; read capture, windows, streams runs and the streams
            worker's threads topic (seal, ``rebuild --from-capture``);
            describe the replay group (its committed offsets)
-trainer    read windows and quarantine, describe capture (``flywheel qualify
-           --bootstrap-servers`` reads the streams summary); nothing else
+trainer    read windows, quarantine and the streams decisions topic, describe capture
+           (``flywheel qualify --bootstrap-servers`` reads the streams summary); nothing
+           else
 admin      super user: creates topics, grants these bindings, manages credentials
 =========  ==============================================================================
 
@@ -104,6 +105,7 @@ def role_grants(role: str, prefix: str = "") -> tuple[Grant, ...]:
                    topic(STREAMS_RUNS, READ), topic(f"{DEFAULT_APP_ID}-threads-", READ),
                    group(prefix + REPLAY_GROUP, ("DESCRIBE",)), reader),
         "trainer": (topic(WINDOWS, READ), topic(QUARANTINE, READ),
+                    topic(f"{DEFAULT_APP_ID}-decisions-", READ),
                     topic(CAPTURE, ("DESCRIBE",)), reader),
         "admin": (),
     }

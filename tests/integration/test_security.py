@@ -181,9 +181,9 @@ def _describes_group(config: kafka.KafkaClientConfig, group: str) -> bool:
 def matrix_topics(topic_factory) -> tuple[str, dict[str, str]]:  # type: ignore[no-untyped-def]
     prefix = topic_factory.prefix
     specs = {s.name[len(prefix):]: s.name for s in topic_factory.catalogue()}
-    internal = f"{prefix}{DEFAULT_APP_ID}-threads-v1"
-    topic_factory.create([TopicSpec(name=internal, partitions=1, doc="streams internal")])
-    specs[f"{DEFAULT_APP_ID}-threads-v1"] = internal
+    for name in (f"{DEFAULT_APP_ID}-threads-v1", f"{DEFAULT_APP_ID}-decisions-v1"):
+        topic_factory.create([TopicSpec(name=prefix + name, partitions=1, doc="internal")])
+        specs[name] = prefix + name
     return prefix, specs
 
 
