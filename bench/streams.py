@@ -40,6 +40,7 @@ from fastavro import schemaless_reader
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
+from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.topics import catalogue, create_topics, delete_topics, describe_topics
@@ -140,6 +141,7 @@ def bench_worker(
 ) -> None:
     topics = StreamTopics.from_prefix(prefix)
     create_topics(bootstrap, catalogue(prefix))
+    grant_catalogue(bootstrap, prefix)  # the streams worker runs as the streams role
     with tempfile.TemporaryDirectory() as tmp:
         worker = WorkerProcess(
             bootstrap=bootstrap,
@@ -183,6 +185,7 @@ def main() -> None:
     messages, n_obs = make_messages(args.threads, args.assistant_tokens)
     topics = StreamTopics.from_prefix(prefix)
     create_topics(bootstrap, catalogue(prefix))
+    grant_catalogue(bootstrap, prefix)  # the streams worker runs as the streams role
     try:
         produce(producer(bootstrap), topics, messages)
         names = [topics.transcripts, topics.observations]

@@ -17,6 +17,7 @@ from typing import Any
 import typer
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.kafka.security import declare_role
 from hebrus_flywheel.core.settings import bootstrap_servers
 
 replay_app = typer.Typer(help="Replay windows through the frozen teacher into shards.",
@@ -82,6 +83,7 @@ def worker_command(
 ) -> None:
     """Consume the window topics, replay windows in prefill, write Parquet shards."""
     from hebrus_flywheel.consumers.content_policy import ContentPolicyConfig, policy_from_file
+    declare_role("replay")
     from hebrus_flywheel.consumers.shards import ShardConfig
     from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
     from hebrus_flywheel.core.progress import WatchdogConfig
@@ -114,6 +116,7 @@ def status_command(max_age_s: float | None = typer.Option(
         None, "--max-age-s", help="Exit 1 unless a health file was written this recently.",
 )) -> None:
     """One line per replay worker from its health file under $FLYWHEEL_HOME/health."""
+    declare_role("replay")
     from hebrus_flywheel.streams.processors.cli import status_exit
 
     status_exit("replay", max_age_s)
@@ -133,6 +136,7 @@ def seal_command(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest summary as JSON."),
 ) -> None:
     """Record the epoch boundary, wait for the workers, write the manifest, make it read-only."""
+    declare_role("sealer")
     from hebrus_flywheel.consumers.seal import SealConfig, seal_epoch
 
     result = seal_epoch(SealConfig(dataset=dataset, epoch=epoch,
@@ -207,6 +211,7 @@ def rebuild_command(
         "through the stream processors, require the same ids and digests, replay those."),
 ) -> None:
     """Replay the window topics up to the snapshot's offsets; require identical shards."""
+    declare_role("sealer")
     from hebrus_flywheel.consumers.rebuild import RebuildConfig, rebuild_snapshot
 
     report = rebuild_snapshot(RebuildConfig(

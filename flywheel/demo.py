@@ -8,6 +8,7 @@ themselves to :data:`STAGES`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -15,18 +16,25 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hebrus_flywheel.core.errors import FlywheelError
 from hebrus_flywheel.core.files import atomic_write_text, create_file, make_dirs
+from hebrus_flywheel.core.kafka.security import (
+    INSECURE_WARNING,
+    ROLE_ENV,
+    insecure_marker,
+    insecure_plaintext,
+)
 from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 
 log = logging.getLogger("hebrus_flywheel.demo")
 
 DEFAULT_PRESET = "tiny-qwen3-next"
+RED, RESET = "\033[1;31m", "\033[0m"
 
 
 @dataclass
@@ -51,7 +59,7 @@ def _stage_broker(ctx: DemoContext) -> None:
     from hebrus_flywheel.streams import topics
     from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker
 
-    embedded = EmbeddedBroker(BrokerConfig())
+    embedded = EmbeddedBroker(BrokerConfig(insecure_plaintext=insecure_marker().is_file()))
     if ctx.bootstrap == embedded.config.bootstrap:
         embedded.up()
     # the retention policy of $FLYWHEEL_RETENTION_CONFIG, else the defaults (7 days)
@@ -241,6 +249,31 @@ STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
 ]
 
 
+# Each stage runs as its own Kafka role (least privilege, see streams/acls.py): the
+# in-process stages set it here; a stage that starts `flywheel` commands sets none, so
+# each command declares its own (streams, replay, sealer, trainer).
+STAGE_ROLES: dict[str, str] = {"broker": "admin", "capture": "runtime"}
+
+
+@contextlib.contextmanager
+def _stage_role(role: str | None) -> Iterator[None]:
+    before = os.environ.pop(ROLE_ENV, None)
+    if role is not None:
+        os.environ[ROLE_ENV] = role
+    try:
+        yield
+    finally:
+        os.environ.pop(ROLE_ENV, None)
+        if before is not None:
+            os.environ[ROLE_ENV] = before
+
+
+def _transport_line() -> str:
+    if insecure_plaintext():
+        return f"{RED}[demo] {INSECURE_WARNING}{RESET}"
+    return "[demo] transport: SASL_SSL (TLS + SCRAM-SHA-512), one Kafka principal per stage"
+
+
 def _next_epoch(dataset_dir: Path) -> int:
     sealed = [int(p.parent.name.split("=")[1]) for p in dataset_dir.glob("epoch=*/manifest.json")]
     return max(sealed) + 1 if sealed else 0
@@ -260,14 +293,17 @@ def run_demo(*, threads: int = 32) -> DemoContext:
     started = time.perf_counter()
     for name, stage in STAGES:
         t0 = time.perf_counter()
-        stage(ctx)
+        with _stage_role(STAGE_ROLES.get(name)):
+            stage(ctx)
         ctx.results.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
     ctx.results["wall_seconds"] = round(time.perf_counter() - started, 1)
+    ctx.results["insecure_plaintext"] = insecure_plaintext()
     atomic_write_text(ctx.run_dir / "demo.json", json.dumps(ctx.results, indent=2, default=str))
     print(f"[demo] epoch {epoch} done in {ctx.results['wall_seconds']} s; "
           f"details in {ctx.run_dir / 'demo.json'}")
     if "report" in ctx.results:
         print(f"[demo] report: {ctx.results['report']}")
+    print(_transport_line())
     return ctx
 
 

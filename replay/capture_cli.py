@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from hebrus_flywheel.core.files import atomic_write_json
+from hebrus_flywheel.core.kafka.security import declare_role
 from hebrus_flywheel.core.settings import bootstrap_servers
 
 
@@ -24,13 +25,14 @@ def capture_command(
     max_new_tokens: int = typer.Option(96, help="Cap per assistant turn (greedy/sample)."),
     interleave: int = typer.Option(4, help="Threads decoded round-robin at once."),
     topic_prefix: str = typer.Option("", help="Prefix for every topic name (tests)."),
-    create_topics: bool = typer.Option(True, help="Create missing catalogue topics first."),
+    create_topics: bool = typer.Option(True, help="Create missing capture topics first."),
     summary_json: Path | None = typer.Option(None, help="Also write the summary here."),
     bootstrap: str | None = typer.Option(
         None, "--bootstrap-servers", help="Kafka bootstrap (default: env or embedded broker)."
     ),
 ) -> None:
     """Run real KV-cache decode on threads and publish identities, turns and routes."""
+    declare_role("runtime")
     from hebrus_flywheel.replay.capture import CaptureConfig, load_threads
 
     config = CaptureConfig(mode=mode, seed=seed, max_new_tokens=max_new_tokens,
@@ -63,8 +65,9 @@ def run_capture(
 
     teacher = load_teacher(teacher_dir)
     identity = build_runtime_identity(teacher, teacher_dir)
-    if create_topics:
-        topics.create_topics(bootstrap, topics.catalogue(prefix=topic_prefix))
+    if create_topics:  # only what capture writes: the runtime role may create nothing else
+        topics.create_topics(bootstrap, [s for s in topics.catalogue(prefix=topic_prefix)
+                                         if s.name.startswith(topic_prefix + "flywheel.capture.")])
     pub_config = PublisherConfig(
         bootstrap_servers=bootstrap,
         identities_topic=topic_prefix + topics.IDENTITIES_TOPIC,

@@ -25,6 +25,7 @@ import typer
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import atomic_write_text, create_file, make_dirs
+from hebrus_flywheel.core.kafka.security import declare_role
 from hebrus_flywheel.replay.exceptions import WindowSourceError
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ def parity_command(
     timeout_s: float = typer.Option(60.0, "--timeout-s", help="Kafka read timeout, seconds."),
 ) -> None:
     """Compare replayed top-k with captured decode top-k; exit 1 unless authoritative."""
+    declare_role("replay")
     if max_windows < 0:
         raise ConfigError(f"max_windows must be >= 0, got {max_windows}")
     if threads < 0:

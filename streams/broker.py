@@ -44,7 +44,7 @@ from hebrus_flywheel.core.settings import (
     EMBEDDED_CONTROLLER_PORT,
     flywheel_home,
 )
-from hebrus_flywheel.streams import kafka_jars
+from hebrus_flywheel.streams import acls, kafka_jars, security
 from hebrus_flywheel.streams.exceptions import BrokerError, ToolNotFoundError
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,9 @@ class BrokerConfig:
     """Largest record batch the broker accepts (window records can exceed 1 MiB)."""
     libs_dir: Path | None = None
     """Where the jars live; ``<home>/kafka/libs`` when None (tests share one)."""
+    insecure_plaintext: bool = False
+    """Listen in PLAINTEXT with no authentication and no authorizer (throwaway runs only;
+    recorded in the home, and every report made from such a run says so in red)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "home", Path(self.home).expanduser().resolve())
@@ -265,7 +268,12 @@ def pin_jars(config: BrokerConfig) -> Path:
 def render_server_properties(config: BrokerConfig) -> str:
     """The broker's ``server.properties`` (from ``streams/kafka/server.properties.template``)."""
     template = string.Template(SERVER_TEMPLATE_PATH.read_text())
+    insecure = config.insecure_plaintext
     return template.substitute(
+        client_listener="PLAINTEXT" if insecure else "SASL_SSL",
+        controller_protocol="PLAINTEXT" if insecure else "SSL",
+        security="" if insecure else security.server_security(
+            security.SecurityFiles.of(config.home)),
         host=config.host,
         port=config.port,
         controller_port=config.controller_port,
@@ -283,13 +291,17 @@ def _java_base(config: BrokerConfig, java: str) -> list[str]:
 def ensure_formatted(config: BrokerConfig, java: str) -> bool:
     """Format the data dir once (static quorum, so no --standalone); True if it formatted now."""
     if (config.data_dir / "meta.properties").is_file():
+        security.check_formatted(config.kafka_dir, config.data_dir, config.insecure_plaintext)
         return False
     config.data_dir.mkdir(parents=True, exist_ok=True)
     args = ["--cluster-id", config.cluster_id, "--config", str(config.server_properties)]
+    if not config.insecure_plaintext:  # the admin's SCRAM credential exists from the start
+        args += security.add_scram_args(security.SecurityFiles.of(config.home))
     hint = "if the data dir holds another cluster's data, move it away and run `flywheel broker up`"
     cmd = [*_java_base(config, java), "-Xmx256m", STORAGE_TOOL, "format", *args]
     _run_tool(cmd, f"formatting {config.data_dir}", hint, 300)
     (config.kafka_dir / "cluster.id").write_text(config.cluster_id + "\n")
+    security.mark_formatted(config.kafka_dir, config.insecure_plaintext)
     log.info("formatted %s with cluster id %s", config.data_dir, config.cluster_id)
     return True
 
@@ -373,7 +385,7 @@ class EmbeddedBroker:
         ok = (
             pid is not None
             and port_open(cfg.host, cfg.port)
-            and probe_metadata(cfg.bootstrap, probe_timeout_s)
+            and kafka.probe(self.admin_config(), probe_timeout_s)
         )
         return BrokerStatus(
             running=pid is not None,
@@ -392,7 +404,9 @@ class EmbeddedBroker:
         with self._locked():
             pid = self.pid()
             if pid is not None:
+                security.check_running_mode(cfg.kafka_dir, cfg.insecure_plaintext)
                 self._wait_ready(pid, None)
+                self._grant()
                 return False
             cfg.pid_file.unlink(missing_ok=True)
             for port in (cfg.port, cfg.controller_port):
@@ -407,10 +421,13 @@ class EmbeddedBroker:
             ensure_jars(cfg)
             for d in (cfg.data_dir, cfg.logs_dir):
                 d.mkdir(parents=True, exist_ok=True)
+            security.prepare(cfg.home, cfg.kafka_dir, cfg.insecure_plaintext)
             atomic_write_text(cfg.server_properties, render_server_properties(cfg))
+            os.chmod(cfg.server_properties, security.SECRET_MODE)  # holds the admin password
             ensure_formatted(cfg, java)
             proc = self._spawn(java)
             self._wait_ready(proc.pid, proc)
+            self._grant()
             log.info("embedded Kafka broker started on %s (pid %d)", cfg.bootstrap, proc.pid)
             return True
 
@@ -422,6 +439,19 @@ class EmbeddedBroker:
                 self._stop(pid)
             self.config.pid_file.unlink(missing_ok=True)
             return pid is not None
+
+    def admin_config(self) -> kafka.KafkaClientConfig:
+        """The broker's own client configuration: admin (or plaintext when insecure)."""
+        cfg = self.config
+        return security.admin_config(cfg.home, cfg.bootstrap, cfg.insecure_plaintext)
+
+    def _grant(self) -> None:
+        """Secure mode: every role's SCRAM credential and catalogue ACLs (idempotent)."""
+        if self.config.insecure_plaintext:
+            return
+        config = self.admin_config()
+        acls.upsert_credentials(config, security.passwords(self.config.home))
+        acls.grant_catalogue(config, "")
 
     def log_tail(self, lines: int = 50) -> list[str]:
         """The last ``lines`` lines of ``server.log`` (or ``server.out`` if there is no log yet)."""
@@ -466,7 +496,7 @@ class EmbeddedBroker:
                     f"the Kafka broker (pid {pid}) exited with code {exited} while starting.\n"
                     f"{self._failure_context()}\nFix the cause above and run `flywheel broker up`"
                 )
-            if port_open(cfg.host, cfg.port) and probe_metadata(cfg.bootstrap, 2.0):
+            if port_open(cfg.host, cfg.port) and kafka.probe(self.admin_config(), 2.0):
                 return
             time.sleep(0.5)
         if proc is None:

@@ -14,9 +14,19 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
-from hebrus_flywheel.core.errors import FlywheelError
+from hebrus_flywheel.core.errors import ConfigError, FlywheelError
+from hebrus_flywheel.core.kafka.security import (
+    INSECURE_WARNING,
+    ROLES,
+    check_role,
+    declare_role,
+    insecure_marker,
+    role_properties_path,
+    security_dir,
+)
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV, bootstrap_servers, flywheel_home
 from hebrus_flywheel.streams import kafka_jars
+from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.broker import (
     BrokerConfig,
     EmbeddedBroker,
@@ -78,8 +88,17 @@ def _fail_cleanly(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+@broker_app.callback()
+@topics_app.callback()
+def _admin_role() -> None:
+    """Broker and topic administration runs as the embedded broker's admin."""
+    declare_role("admin")
+
+
 def _broker(home: Path | None, **overrides: Any) -> EmbeddedBroker:
-    return EmbeddedBroker(BrokerConfig(home=home or flywheel_home(), **overrides))
+    root = home or flywheel_home()
+    overrides.setdefault("insecure_plaintext", insecure_marker(root).is_file())
+    return EmbeddedBroker(BrokerConfig(home=root, **overrides))
 
 
 # --------------------------------------------------------------------------- broker
@@ -94,9 +113,22 @@ def broker_up(
     start_timeout: Annotated[
         float, typer.Option("--start-timeout", help="Seconds to wait for the broker to answer.")
     ] = 90.0,
+    insecure_plaintext: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-plaintext",
+            help="Throwaway local runs only: PLAINTEXT, no authentication, no ACLs. Recorded "
+            "in the home; every report made from such a run carries a red warning.",
+        ),
+    ] = False,
 ) -> None:
-    """Start the embedded broker (idempotent) and wait until it answers metadata requests."""
-    broker = _broker(home, heap_mb=heap_mb, start_timeout_s=start_timeout)
+    """Start the embedded broker (idempotent) and wait until it answers metadata requests.
+
+    Secure by default: the first start generates a local CA, the broker's certificate and
+    one SCRAM-SHA-512 credential per role under $FLYWHEEL_HOME/kafka/security/; clients
+    reach one SASL_SSL listener and each role has only its ACLs."""
+    broker = _broker(home, heap_mb=heap_mb, start_timeout_s=start_timeout,
+                     insecure_plaintext=insecure_plaintext)
     bootstrap = bootstrap_servers(bootstrap_servers_)
     if not is_embedded(bootstrap, broker.config):
         typer.echo(
@@ -107,7 +139,34 @@ def broker_up(
     started = broker.up()
     status = broker.status()
     verb = "started" if started else "already running"
-    typer.echo(f"embedded Kafka broker {verb} on {status.bootstrap} (pid {status.pid})")
+    mode = "PLAINTEXT (insecure)" if insecure_plaintext else "SASL_SSL, SCRAM-SHA-512, ACLs"
+    typer.echo(f"embedded Kafka broker {verb} on {status.bootstrap} (pid {status.pid}), {mode}")
+    if insecure_plaintext:
+        typer.secho(f"WARNING: {INSECURE_WARNING}", fg=typer.colors.RED, bold=True, err=True)
+    else:
+        typer.echo(f"client properties per role: `flywheel broker credentials --role ROLE` "
+                   f"({security_dir(broker.config.home)})")
+
+
+@broker_app.command("credentials")
+@_fail_cleanly
+def broker_credentials(
+    role: Annotated[str, typer.Option("--role", help=f"One of {', '.join(ROLES)}.")],
+    home: HomeOpt = None,
+) -> None:
+    """Print the librdkafka properties of ROLE on the embedded broker, one key=value a line
+    (paste them into any Kafka tool, or pass the file named in the header to
+    --kafka-config / kcat -F)."""
+    check_role(role)
+    path = role_properties_path(role, home or flywheel_home())
+    if insecure_marker(home or flywheel_home()).is_file():
+        raise ConfigError("the embedded broker of this home runs with --insecure-plaintext: "
+                          "it has no credentials (use security.protocol=PLAINTEXT); run "
+                          "`flywheel broker down` and `flywheel broker up` to make it secure")
+    if not path.is_file():
+        raise ConfigError(f"no credentials yet ({path} is missing); run `flywheel broker up`")
+    typer.echo(f"# file: {path}")
+    typer.echo(path.read_text().rstrip("\n"))
 
 
 @broker_app.command("down")
@@ -204,6 +263,9 @@ def topics_create(
              if existing else [])
     for note in notes:
         typer.echo(f"note: {note}")
+    granted = grant_catalogue(bootstrap, prefix, timeout_s=timeout)
+    if granted:
+        typer.echo(f"granted  {granted} role ACL bindings for prefix {prefix!r}")
 
 
 @topics_app.command("list")

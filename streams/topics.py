@@ -259,6 +259,11 @@ def spec_for(name: str, specs: Iterable[TopicSpec] = CATALOGUE) -> TopicSpec:
     )
 
 
+def _where(target: kafka.KafkaTarget) -> str:
+    """The bootstrap list for messages (never a config's credentials)."""
+    return target if isinstance(target, str) else target.bootstrap_servers
+
+
 def admin_client(bootstrap: kafka.KafkaTarget, **extra: Any) -> AdminClient:
     """An AdminClient (see :func:`core.kafka.make_admin`) with the process's Kafka config."""
     return kafka.make_admin(kafka.client_config(bootstrap), settings=extra,
@@ -266,7 +271,7 @@ def admin_client(bootstrap: kafka.KafkaTarget, **extra: Any) -> AdminClient:
 
 
 def create_topics(
-    bootstrap: str,
+    bootstrap: kafka.KafkaTarget,
     specs: Sequence[TopicSpec] = CATALOGUE,
     *,
     timeout_s: float = 30.0,
@@ -282,15 +287,19 @@ def create_topics(
     if not specs:
         return {}
     admin = admin_client(bootstrap)
-    _require_reachable(admin, bootstrap, min(timeout_s, 10.0))
+    known = _require_reachable(admin, bootstrap, min(timeout_s, 10.0))
+    # Existing topics are not created again: a role that may use a topic but not create it
+    # (the streams worker and the catalogue topics) then never asks for CREATE.
+    result: dict[str, TopicState] = {s.name: "exists" for s in specs if s.name in known}
     new = [
         NewTopic(
             s.name, num_partitions=s.partitions, replication_factor=-1, config=s.topic_configs()
         )
         for s in specs
+        if s.name not in known
     ]
-    futures = admin.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s)
-    result: dict[str, TopicState] = {}
+    futures = admin.create_topics(new, operation_timeout=timeout_s,
+                                  request_timeout=timeout_s) if new else {}
     for name, fut in futures.items():
         result[name] = _creation_state(name, fut, bootstrap, timeout_s)
     existing = [s for s in specs if result.get(s.name) == "exists"]
@@ -302,30 +311,42 @@ def create_topics(
                 + "; ".join(problems)
                 + ". Delete and recreate them (data is lost) or alter their configs to match."
             )
-    log.info("topics on %s: %s", bootstrap, result)
+    log.info("topics on %s: %s", _where(bootstrap), result)
     return result
 
 
-def _require_reachable(admin: AdminClient, bootstrap: str, timeout_s: float) -> None:
+def _require_reachable(admin: AdminClient, bootstrap: kafka.KafkaTarget,
+                       timeout_s: float) -> set[str]:
+    """The topics the cluster shows this client; TopicError when it does not answer."""
     try:
-        kafka.client_config(bootstrap).retry.call(lambda: admin.list_topics(timeout=timeout_s),
-                                                  what=f"metadata request to {bootstrap}")
+        metadata = kafka.client_config(bootstrap).retry.call(
+            lambda: admin.list_topics(timeout=timeout_s),
+            what=f"metadata request to {_where(bootstrap)}")
     except (KafkaException, kafka.KafkaRetryError) as exc:
         raise TopicError(
-            f"cannot reach Kafka at {bootstrap}: {exc}; start the broker (`flywheel broker up`) "
+            f"cannot reach Kafka at {_where(bootstrap)}: {exc}; start the broker "
+            "(`flywheel broker up`) "
             "or point --bootstrap-servers / FLYWHEEL_BOOTSTRAP_SERVERS at a running cluster"
         ) from exc
+    return set(metadata.topics)
 
 
-def _creation_state(name: str, fut: Any, bootstrap: str, timeout_s: float) -> TopicState:
+def _creation_state(name: str, fut: Any, bootstrap: kafka.KafkaTarget,
+                    timeout_s: float) -> TopicState:
     try:
         fut.result(timeout=timeout_s + 5)
     except KafkaException as exc:
         err = exc.args[0] if exc.args else None
         if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return "exists"
+        if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise TopicError(
+                f"topic {name} is missing on {_where(bootstrap)} and this process's Kafka "
+                "principal may not create it; create the catalogue as the admin "
+                "(`flywheel topics create`) and run again") from exc
         raise TopicError(
-            f"could not create topic {name} on {bootstrap}: {exc}; check that the broker is "
+            f"could not create topic {name} on {_where(bootstrap)}: {exc}; check that the "
+            "broker is "
             "running (`flywheel broker status`) and accepts topic creation"
         ) from exc
     return "created"
@@ -341,7 +362,7 @@ class TopicInfo:
 
 
 def describe_topics(
-    bootstrap: str, names: Iterable[str] | None = None, *, timeout_s: float = 15.0
+    bootstrap: kafka.KafkaTarget, names: Iterable[str] | None = None, *, timeout_s: float = 15.0
 ) -> dict[str, TopicInfo]:
     """Partitions and configs of ``names`` (all non-internal topics when None).
 
@@ -350,7 +371,8 @@ def describe_topics(
     admin = admin_client(bootstrap)
     _require_reachable(admin, bootstrap, timeout_s)
     metadata = kafka.client_config(bootstrap).retry.call(
-        lambda: admin.list_topics(timeout=timeout_s), what=f"metadata request to {bootstrap}")
+        lambda: admin.list_topics(timeout=timeout_s),
+        what=f"metadata request to {_where(bootstrap)}")
     wanted = (
         [n for n in metadata.topics if not n.startswith("__")] if names is None else list(names)
     )
@@ -363,7 +385,7 @@ def describe_topics(
 
 
 def _topic_configs(
-    admin: AdminClient, bootstrap: str, names: list[str], timeout_s: float
+    admin: AdminClient, bootstrap: kafka.KafkaTarget, names: list[str], timeout_s: float
 ) -> dict[str, dict[str, str]]:
     if not names:
         return {}
@@ -374,7 +396,7 @@ def _topic_configs(
             entries = fut.result(timeout=timeout_s + 5)
         except KafkaException as exc:
             raise TopicError(
-                f"cannot describe configs of {resource.name} on {bootstrap}: {exc}; "
+                f"cannot describe configs of {resource.name} on {_where(bootstrap)}: {exc}; "
                 "retry once the broker is healthy (`flywheel broker status`)"
             ) from exc
         out[resource.name] = {k: str(e.value) for k, e in entries.items() if e.value is not None}
@@ -430,7 +452,7 @@ def _retention_problem(name: str, have: str | None) -> str | None:
 
 
 def compare_topics(
-    bootstrap: str, specs: Sequence[TopicSpec], *, timeout_s: float = 15.0,
+    bootstrap: kafka.KafkaTarget, specs: Sequence[TopicSpec], *, timeout_s: float = 15.0,
     log_notes: bool = True,
 ) -> TopicCheck:
     """Problems and accepted differences between ``specs`` and the cluster (the accepted
@@ -452,7 +474,7 @@ def compare_topics(
 
 
 def check_topics(
-    bootstrap: str, specs: Sequence[TopicSpec], *, timeout_s: float = 15.0
+    bootstrap: kafka.KafkaTarget, specs: Sequence[TopicSpec], *, timeout_s: float = 15.0
 ) -> list[str]:
     """Human-readable differences between ``specs`` and the cluster that break a guarantee
     (missing topics included); accepted retention differences are only logged."""
@@ -460,7 +482,7 @@ def check_topics(
 
 
 def delete_topics(
-    bootstrap: str, names: Iterable[str], *, timeout_s: float = 30.0
+    bootstrap: kafka.KafkaTarget, names: Iterable[str], *, timeout_s: float = 30.0
 ) -> dict[str, str]:
     """Delete ``names``; returns name -> ``deleted`` | ``missing``. Used by test teardown."""
     names = list(names)
@@ -480,6 +502,6 @@ def delete_topics(
                 result[name] = "missing"
                 continue
             raise TopicError(
-                f"could not delete topic {name} on {bootstrap}: {exc}; check the broker log"
+                f"could not delete topic {name} on {_where(bootstrap)}: {exc}; check the broker log"
             ) from exc
     return result

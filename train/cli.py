@@ -23,6 +23,7 @@ from typing import Any
 
 import typer
 
+from hebrus_flywheel.core.kafka.security import declare_role
 from hebrus_flywheel.core.runner import offline_environment, run_app
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ def train_command(
                                          help="Progress bar (default: the config's)."),
 ) -> None:
     """Train a route sidecar on a snapshot's train split (DDP under torchrun)."""
+    declare_role("trainer")
     from hebrus_flywheel.train.config import load_config
     from hebrus_flywheel.train.trainer import train
 
@@ -93,6 +95,7 @@ def evaluate_command(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar."),
 ) -> None:
     """Score every control and the checkpoint on the evaluation splits; print a table."""
+    declare_role("trainer")
     from hebrus_flywheel.train.evaluate import EvaluateConfig, evaluate, write_report
 
     settings = EvaluateConfig(splits=tuple(split), batch_size=batch_size, seed=seed,

@@ -25,6 +25,11 @@ import typer
 
 from hebrus_flywheel.core.errors import FlywheelError
 from hebrus_flywheel.core.files import atomic_write_json
+from hebrus_flywheel.core.kafka.security import (
+    INSECURE_WARNING,
+    declare_role,
+    insecure_plaintext,
+)
 
 COLLECTION_FILE = "collection.json"
 
@@ -49,6 +54,7 @@ def qualify_command(
     progress: bool = typer.Option(False, "--progress/--no-progress", help="Progress bars."),
 ) -> None:
     """Qualify a checkpoint on a snapshot: six gates, ten falsifiers, a report."""
+    declare_role("trainer")
     try:
         outcome, seconds = _run(
             snapshot=snapshot, checkpoint=checkpoint, out=out, teacher=teacher, config=config,
@@ -124,3 +130,5 @@ def print_verdicts(outcome: Any) -> None:
     console.print(gates)
     console.print(falsifiers)
     console.print(decision(outcome.verdicts, outcome.falsifiers)["summary"])
+    if insecure_plaintext():
+        console.print(f"[bold red]{INSECURE_WARNING}[/bold red]")

@@ -25,6 +25,7 @@ from hebrus_flywheel.core.kafka.errors import (
     KafkaIOError,
     KafkaRetryError,
     MissingTopicError,
+    NotAuthorizedError,
     ReadIncompleteError,
 )
 from hebrus_flywheel.core.kafka.io import (
@@ -52,7 +53,8 @@ __all__ = [
     "RESERVED_PROPERTIES", "RETRIABLE_CODES", "CheckedProducer", "DeliveryError",
     "KafkaClientConfig", "KafkaIOError", "KafkaRetryError", "KafkaTarget", "LagProbe",
     "MessageCheck",
-    "MissingTopicError", "ReadIncompleteError", "RetryPolicy", "client_config", "committed",
+    "MissingTopicError", "NotAuthorizedError", "ReadIncompleteError", "RetryPolicy",
+    "client_config", "committed",
     "committed_offsets", "describe", "drain", "end_watermarks", "faust_settings",
     "is_retriable", "kafka_error", "make_admin", "make_consumer", "make_producer",
     "partitions_of", "probe", "read_ranges", "read_to_end", "watermarks",

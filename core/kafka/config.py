@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -11,7 +12,8 @@ from typing import Any
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.kafka.retry import RetryPolicy
-from hebrus_flywheel.core.settings import bootstrap_servers, kafka_properties
+from hebrus_flywheel.core.kafka.security import embedded_properties
+from hebrus_flywheel.core.settings import KAFKA_CONFIG_ENV, bootstrap_servers, kafka_properties
 
 # The project fixes these per client for its guarantees (manual commits after durable
 # outputs, idempotent acks=all producers, private reader groups) or its callbacks.
@@ -43,7 +45,8 @@ class KafkaClientConfig:
     """
 
     bootstrap_servers: str
-    properties: Mapping[str, str] = field(default_factory=dict)
+    # Not in repr: it may hold sasl.password / ssl.key.password.
+    properties: Mapping[str, str] = field(default_factory=dict, repr=False)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
@@ -108,10 +111,16 @@ completed with the process's Kafka properties (:func:`client_config`)."""
 
 
 def client_config(target: KafkaTarget | None = None, *,
-                  kafka_config: str | Path | None = None) -> KafkaClientConfig:
+                  kafka_config: str | Path | None = None,
+                  role: str | None = None) -> KafkaClientConfig:
     """``target`` if it is a config; else one for the bootstrap list ``target`` (or the
-    settings' default) with the properties of ``kafka_config`` / ``$FLYWHEEL_KAFKA_CONFIG``."""
+    settings' default) with the properties of ``kafka_config`` / ``$FLYWHEEL_KAFKA_CONFIG``;
+    without either, on the embedded broker, those of ``role`` (default: the process's
+    role, see :mod:`core.kafka.security`)."""
     if isinstance(target, KafkaClientConfig):
         return target
-    return KafkaClientConfig.from_properties(bootstrap_servers(target),
-                                             kafka_properties(kafka_config))
+    bootstrap = bootstrap_servers(target)
+    properties = kafka_properties(kafka_config)
+    if not properties and not (kafka_config or os.environ.get(KAFKA_CONFIG_ENV)):
+        properties = embedded_properties(bootstrap, role)
+    return KafkaClientConfig.from_properties(bootstrap, properties)

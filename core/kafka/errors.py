@@ -23,3 +23,8 @@ class ReadIncompleteError(KafkaIOError):
 
 class MissingTopicError(KafkaIOError):
     """A topic that must exist is not on the cluster."""
+
+
+class NotAuthorizedError(KafkaIOError):
+    """The broker refused this process's principal access to a topic (never read as
+    "missing": that would fail open)."""

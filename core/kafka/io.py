@@ -24,9 +24,11 @@ from hebrus_flywheel.core.kafka.errors import (
     DeliveryError,
     KafkaIOError,
     MissingTopicError,
+    NotAuthorizedError,
     ReadIncompleteError,
 )
 from hebrus_flywheel.core.kafka.retry import RetryPolicy, describe, is_retriable, kafka_error
+from hebrus_flywheel.core.kafka.security import current_role
 
 TP = tuple[str, int]
 MessageKind = Literal["data", "eof", "retry"]
@@ -75,6 +77,12 @@ def partitions_of(consumer: Any, topic: str, *, retry: RetryPolicy,
     """Sorted partition ids of ``topic``; None when it does not exist."""
     meta = retry.call(lambda: consumer.list_topics(topic, timeout=timeout_s),
                       what=f"metadata of {topic}").topics.get(topic)
+    if meta is not None and meta.error is not None and \
+            meta.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        raise NotAuthorizedError(
+            f"the Kafka principal of this process ({current_role()} unless --kafka-config "
+            f"names another) may not describe topic {topic}; use the role that owns this "
+            "step or grant it the topic (streams/acls.py)")
     if meta is None or meta.error is not None or not meta.partitions:
         return None
     return sorted(meta.partitions)

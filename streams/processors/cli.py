@@ -12,6 +12,11 @@ from pathlib import Path
 
 import typer
 
+from hebrus_flywheel.core.kafka.security import (
+    INSECURE_WARNING,
+    declare_role,
+    insecure_plaintext,
+)
 from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
@@ -96,6 +101,7 @@ def worker_command(
                                              "worker this many times in a row."),
 ) -> None:
     """Run one streams worker (start more with the same --app-id to share partitions)."""
+    declare_role("streams")
     from hebrus_flywheel.streams.processors.app import StreamsWorker, WorkerConfig
 
     processors = processor_config(
@@ -134,9 +140,12 @@ def inspect_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Per-split thread/window counts, dedup counts and quarantine counts by reason."""
+    declare_role("streams")
     from hebrus_flywheel.streams.processors.inspect import format_summary, summarize_topics
 
     summary = summarize_topics(bootstrap_servers(bootstrap), prefix=prefix, app_id=app_id)
+    if not as_json and insecure_plaintext():
+        typer.secho(INSECURE_WARNING, fg=typer.colors.RED, bold=True)
     typer.echo(json.dumps(summary, sort_keys=True) if as_json else format_summary(summary))
 
 
@@ -151,6 +160,7 @@ def accounting_command(
     counts consumed records found in no output and no open state (see
     ``streams.processors.accounting``). Exits 1 when a state changelog record is no
     state-codec record (``refused_state_records``: refused unread, never run as code)."""
+    declare_role("streams")
     from hebrus_flywheel.streams.processors.accounting import account
 
     report = account(bootstrap_servers(bootstrap), prefix=prefix, app_id=app_id)
@@ -171,6 +181,7 @@ _MAX_AGE = typer.Option(None, "--max-age-s", help="Exit 1 unless a health file w
 @streams_app.command("status")
 def status_command(max_age_s: float | None = _MAX_AGE) -> None:
     """One line per streams worker from its health file under $FLYWHEEL_HOME/health."""
+    declare_role("streams")
     status_exit("streams", max_age_s)
 
 

@@ -16,7 +16,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import pytest
 
-from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
+from hebrus_flywheel.core.kafka.security import insecure_marker, role_properties_path
+from hebrus_flywheel.core.settings import BOOTSTRAP_ENV, KAFKA_CONFIG_ENV
+from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker, probe_metadata
 from hebrus_flywheel.streams.exceptions import BrokerError
 from hebrus_flywheel.streams.topics import TopicSpec, catalogue, create_topics, delete_topics
@@ -30,13 +32,18 @@ def kafka_bootstrap() -> str:
         if not probe_metadata(external, 15.0):
             pytest.fail(f"{BOOTSTRAP_ENV}={external} does not answer metadata requests")
         return external
-    broker = EmbeddedBroker(BrokerConfig())
+    broker = EmbeddedBroker(BrokerConfig(insecure_plaintext=insecure_marker().is_file()))
     try:
         broker.up()
     except BrokerError:
         # Another session may own a broker on the same address (e.g. another FLYWHEEL_HOME).
         if not probe_metadata(broker.config.bootstrap, 5.0):
             raise
+    admin = role_properties_path("admin")
+    if not os.environ.get(KAFKA_CONFIG_ENV) and not broker.config.insecure_plaintext:
+        # Tests (and the worker processes they start) run as the admin; the role tests in
+        # test_security.py build each role's clients from its own properties file.
+        os.environ[KAFKA_CONFIG_ENV] = str(admin)
     return broker.config.bootstrap
 
 
@@ -63,6 +70,7 @@ class TopicFactory:
         """Create (idempotently) a prefixed copy of the whole catalogue; returns its specs."""
         specs = catalogue(self.prefix)
         self.create(specs)
+        grant_catalogue(self.bootstrap, self.prefix)  # the roles' ACLs for this copy
         return specs
 
     def create(self, specs: Sequence[TopicSpec]) -> dict[str, str]:

@@ -9,9 +9,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka import Message
 from typer.testing import CliRunner
 
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker, find_java, probe_metadata
 from hebrus_flywheel.streams.cli import broker_app, topics_app
@@ -32,23 +33,19 @@ external_cluster = pytest.mark.skipif(
 )
 
 
-def _produce(bootstrap: str, topic: str, records: list[tuple[str, str]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+def _produce(bootstrap: kafka.KafkaTarget, topic: str, records: list[tuple[str, str]]) -> None:
+    producer = kafka.make_producer(kafka.client_config(bootstrap))
     for key, value in records:
         producer.produce(topic, key=key, value=value, headers={"schema": b"test.v1"})
     remaining = producer.flush(30)
     assert remaining == 0, f"{remaining} records not delivered"
 
 
-def _consume(bootstrap: str, topic: str, count: int, timeout_s: float = 60.0) -> list[Message]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"test-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
+def _consume(bootstrap: kafka.KafkaTarget, topic: str, count: int,
+             timeout_s: float = 60.0) -> list[Message]:
+    consumer = kafka.make_consumer(kafka.client_config(bootstrap),
+                                   group_id=f"flywheel-reader-{uuid.uuid4().hex}",
+                                   settings={"auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
     got: list[Message] = []
     deadline = time.monotonic() + timeout_s
@@ -174,15 +171,16 @@ def test_restart_keeps_topic_data(tmp_path: Path) -> None:
         assert broker.up() is True
         assert broker.up() is False  # idempotent
         topic = f"t-{uuid.uuid4().hex[:8]}.flywheel.test.restart.v1"
-        create_topics(config.bootstrap, [TopicSpec(name=topic, partitions=2, doc="restart")])
+        target = broker.admin_config()  # this home's own CA and admin credential
+        create_topics(target, [TopicSpec(name=topic, partitions=2, doc="restart")])
         records = [(f"o/t{i}", f"v{i}") for i in range(10)]
-        _produce(config.bootstrap, topic, records)
+        _produce(target, topic, records)
         cluster_id = broker.status().cluster_id
         assert broker.down() is True
         assert not broker.status().running and not probe_metadata(config.bootstrap, 1.0)
         assert broker.up() is True
         assert broker.status().cluster_id == cluster_id
-        got = _consume(config.bootstrap, topic, len(records))
+        got = _consume(target, topic, len(records))
         assert _pairs(got) == sorted(records)
     finally:
         broker.down()

@@ -20,8 +20,8 @@ import avro.schema
 import numpy as np
 import pytest
 import torch
-from confluent_kafka import Consumer
 
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.identity import compute_identity_id
 from hebrus_flywheel.replay.capture import CaptureConfig
 from hebrus_flywheel.replay.capture_cli import run_capture
@@ -45,8 +45,9 @@ def _reference_readers() -> dict[bytes, avro.io.DatumReader]:
 
 
 def _consume_all(bootstrap: str, topic: str, expected: int) -> list[Any]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{topic}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = kafka.make_consumer(kafka.client_config(bootstrap),
+                                   group_id=f"flywheel-reader-check-{topic}",
+                                   settings={"auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
     messages: list[Any] = []
     idle = 0

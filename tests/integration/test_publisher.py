@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Message
 
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.identity import with_identity_id
 from hebrus_flywheel.schemas.codec import decode_message, kafka_headers
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
@@ -65,8 +66,9 @@ def observation(owner: str, thread: str, ordinal: int) -> dict[str, Any]:
 
 def consume(bootstrap: str, topics: list[str], expected: int, timeout_s: float = 60.0
             ) -> list[Message]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = kafka.make_consumer(kafka.client_config(bootstrap),
+                                   group_id=f"flywheel-reader-{uuid.uuid4().hex}",
+                                   settings={"auto.offset.reset": "earliest"})
     consumer.subscribe(topics)
     messages: list[Message] = []
     deadline = time.monotonic() + timeout_s

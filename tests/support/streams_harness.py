@@ -21,6 +21,12 @@ from typing import IO, Any
 from confluent_kafka import Producer
 
 from hebrus_flywheel.core import kafka
+from hebrus_flywheel.core.kafka.security import (
+    insecure_marker,
+    is_embedded_bootstrap,
+    role_properties_path,
+)
+from hebrus_flywheel.core.settings import KAFKA_CONFIG_ENV
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.cli import processor_config
 from hebrus_flywheel.streams.processors.exceptions import WorkerError
@@ -86,6 +92,12 @@ class WorkerProcess:
             "FLYWHEEL_HOME": str(home or log_path.parent / "home"),
             "PYTHONUNBUFFERED": "1",
         }
+        # The worker's own home holds no Kafka credentials: give it the streams role's
+        # properties of this process's home (unless a Kafka config is set already).
+        streams_props = role_properties_path("streams")
+        if not os.environ.get(KAFKA_CONFIG_ENV) and streams_props.is_file() \
+                and not insecure_marker().is_file() and is_embedded_bootstrap(bootstrap):
+            self.env[KAFKA_CONFIG_ENV] = str(streams_props)
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 

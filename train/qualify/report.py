@@ -20,6 +20,7 @@ from hebrus_flywheel.core.files import (
     atomic_write_text,
     make_dirs,
 )
+from hebrus_flywheel.core.kafka.security import INSECURE_WARNING, insecure_plaintext
 from hebrus_flywheel.train.qualify.config import QualificationConfig
 from hebrus_flywheel.train.qualify.errors import ReportError
 from hebrus_flywheel.train.qualify.inputs import QualificationInputs
@@ -115,6 +116,8 @@ def write_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
     out = Path(out_dir)
     plots = render_plots(inputs, config)
     report = build_report(inputs, verdicts, falsifiers, config=config, plots=plots, date=date)
+    if insecure_plaintext():  # marked in red in report.html (report_html.insecure_banner)
+        report = {**report, "insecure_plaintext": INSECURE_WARNING}
     try:
         json.dumps(report, allow_nan=False)
     except (TypeError, ValueError) as exc:

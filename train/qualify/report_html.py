@@ -287,6 +287,16 @@ def report_title(report: Mapping[str, Any]) -> str:
             f"{str(report['snapshot_id'])[:12]}" + (f", {date}" if date else ""))
 
 
+def insecure_banner(report: Mapping[str, Any]) -> str:
+    """A red banner when the run used the broker's ``--insecure-plaintext`` opt-out."""
+    warning = report.get("insecure_plaintext")
+    if not warning:
+        return ""
+    return ('<div id="insecure-plaintext" role="alert" style="background:#b00020;color:#fff;'
+            'font-weight:bold;padding:0.8em;border:3px solid #600">'
+            f"{escape(str(warning))}</div>")
+
+
 def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes]) -> str:
     """The whole page."""
     title = report_title(report)
@@ -303,6 +313,7 @@ def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes]) -> str:
     boundary = "".join(f"<li>{escape(line)}</li>" for line in report["claim_boundary"])
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
+            f"{insecure_banner(report)}"
             f"<header><h1>{escape(title)}</h1>{kv_table(meta, ordered=True)}</header>"
             f"{_summary(report)}{gates}{_falsifiers(report)}"
             f'<section id="claim-boundary"><h2>Claim boundary</h2><ul>{boundary}</ul>'
