@@ -7,13 +7,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from typer.testing import CliRunner
 
 from hebrus_flywheel.consumers.exceptions import RebuildError
 from hebrus_flywheel.consumers.kafka_io import low_offsets
 from hebrus_flywheel.consumers.rebuild import check_retained
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.streams.cli import topics_app
 from hebrus_flywheel.streams.exceptions import TopicError
 from hebrus_flywheel.streams.processors.topology import StreamTopics, ensure_topics
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.integration
 
 
 def _alter(bootstrap: str, topic: str, key: str, value: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = kafka.make_admin(kafka.client_config(bootstrap))
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
         ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
     for fut in admin.incremental_alter_configs([resource]).values():
@@ -111,11 +112,11 @@ def test_topics_create_cli_sets_and_reports_retention(kafka_bootstrap: str,
 def test_rebuild_refuses_partitions_retention_emptied(kafka_bootstrap: str,
                                                       topic_factory) -> None:
     topic = topic_factory("windows", partitions=2)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer = kafka.make_producer(kafka.client_config(kafka_bootstrap))
     for i in range(10):
         producer.produce(topic, key=f"o/t{i}", value=b"w", partition=0)
     assert producer.flush(30) == 0
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin = kafka.make_admin(kafka.client_config(kafka_bootstrap))
     for fut in admin.delete_records([TopicPartition(topic, 0, 6)]).values():
         fut.result(timeout=30)
     assert low_offsets(kafka_bootstrap, [topic]) == {(topic, 0): 6, (topic, 1): 0}

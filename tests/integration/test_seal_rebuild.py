@@ -27,7 +27,6 @@ import duckdb
 import numpy as np
 import pytest
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from hebrus_flywheel.consumers.control import ControlChannel
 from hebrus_flywheel.consumers.exceptions import RebuildError, SealError
@@ -36,6 +35,7 @@ from hebrus_flywheel.consumers.rebuild import RebuildConfig, rebuild_snapshot
 from hebrus_flywheel.consumers.seal import SealConfig, SealResult, seal_epoch
 from hebrus_flywheel.consumers.shards import ShardConfig
 from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
+from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.snapshot import dequantize_weights_u8, load_manifest, verify_snapshot
 from hebrus_flywheel.core.snapshot.export import export_plaintext
 from hebrus_flywheel.streams.topics import CONTROL_TOPIC, SPLITS, catalogue, window_topic
@@ -301,7 +301,7 @@ def test_rebuild_refuses_once_retention_removed_its_records(scenario: Scenario,
     topic, partition, start = next(
         (t, int(p), int(r["start"])) for t, v in sorted(result.manifest["source"]["topics"].items())
         for p, r in sorted(v["partitions"].items()) if int(r["end"]) > int(r["start"]))
-    admin = AdminClient({"bootstrap.servers": scenario.bootstrap})
+    admin = kafka.make_admin(kafka.client_config(scenario.bootstrap))
     for fut in admin.delete_records([TopicPartition(topic, partition, start + 1)]).values():
         fut.result(timeout=30)
     with pytest.raises(RebuildError, match=rf"{topic}\[{partition}\] starts at offset "
