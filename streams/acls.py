@@ -13,11 +13,13 @@ runtime    write + describe (and describe configs of) the capture topics
 streams    read the capture topics; write + read windows, quarantine and streams runs
            (and describe their configs, checked against the catalogue at start);
            everything on its own internal topics and group (``<P>flywheel-streams*``)
-replay     read windows; read + write control; its groups ``<P>flywheel-replay*``
+replay     read windows; read + write control; write quarantine (windows the teacher
+           cannot replay); its groups ``<P>flywheel-replay*``
 sealer     read + write control; read capture, windows, streams runs and the streams
            worker's threads topic (seal, ``rebuild --from-capture``);
            describe the replay group (its committed offsets)
-trainer    read windows, quarantine and the streams decisions topic, describe capture
+trainer    read windows, quarantine and the streams decisions and crash-ledger topics,
+           describe capture
            (``flywheel qualify --bootstrap-servers`` reads the streams summary); nothing
            else
 admin      super user: creates topics, grants these bindings, manages credentials
@@ -99,13 +101,15 @@ def role_grants(role: str, prefix: str = "") -> tuple[Grant, ...]:
                     topic(STREAMS_RUNS, READ_WRITE + checks),
                     topic(DEFAULT_APP_ID, ("ALL",)), group(prefix + DEFAULT_APP_ID, ("ALL",)),
                     reader),
-        "replay": (topic(WINDOWS, READ), topic(CONTROL, READ_WRITE),
+        # The replay worker quarantines windows the teacher cannot replay.
+        "replay": (topic(WINDOWS, READ), topic(CONTROL, READ_WRITE), topic(QUARANTINE, WRITE),
                    group(prefix + REPLAY_GROUP, ("READ", "DESCRIBE")), reader),
         "sealer": (topic(CONTROL, READ_WRITE), topic(CAPTURE, READ), topic(WINDOWS, READ),
                    topic(STREAMS_RUNS, READ), topic(f"{DEFAULT_APP_ID}-threads-", READ),
                    group(prefix + REPLAY_GROUP, ("DESCRIBE",)), reader),
         "trainer": (topic(WINDOWS, READ), topic(QUARANTINE, READ),
                     topic(f"{DEFAULT_APP_ID}-decisions-", READ),
+                    topic(f"{DEFAULT_APP_ID}-crashes-", READ),
                     topic(CAPTURE, ("DESCRIBE",)), reader),
         "admin": (),
     }

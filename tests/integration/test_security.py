@@ -181,7 +181,8 @@ def _describes_group(config: kafka.KafkaClientConfig, group: str) -> bool:
 def matrix_topics(topic_factory) -> tuple[str, dict[str, str]]:  # type: ignore[no-untyped-def]
     prefix = topic_factory.prefix
     specs = {s.name[len(prefix):]: s.name for s in topic_factory.catalogue()}
-    for name in (f"{DEFAULT_APP_ID}-threads-v1", f"{DEFAULT_APP_ID}-decisions-v1"):
+    for name in (f"{DEFAULT_APP_ID}-threads-v1", f"{DEFAULT_APP_ID}-decisions-v1",
+                 f"{DEFAULT_APP_ID}-crashes-v1"):
         topic_factory.create([TopicSpec(name=prefix + name, partitions=1, doc="internal")])
         specs[name] = prefix + name
     return prefix, specs
