@@ -43,7 +43,11 @@ from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
 from hebrus_flywheel.streams.processors.runs import StreamsRun, StreamsRunError
 from hebrus_flywheel.streams.processors.topology import StreamTopics
-from hebrus_flywheel.streams.window_seal import OwnerSealer, default_sealer, encode_window
+from hebrus_flywheel.streams.processors.window_seal import (
+    OwnerSealer,
+    default_sealer,
+    encode_window,
+)
 
 _SHOWN = 10
 Ranges = dict[tuple[str, int], tuple[int, int]]

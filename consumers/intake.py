@@ -27,7 +27,7 @@ from hebrus_flywheel.consumers.labels import SourceRef
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
 from hebrus_flywheel.streams import quarantine
-from hebrus_flywheel.streams.window_seal import (
+from hebrus_flywheel.streams.processors.window_seal import (
     Erased,
     OwnerSealer,
     SealedBytesError,

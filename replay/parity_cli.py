@@ -66,7 +66,7 @@ def _decode_window(data: bytes | None, where: str) -> dict[str, Any]:
         raise WindowSourceError(
             f"{where}: holds a {key.name} record, not a {WINDOW_SCHEMA}; read a window topic"
         )
-    from hebrus_flywheel.streams.window_seal import (
+    from hebrus_flywheel.streams.processors.window_seal import (
         Erased,
         SealOpenError,
         default_sealer,

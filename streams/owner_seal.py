@@ -4,7 +4,7 @@ The stream workers hold an owner's plaintext token ids in memory only. Everythin
 write to Kafka that carries or fingerprints those tokens is sealed (AES-256-GCM,
 :mod:`core.privacy.envelope`) or keyed (owner-keyed HMAC) under the owner's data key:
 
-* window records (``Window.v2``, :mod:`streams.window_seal`);
+* window records (``Window.v2``, :mod:`streams.processors.window_seal`);
 * the values of the processor tables' changelogs (:mod:`streams.processors.state_codec`);
 * the content fingerprints on the internal topics: a completed thread's digest and
   MinHash signature on ``…-threads-v1``, the digest on ``…-decisions-v1``

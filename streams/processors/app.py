@@ -71,7 +71,7 @@ from hebrus_flywheel.streams.processors.state_codec import StateValue, refuse_ba
 from hebrus_flywheel.streams.processors.state_seal import seal_table
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
 from hebrus_flywheel.streams.processors.window import WindowStage, window_key
-from hebrus_flywheel.streams.window_seal import encode_window
+from hebrus_flywheel.streams.processors.window_seal import encode_window
 
 log = logging.getLogger(__name__)
 CAPTURE_TABLE = "capture-state"

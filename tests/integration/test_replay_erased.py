@@ -20,8 +20,8 @@ from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, Pseudonymizer
 from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.owner_seal import OwnerSealer
+from hebrus_flywheel.streams.processors.window_seal import encode_window
 from hebrus_flywheel.streams.topics import QUARANTINE_TOPIC, catalogue, window_topic
-from hebrus_flywheel.streams.window_seal import encode_window
 from tests.support.plaintext import plaintext_copy
 from tests.support.windows import corpus_token_ids, thread_windows
 

@@ -33,8 +33,8 @@ from hebrus_flywheel.streams.owner_seal import OwnerSealer
 from hebrus_flywheel.streams.processors.app import CAPTURE_TABLE, DEDUP_TABLE
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.topology import StreamTopics
+from hebrus_flywheel.streams.processors.window_seal import encode_window, readable_window
 from hebrus_flywheel.streams.topics import catalogue
-from hebrus_flywheel.streams.window_seal import encode_window, readable_window
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,

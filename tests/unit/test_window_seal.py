@@ -23,7 +23,7 @@ from hebrus_flywheel.streams.owner_seal import (
 from hebrus_flywheel.streams.processors.common import header_key, instance_id, turn_key
 from hebrus_flywheel.streams.processors.state_codec import SealedState, dumps, loads
 from hebrus_flywheel.streams.processors.state_seal import StateSealer, owner_of_key
-from hebrus_flywheel.streams.window_seal import (
+from hebrus_flywheel.streams.processors.window_seal import (
     SealedBytesError,
     encode_window,
     open_window,
@@ -188,3 +188,19 @@ def test_window_of_erased_owner_is_quarantined_metadata_only(keys, owner, monkey
                             key=key, headers=headers, max_value_bytes=1 << 20)
     assert rec["reference_only"] is True and rec["value"] == b"" and rec["owner"] is None
     assert rec["source_key"] is None and rec["value_size"] == len(value)
+
+
+def test_rebuild_from_capture_regenerates_sealed_windows_byte_identical(keys, owner):
+    from hebrus_flywheel.consumers.capture_check import CaptureCheck, FreshWindows
+
+    sealer = _sealer(keys)
+    on_topic, _ = encode_window(_window(owner), sealer)  # what the worker wrote
+    fresh = FreshWindows(capture_end_offsets={}, config_digests={"0" * 64}, sealer=sealer)
+    fresh.add(_window(owner))  # what the in-process chain cuts again, in plaintext
+    check = CaptureCheck(fresh=fresh)
+    check.observe("w/0@0", on_topic)
+    assert (check.regenerated, check.bytes_identical, check.missing) == (1, 1, [])
+    keys.destroy(owner)
+    erased = FreshWindows(capture_end_offsets={}, config_digests=set(), sealer=sealer)
+    erased.add(_window(owner))
+    assert erased.erased == 1 and erased.windows == {}
