@@ -204,3 +204,23 @@ def test_rebuild_from_capture_regenerates_sealed_windows_byte_identical(keys, ow
     erased = FreshWindows(capture_end_offsets={}, config_digests=set(), sealer=sealer)
     erased.add(_window(owner))
     assert erased.erased == 1 and erased.windows == {}
+
+
+def test_accounting_reads_sealed_headers_and_an_erased_owner_has_no_open_state(
+        keys, owner, monkeypatch):
+    from hebrus_flywheel.streams.processors.accounting import CAPTURE_STATE, apply_changelog
+
+    monkeypatch.setenv("FLYWHEEL_OWNER_KEYS", str(keys.directory))
+    state = StateSealer(_sealer(keys), CAPTURE_STATE)
+    iid = instance_id(owner, "t" + "2" * 32, 0)
+    header = {"status": "open", "owner": owner, "thread": "t" + "2" * 32, "generation": 0}
+    value = dumps(state.seal(header_key(iid), header))
+    key = json.dumps(header_key(iid)).encode()
+    in_state: dict[str, Any] = {}
+    assert apply_changelog(in_state, key, value) is True
+    assert in_state == {iid: (owner, "t" + "2" * 32, 0)}
+    keys.destroy(owner)
+    from hebrus_flywheel.streams.processors import window_seal
+
+    monkeypatch.setattr(window_seal, "_DEFAULT", {})  # a new process: no key cached
+    assert apply_changelog(in_state, key, value) is True and in_state == {}
