@@ -30,6 +30,7 @@ from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, Pseudonymizer
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.broker import BrokerConfig
 from hebrus_flywheel.streams.owner_seal import OwnerSealer
+from hebrus_flywheel.streams.processors.accounting import account
 from hebrus_flywheel.streams.processors.app import CAPTURE_TABLE, DEDUP_TABLE
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.topology import StreamTopics
@@ -199,6 +200,15 @@ def test_nothing_the_workers_write_holds_plaintext_and_erasure_drops_state(
     assert control["avro_zigzag"] >= 1 and on_disk["avro_zigzag"] >= 1
     for name in run.changelogs:  # not vacuous: the changelogs hold sealed owner values
         assert any(b'"$sealed"' in blob for blob in topic_bytes(run.bootstrap, name)), name
+
+    # accounting reads the sealed capture-state headers: every consumed record explained
+    os.environ["FLYWHEEL_OWNER_KEYS"] = str(run.keys_dir)
+    try:
+        report = account(run.bootstrap, prefix=run.prefix, app_id=run.app_id)
+    finally:
+        del os.environ["FLYWHEEL_OWNER_KEYS"]
+    print("accounting:", report["totals"])
+    assert report["refused_state_records"] == [] and report["totals"]["unaccounted"] == 0
 
     # erasure: alice's key is destroyed; the restarted worker restores without her state
     run.writer.destroy(run.alice)
