@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -267,3 +268,46 @@ def test_the_worker_refuses_a_changelog_sealed_under_another_key_store(
     assert stranger.proc is not None and stranger.proc.returncode == 70, log[-3000:]
     assert "sealed value that does not open" in log, log[-3000:]
     assert os.environ.get("FLYWHEEL_OWNER_KEYS") != str(other)
+
+
+def test_a_running_worker_stops_writing_an_owner_erased_mid_thread(
+    topic_factory: Any, tmp_path: Path
+) -> None:
+    """Within the key store's cache age of the erasure, the worker writes tombstones
+    instead of the owner's state and no summary or window of theirs; others go on."""
+    run = Run(topic_factory, tmp_path)
+    alice_msgs = messages_of(run.owners_specs("alice", 1, 4), 4)
+    half = len(alice_msgs) // 2
+    prod = producer(run.bootstrap)
+    produce(prod, run.topics, alice_msgs[:half])
+    worker = run.worker("0").start()
+    try:
+        wait_until(lambda: any(b'"$sealed"' in blob for blob in
+                               topic_bytes(run.bootstrap, run.changelogs[0])),
+                   timeout_s=180, what="alice's sealed state in the changelog")
+        run.writer.destroy(run.alice)
+        time.sleep(6)  # the worker's key cache (max_age_s=5) forgets the key
+        bob = messages_of(run.owners_specs("bob", 2, 5), 5)
+        expected = sealed_expected(bob, run.keys_dir)
+        produce(prod, run.topics, alice_msgs[half:] + bob[1:])
+        wait_until(lambda: {m.value() for m in run.window_messages()}
+                   >= set(expected.values()), timeout_s=180, what="bob's windows")
+        wait_until(lambda: "erased" in worker.log_path.read_text(), timeout_s=60,
+                   what="a counter line with the erasure")
+    finally:
+        status = worker.stop()
+    log = worker.log_path.read_text()
+    assert status != 70 and "crashed" not in log, log[-3000:]
+    owners = {codec.decode(m.value())[1]["owner"] for m in run.window_messages()}
+    assert owners == {run.bob}
+    sealing = {k: v for k, v in _last_counters(log).items() if k.startswith("sealing/")}
+    print("sealing counters after a mid-thread erasure:", sealing)
+    assert sealing.get(f"sealing/{CAPTURE_TABLE}_erased_tombstones", 0) >= 1, sealing
+    last: dict[bytes, bytes | None] = {}
+    for msg in read_topic(run.bootstrap, run.changelogs[0]):
+        last[msg.key() or b""] = msg.value()
+    alice = {k: v for k, v in last.items() if run.alice.encode() in k}
+    # her header was rewritten after the erasure: a tombstone; values never rewritten stay
+    # sealed under the destroyed key (unreadable; `flywheel erase` tombstones them too)
+    assert [v for k, v in alice.items() if k.startswith(b'"h')] == [None]
+    assert all(v is None or v.startswith(b'{"$sealed"') for v in alice.values()), alice
