@@ -36,12 +36,18 @@ from typing import Any
 from hebrus_flywheel.consumers.exceptions import RebuildError
 from hebrus_flywheel.consumers.intake import WINDOW_SCHEMA
 from hebrus_flywheel.consumers.kafka_io import read_ranges
+from hebrus_flywheel.core.privacy import OwnerKeyDestroyedError
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
 from hebrus_flywheel.streams.processors.runs import StreamsRun, StreamsRunError
 from hebrus_flywheel.streams.processors.topology import StreamTopics
+from hebrus_flywheel.streams.processors.window_seal import (
+    OwnerSealer,
+    default_sealer,
+    encode_window,
+)
 
 _SHOWN = 10
 Ranges = dict[tuple[str, int], tuple[int, int]]
@@ -58,15 +64,25 @@ class FreshWindows:
     encoded: dict[str, bytes] = field(default_factory=dict)
     conflicting: list[str] = field(default_factory=list)
 
+    sealer: OwnerSealer = field(default_factory=default_sealer)
+    erased: int = 0
+    """Regenerated windows of owners erased since: they cannot be sealed again."""
+
     def add(self, window: Mapping[str, Any]) -> None:
-        wid = window["window_id"]
+        """One plaintext window of the in-memory chain, sealed as the worker seals it."""
+        try:
+            value, record = encode_window(window, self.sealer)
+        except OwnerKeyDestroyedError:
+            self.erased += 1
+            return
+        wid = record["window_id"]
         known = self.windows.get(wid)
         if known is not None:
-            if known["content_digest"] != window["content_digest"]:
+            if known["content_digest"] != record["content_digest"]:
                 self.conflicting.append(wid)
             return
-        self.windows[wid] = dict(window)
-        self.encoded[wid] = codec.encode_entry(codec.default_registry().get("Window"), window)
+        self.windows[wid] = record
+        self.encoded[wid] = value
 
 
 @dataclass(frozen=True)

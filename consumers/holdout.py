@@ -34,6 +34,7 @@ from hebrus_flywheel.core.snapshot import (
 )
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
+from hebrus_flywheel.streams.processors.window_seal import Erased, default_sealer, readable_window
 
 HOLDOUT_SPLIT = "runtime_holdout"
 _TOLERANCE = {"weights_u8": U8_MAX_ABS_ERROR + 1e-4, "weights_f16": 2.0**-11 + 1e-4}
@@ -80,10 +81,12 @@ def _captured_windows(bootstrap: str, topic: str, boundary: EpochBoundary) -> li
     out = []
     for msg in read_ranges(bootstrap, ranges, error=SealError):
         try:
-            _, window = codec.decode_message(msg.value(), msg.headers() or [])
+            key, record = codec.decode_message(msg.value(), msg.headers() or [])
         except SchemaError:
             continue  # quarantined by the worker; never in a shard
-        out.append(window)
+        window = readable_window(key.version, record, default_sealer())  # Window.v2: opened
+        if not isinstance(window, Erased):  # an erased owner's: quarantined, never in a shard
+            out.append(window)
     return out
 
 

@@ -27,6 +27,14 @@ from hebrus_flywheel.consumers.labels import SourceRef
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
 from hebrus_flywheel.streams import quarantine
+from hebrus_flywheel.streams.processors.window_seal import (
+    Erased,
+    OwnerSealer,
+    SealedBytesError,
+    SealOpenError,
+    default_sealer,
+    readable_window,
+)
 
 WINDOW_SCHEMA = "hebrus.flywheel.v1.Window"
 QUARANTINE_STAGE = "replay"
@@ -79,10 +87,33 @@ WindowCheck = Callable[[Mapping[str, Any]], "tuple[str, str] | None"]
 """The engine's own refusal test (``consumers.engine.window_check``): reason and detail."""
 
 
+def _open(version: int, record: dict[str, Any], opener: OwnerSealer | None
+          ) -> dict[str, Any] | Verdict:
+    """A sealed (``Window.v2``) record opened with the owner's key; ``owner_erased`` when
+    an erasure destroyed the key, ``undecodable`` when its bytes do not open under it.
+    A key store that is missing or another one stops the worker (fail closed)."""
+    try:
+        window = readable_window(version, record, opener or default_sealer())
+    except SealedBytesError as exc:
+        return _refuse("undecodable", str(exc), None, f"{WINDOW_SCHEMA}.v{version}")
+    except SealOpenError as exc:
+        raise WorkerError(f"{exc}; point $FLYWHEEL_OWNER_KEYS at the key store the capture "
+                          "was sealed with, then restart the replay worker") from exc
+    if isinstance(window, Erased):
+        return _refuse("owner_erased", f"window sealed under {window.owner}/"
+                       f"{window.generation}, a key destroyed by an erasure; metadata only",
+                       None, f"{WINDOW_SCHEMA}.v{version}")
+    return window
+
+
 def classify(value: bytes | None, headers: Sequence[tuple[str, Any]] | None, key: bytes | None,
              *, split: str, identity_id: str, vocab_size: int,
-             check: WindowCheck | None = None) -> Verdict:
+             check: WindowCheck | None = None, opener: OwnerSealer | None = None) -> Verdict:
     """Accept a window message for replay, or say why it must be quarantined.
+
+    ``Window.v2`` records are opened with ``opener`` (default: this process's reader of
+    the local owner key store); a window of an erased owner is refused as
+    ``owner_erased`` and quarantined as metadata only.
 
     ``check`` (the replay engine's ``check_window``) runs last, so a window the engine
     would refuse is quarantined here instead of failing a whole block's replay.
@@ -95,6 +126,10 @@ def classify(value: bytes | None, headers: Sequence[tuple[str, Any]] | None, key
     if schema_key.name != WINDOW_SCHEMA:
         return _refuse("unexpected_schema", f"{schema} does not belong on a window topic",
                        record, schema)
+    opened = _open(schema_key.version, record, opener)
+    if isinstance(opened, Verdict):
+        return opened
+    record = opened
     if record["identity_id"] != identity_id:
         return _refuse("identity_mismatch", (
             f"window identity {record['identity_id']} is not the loaded teacher's {identity_id}; "
@@ -119,7 +154,7 @@ def quarantine_record(verdict: Verdict, source: SourceRef, *, value: bytes | Non
     ident = "|".join((QUARANTINE_STAGE, str(verdict.reason), source.topic,
                       str(source.partition), str(source.offset), thread))
     generation = rec.get("generation")
-    return quarantine.bound({
+    record = quarantine.bound({
         "quarantine_id": hashlib.sha256(ident.encode()).hexdigest(),
         "reason": verdict.reason, "detail": verdict.detail, "stage": QUARANTINE_STAGE,
         "source_topic": source.topic, "source_partition": source.partition,
@@ -133,6 +168,9 @@ def quarantine_record(verdict: Verdict, source: SourceRef, *, value: bytes | Non
         "generation": generation if isinstance(generation, int) else None,
         "producer_id": None,
     }, max_value_bytes=max_value_bytes)
+    if verdict.reason == "owner_erased":  # nothing of an erased owner's record is copied
+        return quarantine.reference(record, "owner erased")
+    return record
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -45,7 +45,7 @@ def write_window_file(path: str | Path, windows: Iterable[Mapping[str, Any]]) ->
     count = 0
     with create_file(Path(path)) as handle:
         for window in windows:
-            data = codec.encode(WINDOW_SCHEMA, window)
+            data = codec.encode(f"{WINDOW_SCHEMA}.v1", window)  # a local file, not a topic
             handle.write(_FRAME.pack(len(data)))
             handle.write(data)
             count += 1
@@ -66,7 +66,20 @@ def _decode_window(data: bytes | None, where: str) -> dict[str, Any]:
         raise WindowSourceError(
             f"{where}: holds a {key.name} record, not a {WINDOW_SCHEMA}; read a window topic"
         )
-    return record
+    from hebrus_flywheel.streams.processors.window_seal import (
+        Erased,
+        SealOpenError,
+        default_sealer,
+        readable_window,
+    )
+
+    try:
+        window = readable_window(key.version, record, default_sealer())
+    except SealOpenError as exc:
+        raise WindowSourceError(f"{where}: a sealed window that does not open: {exc}") from exc
+    if isinstance(window, Erased):
+        raise WindowSourceError(f"{where}: the window's owner was erased; it cannot be read")
+    return window
 
 
 def read_window_file(path: str | Path) -> Iterator[dict[str, Any]]:

@@ -10,6 +10,7 @@ from hebrus_flywheel.core.privacy.envelope import (
     open_sealed,
     pack_int32,
     seal,
+    seal_deterministic,
     unpack_int32,
 )
 from hebrus_flywheel.core.privacy.errors import (
@@ -32,5 +33,5 @@ __all__ = [
     "DataKey", "Destruction", "KeyStoreError", "LocalOwnerKeyStore", "OwnerKeyDestroyedError",
     "OwnerKeyMissingError", "OwnerKeyStore", "PrivacyError", "Pseudonymizer",
     "SealedFieldError", "default_owner_keys_dir", "fingerprint", "is_pseudonym",
-    "keyed_digest", "open_sealed", "pack_int32", "seal", "unpack_int32",
+    "keyed_digest", "open_sealed", "pack_int32", "seal", "seal_deterministic", "unpack_int32",
 ]

@@ -40,10 +40,13 @@ from typing import Any
 
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams.owner_seal import SealOpenError
 from hebrus_flywheel.streams.processors.common import SEP
 from hebrus_flywheel.streams.processors.inspect import read_topic
-from hebrus_flywheel.streams.processors.state_codec import StateDecodeError, loads
+from hebrus_flywheel.streams.processors.state_codec import SealedState, StateDecodeError, loads
+from hebrus_flywheel.streams.processors.state_seal import StateSealer
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics
+from hebrus_flywheel.streams.processors.window_seal import default_sealer
 
 CLASSES = ("quarantined", "generation_quarantined", "windowed", "in_windowed_generation",
            "decided", "in_state", "identity", "unaccounted")
@@ -146,6 +149,10 @@ def tally(kind: str, topic: str, partition: int, committed: int,
     return counter.row()
 
 
+CAPTURE_STATE = "capture-state"
+"""The capture table's name (``streams.processors.app.CAPTURE_TABLE``)."""
+
+
 def apply_changelog(in_state: dict[str, Generation | None], key: bytes | None,
                     value: bytes | None) -> bool:
     """Fold one ``capture-state`` changelog message into ``iid -> open generation``
@@ -159,7 +166,9 @@ def apply_changelog(in_state: dict[str, Generation | None], key: bytes | None,
     iid = text[2:]
     try:
         header = loads(value) if value else None
-    except StateDecodeError:
+        if isinstance(header, SealedState):  # sealed under the owner's key (state_seal)
+            header = _state_sealer().open(text, header)
+    except (StateDecodeError, SealOpenError):
         in_state.pop(iid, None)
         return False
     if isinstance(header, Mapping) and header.get("status") in OPEN_STATES:
@@ -168,6 +177,12 @@ def apply_changelog(in_state: dict[str, Generation | None], key: bytes | None,
     else:
         in_state.pop(iid, None)
     return True
+
+
+def _state_sealer() -> StateSealer:
+    """Opens ``capture-state`` headers with this process's reader of the owner key store
+    (an erased owner's header opens as Erased: no open state)."""
+    return StateSealer(default_sealer(), CAPTURE_STATE)
 
 
 def _table_key(key: bytes | None) -> str:
@@ -208,7 +223,7 @@ def gather_outputs(bootstrap: str, topics: StreamTopics, group: str) -> Outputs:
         if d is not None:
             out.decided.add((str(d["owner"]), str(d["thread"]), int(d["generation"])))
     open_headers: dict[str, Generation | None] = {}
-    changelog = f"{group}-capture-state-changelog"
+    changelog = f"{group}-{CAPTURE_STATE}-changelog"
     for msg in read_topic(bootstrap, changelog):
         if not apply_changelog(open_headers, msg.key(), msg.value()):
             out.refused_state.append([changelog, msg.partition(), msg.offset()])

@@ -37,6 +37,7 @@ completes after a near-identical evaluation thread keeps both and is counted as
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -52,10 +53,12 @@ from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import make_dirs
+from hebrus_flywheel.core.privacy import OwnerKeyDestroyedError
 from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits, quarantine
+from hebrus_flywheel.streams.owner_seal import Erased, OwnerSealer, open_fields, seal_fields
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
 from hebrus_flywheel.streams.processors.crash import crash_only_agent, crash_only_timer, on_crash
 from hebrus_flywheel.streams.processors.dedup import DedupStage
@@ -65,12 +68,18 @@ from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
 from hebrus_flywheel.streams.processors.poison import CrashLedger, injected_fault, poison_emit
 from hebrus_flywheel.streams.processors.runs import start_run
 from hebrus_flywheel.streams.processors.state_codec import StateValue, refuse_bad_changelog
+from hebrus_flywheel.streams.processors.state_seal import seal_table
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
 from hebrus_flywheel.streams.processors.window import WindowStage, window_key
+from hebrus_flywheel.streams.processors.window_seal import encode_window
 
 log = logging.getLogger(__name__)
 CAPTURE_TABLE = "capture-state"
 DEDUP_TABLE = "dedup-state"
+SUMMARY_SEALED = ("digest", "minhash")
+"""Fields of a thread summary sealed on the threads topic (content fingerprints)."""
+DECISION_SEALED = ("digest",)
+"""Fields of a decision sealed on the decisions topic."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +164,8 @@ class StreamsWorker:
             config=config.processors, capture_topics=self.topics.capture_kinds().values(),
         )
         self.counters = Counters()
+        # owner data keys (a reader: never creates one) for everything written to Kafka
+        self.sealer = OwnerSealer()
         self.ledger = CrashLedger(bootstrap=config.bootstrap, topic=self.topics.crashes,
                                   group=config.full_app_id,
                                   threshold=config.poison_after_crashes)
@@ -198,8 +209,9 @@ class StreamsWorker:
     def _table(self, name: str, partitions: int) -> Any:
         # keys: faust's json codec (key_type=str); values: the state codec (tagged JSON);
         # an undecodable changelog record stops the worker (streams.processors.state_codec)
+        # owner values are sealed in the changelog (streams.processors.state_seal)
         table = self.app.Table(name, partitions=partitions, key_type=str, value_type=StateValue)
-        return refuse_bad_changelog(table)
+        return seal_table(refuse_bad_changelog(table), self.sealer, self.counters)
 
     def _declare(self) -> None:
         t, p = self.topics, self.config.processors
@@ -293,37 +305,65 @@ class StreamsWorker:
         async for event in stream.events():
             if await self._skipped_poison(event.message):
                 continue
-            summary = json.loads(event.message.value)
+            wire = json.loads(event.message.value)
+            summary = open_fields(wire, self.sealer, context=str(wire["iid"]))
+            if isinstance(summary, Erased):
+                self.counters.inc("sealing", "erased_summaries")  # no decision: erased
+                continue
             decision = self.dedup.process(summary)
+            try:
+                sealed = seal_fields(decision, DECISION_SEALED, self.sealer,
+                                     context=decision["iid"])
+            except OwnerKeyDestroyedError:
+                self.counters.inc("sealing", "erased_decisions")
+                continue
             delivered = await self.decisions_topic.send(
                 key=event.message.key,
-                value=json.dumps(decision).encode(),
+                value=json.dumps(sealed).encode(),
                 partition=decision["partition"],
             )
             await delivered  # acknowledged before the thread's offset can be committed
 
     async def _window_agent(self, stream: Any) -> None:
-        entry = codec.default_registry().get("Window")
-        headers = codec.kafka_headers(entry)
+        registry = codec.default_registry()
+        headers = {v: codec.kafka_headers(registry.get(f"Window.v{v}")) for v in (1, 2)}
         async for event in stream.events():
             if await self._skipped_poison(event.message):
                 continue
-            decision = json.loads(event.message.value)
+            wire = json.loads(event.message.value)
+            decision, encoded = self._sealed_windows(wire)
+            if decision is None:  # the owner was erased: drop what is left of the thread
+                self.counters.inc("sealing", "erased_decisions")
+                self.window.finish({**wire, "keep": False})
+                continue
             pending = []
-            for window in self.window.windows_for(decision):
-                value = codec.encode_entry(entry, window, validate=False)
+            for value, record in encoded:
                 extra = [
-                    ("window_id", window["window_id"].encode()),
-                    ("content_digest", window["content_digest"].encode()),
+                    ("window_id", record["window_id"].encode()),
+                    ("content_digest", record["content_digest"].encode()),
                 ]
                 pending.append(
-                    await self.window_topics[window["split"]].send(
-                        key=window_key(window).encode(), value=value, headers=headers + extra
+                    await self.window_topics[record["split"]].send(
+                        key=window_key(record).encode(), value=value,
+                        headers=headers[2 if "key_generation" in record else 1] + extra,
                     )
                 )
             for fut in pending:
                 await fut
             self.window.finish(decision)
+
+    def _sealed_windows(self, wire: dict[str, Any]
+                        ) -> tuple[dict[str, Any] | None, list[tuple[bytes, dict[str, Any]]]]:
+        """The decision of a decisions-topic record and its windows, each sealed under
+        the owner's key (bytes and record); no decision when the owner was erased."""
+        decision = open_fields(wire, self.sealer, context=str(wire["iid"]))
+        if isinstance(decision, Erased):
+            return None, []
+        try:
+            windows = self.window.windows_for(decision)
+            return decision, [encode_window(w, self.sealer) for w in windows]
+        except OwnerKeyDestroyedError:
+            return None, []
 
     async def _skipped_poison(self, msg: Any) -> bool:
         """True (after its reference-only ``poison`` quarantine record was acknowledged)
@@ -357,8 +397,14 @@ class StreamsWorker:
             return await self.quarantine_topic.send(
                 key=emit.key.encode(), value=out.value, headers=out.headers
             )
+        try:
+            summary = seal_fields(emit.value, SUMMARY_SEALED, self.sealer,
+                                  context=str(emit.value["iid"]))
+        except OwnerKeyDestroyedError:  # erased while assembling: no summary, no windows
+            self.counters.inc("sealing", "erased_summaries")
+            return _done()
         return await self.threads_topic.send(
-            key=emit.key.encode(), value=json.dumps(emit.value).encode(), partition=0
+            key=emit.key.encode(), value=json.dumps(summary).encode(), partition=0
         )
 
     # -- timers and signals -------------------------------------------------------------
@@ -400,6 +446,13 @@ class StreamsWorker:
             redirect_stdouts=False,
         )
         worker.execute_from_commandline()
+
+
+def _done() -> Any:
+    """An already-resolved delivery (for an output that is not sent)."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    fut.set_result(None)
+    return fut
 
 
 def _headers(headers: Any) -> list[tuple[str, Any]]:

@@ -300,8 +300,9 @@ def route_consistency(thread: AssembledThread, gen: Ranges) -> Rejection | None:
         )
     return reject(
         "token_mismatch",
-        f"route at ordinal {ordinal} is for token {int(token_ids[first])} but the transcript "
-        f"has {int(thread.tokens[ordinal])}; capture and transcript disagree",
+        # no token ids in the detail: it goes to the quarantine topic in the clear
+        f"the route at ordinal {ordinal} is for another token than the transcript has there; "
+        "capture and transcript disagree",
     )
 
 

@@ -8,6 +8,9 @@ for type:
 * ``tuple``  → ``{"$tuple": [...]}``
 * ``bytes``  → ``{"$bytes": "<base64>"}``
 * a ``dict`` with a non-string key, or whose only key is a tag → ``{"$map": [[k, v], ...]}``
+* :class:`SealedState` (a value sealed under its owner's data key, see
+  :mod:`streams.processors.state_seal`) → ``{"$sealed": {"o": owner, "g": generation,
+  "c": {"$bytes": ...}}}``; the codec carries it, it never opens it
 
 Decoding builds nothing but those types: no class is looked up and no code runs, so a
 record written by anyone able to produce to a changelog topic is at worst *refused*
@@ -27,6 +30,7 @@ import base64
 import binascii
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from faust import Topic
@@ -36,8 +40,8 @@ from hebrus_flywheel.streams.processors.crash import crash
 
 log = logging.getLogger(__name__)
 STATE_CODEC = "flywheel-state-json"
-TUPLE, BYTES, MAP = "$tuple", "$bytes", "$map"
-_TAGS = frozenset((TUPLE, BYTES, MAP))
+TUPLE, BYTES, MAP, SEALED = "$tuple", "$bytes", "$map", "$sealed"
+_TAGS = frozenset((TUPLE, BYTES, MAP, SEALED))
 
 
 class StateEncodeError(TypeError):
@@ -46,6 +50,16 @@ class StateEncodeError(TypeError):
 
 class StateDecodeError(ValueError):
     """A changelog record is not a state-codec record."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SealedState:
+    """A table value sealed under its owner's data key: the state-codec bytes of the
+    value, AES-GCM sealed (:mod:`streams.processors.state_seal` seals and opens)."""
+
+    owner: str
+    generation: int
+    body: bytes
 
 
 _SCALARS = frozenset((str, int, bool, float, type(None)))
@@ -65,6 +79,8 @@ def _enc(obj: Any) -> Any:
         return _enc_dict(obj)
     if t is bytes:
         return {BYTES: base64.b64encode(obj).decode("ascii")}
+    if t is SealedState:
+        return {SEALED: {"o": obj.owner, "g": obj.generation, "c": _enc(obj.body)}}
     raise StateEncodeError(
         f"a table value holds a {t.__module__}.{t.__qualname__}; the state codec carries "
         "only None, bool, int, float, str, bytes, list, tuple and dict"
@@ -96,9 +112,19 @@ def _hook(obj: dict[str, Any]) -> Any:
             raise StateDecodeError(f"bad base64 in a {BYTES} tag: {exc}") from exc
     if tag == MAP and type(body) is list:
         return _map(body)
+    if tag == SEALED and type(body) is dict:
+        return _sealed(body)
     if tag in _TAGS:
         raise StateDecodeError(f"malformed {tag} tag")
     return obj
+
+
+def _sealed(body: dict[str, Any]) -> SealedState:
+    owner, generation, sealed = body.get("o"), body.get("g"), body.get("c")
+    if (len(body) != 3 or type(owner) is not str or type(generation) is not int
+            or type(sealed) is not bytes):
+        raise StateDecodeError(f"malformed {SEALED} tag: wants o (str), g (int), c (bytes)")
+    return SealedState(owner=owner, generation=generation, body=sealed)
 
 
 def _map(pairs: list[Any]) -> dict[Any, Any]:

@@ -46,6 +46,8 @@ PROCESSOR_REASONS: dict[str, str] = {
     "processing_error": "the processor raised on this record (a bug); the record is kept here "
     "and the worker goes on",
     "window_exceeds_context": "replay: the window has more tokens than the teacher's context",
+    "owner_erased": "replay: the window is sealed under an owner data key that an erasure "
+    "destroyed; kept as metadata only (reference), its bytes are unreadable for good",
     "poison": "the record crashed the streams worker N times in a row (--poison-after-crashes); "
     "quarantined by reference on the next start so its partition goes on",
 }

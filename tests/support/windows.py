@@ -91,7 +91,7 @@ def thread_windows(tokens: Sequence[int], *, identity_id: str, owner: str, threa
 def publish_windows(bootstrap: str, prefix: str, windows: Iterable[Mapping[str, Any]],
                     *, partition: int | None = None) -> list[tuple[str, int, int]]:
     """Produce windows to their split topics (key owner/thread); their coordinates."""
-    entry = codec.default_registry().get("Window")
+    entry = codec.default_registry().get("Window.v1")
     producer = kafka.make_producer(
         kafka.client_config(bootstrap),
         settings={"acks": "all", "enable.idempotence": True, "partitioner": "murmur2_random"})

@@ -286,7 +286,7 @@ def test_partition_log_drops_repeats_and_closes_full_blocks() -> None:
 
 
 def test_classify_accepts_good_windows_and_names_the_reason_for_bad_ones() -> None:
-    entry = codec.default_registry().get("Window")
+    entry = codec.default_registry().get("Window.v1")
     headers = codec.kafka_headers(entry)
     good = make_window(token_ids=[1, 2, 3, 4], anchors=[2, 3], identity_id="a" * 64,
                        owner="o", thread="t")

@@ -507,6 +507,21 @@ def test_replay_refuses_windows_beyond_the_teachers_limits() -> None:
     assert wrong is not None and wrong[0] == "layer_count_mismatch" and "5 layers" in wrong[1]
 
 
+def test_replay_keeps_a_window_of_an_erased_owner_as_a_reference_only() -> None:
+    # classify() gives "owner_erased" for a Window.v2 whose key was destroyed
+    # (tests/unit/test_window_seal.py); its quarantine record copies nothing of it
+    from hebrus_flywheel.consumers.intake import Verdict, quarantine_record
+    from hebrus_flywheel.consumers.labels import SourceRef
+
+    verdict = Verdict(window=None, reason="owner_erased", detail="key destroyed")
+    rec = quarantine_record(verdict, SourceRef(topic="w", partition=1, offset=9),
+                            value=b"sealed bytes", key=b"o/t", headers=[("h", b"v")],
+                            max_value_bytes=1 << 20)
+    assert rec["reason"] == "owner_erased" and rec["reference_only"] is True
+    assert rec["value"] == b"" and rec["source_key"] is None and rec["source_headers"] == []
+    assert rec["value_size"] == len(b"sealed bytes")
+
+
 def test_every_reason_is_documented_and_tested() -> None:
     source = Path(__file__).read_text(encoding="utf-8")
     tested = source.split("def test_every_reason")[0]

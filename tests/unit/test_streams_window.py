@@ -175,7 +175,7 @@ def test_full_geometry_window_fits_kafka_default_and_the_schema() -> None:
     cap = route_anchor_cap(WindowConfig(), 48, 10)
     assert cap == WindowConfig().max_route_anchors_per_window
     for w in sc.pipeline.windows:
-        value = codec.encode("Window", w)
+        value = codec.encode("Window.v1", w)
         assert len(value) < 1_000_000
         _, back = codec.decode(value)
         assert back == w
