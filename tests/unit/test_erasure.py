@@ -1,0 +1,268 @@
+"""Erasure without a broker: superseding snapshots, the journal and receipt, taint
+markers, changelog key ownership, and the canary byte scanner on planted files."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hebrus_flywheel.consumers.erasure import EraseConfig, erase_owner, finish_erasures
+from hebrus_flywheel.consumers.supersede import (
+    SUPERSEDED_DIR,
+    build_superseding,
+    snapshot_owner_rows,
+    supersede_epoch,
+    verify_live,
+)
+from hebrus_flywheel.consumers.tombstones import TABLES, owner_of_key, table_key
+from hebrus_flywheel.core.canary import CanaryScanner, binary_forms
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, OwnerKeyDestroyedError
+from hebrus_flywheel.core.snapshot import default_kek_path, load_manifest, verify_snapshot
+from hebrus_flywheel.core.taint import TaintedCheckpointError, add_taint, refuse_tainted
+from tests.support.planted import PlantedConfig, make_writable, write_planted_snapshot
+
+OWNER_FMT = "o{thread:032x}"
+ERASED = "o" + "0" * 31 + "1"
+KEPT = "o" + "0" * 32
+CONFIG = PlantedConfig(threads={"train": 3, "validation": 1}, owner_format=OWNER_FMT)
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Iterator[Path]:
+    root = tmp_path / "dataset"
+    write_planted_snapshot(root, CONFIG)
+    (root / "dataset.json").write_text("{}")  # found by the default dataset search
+    yield root
+    make_writable(root)
+
+
+# -- the canary scanner ------------------------------------------------------------------
+
+
+CANARY = [50211, 7, 131072, 99]
+
+
+@pytest.mark.parametrize("form", ["int32le", "int64le", "zigzag"])
+def test_scanner_finds_each_binary_form(tmp_path: Path, form: str) -> None:
+    (tmp_path / "f.bin").write_bytes(os.urandom(100) + binary_forms(CANARY)[form] + b"x" * 10)
+    hits = CanaryScanner(CANARY).scan([tmp_path]).hits
+    assert [h.form for h in hits] == [form] and hits[0].offset == 100
+
+
+@pytest.mark.parametrize("text", [b"[50211, 7, 131072, 99]", b"50211 7 131072 99\n",
+                                  b"ids=50211,7,131072,99;", b"50211 ,\n 7,131072   99"])
+def test_scanner_finds_decimal_text(tmp_path: Path, text: bytes) -> None:
+    (tmp_path / "log.txt").write_bytes(b"prefix " + text + b" suffix")
+    assert CanaryScanner(CANARY).scan([tmp_path]).by_form()["text"] == 1
+
+
+@pytest.mark.parametrize("text", [b"150211, 7, 131072, 99", b"50211, 7, 131072, 990",
+                                  b"50211, 7, 131072", b"50211;7;131072;99"])
+def test_scanner_ignores_near_misses(tmp_path: Path, text: bytes) -> None:
+    (tmp_path / "log.txt").write_bytes(text)
+    assert CanaryScanner(CANARY).scan([tmp_path]).hits == []
+
+
+def test_scanner_finds_a_canary_across_a_chunk_boundary_once(tmp_path: Path) -> None:
+    needle = binary_forms(CANARY)["int32le"]
+    body = b"\0" * ((1 << 22) - 7) + needle + b"\0" * 100
+    (tmp_path / "big.bin").write_bytes(body)
+    hits = CanaryScanner(CANARY).scan([tmp_path]).hits
+    assert [(h.offset, h.form) for h in hits] == [((1 << 22) - 7, "int32le")]
+
+
+def test_scanner_reports_unreadable_files_and_skips_symlinks(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(binary_forms(CANARY)["zigzag"])
+    (tmp_path / "link").symlink_to(secret)
+    os.chmod(secret, 0)
+    try:
+        result = CanaryScanner(CANARY).scan([tmp_path])
+    finally:
+        os.chmod(secret, 0o600)
+    if os.geteuid() != 0:
+        assert result.hits == [] and len(result.unreadable) == 1
+    assert result.files + len(result.unreadable) == 1  # the symlink is not followed
+
+
+def test_scanner_needs_two_tokens() -> None:
+    with pytest.raises(ValueError, match="at least 2"):
+        CanaryScanner([5])
+
+
+# -- changelog keys ----------------------------------------------------------------------
+
+
+def test_state_keys_name_their_owner() -> None:
+    from hebrus_flywheel.streams.processors.app import CAPTURE_TABLE, DEDUP_TABLE
+
+    assert TABLES == (CAPTURE_TABLE, DEDUP_TABLE)
+    sep = "\x1f"
+    assert owner_of_key(f"h{sep}{ERASED}{sep}t1{sep}0") == ERASED
+    assert owner_of_key(f"t{sep}{ERASED}{sep}t1{sep}0{sep}3") == ERASED
+    assert owner_of_key(f"d{sep}{ERASED}{sep}t1{sep}0") == ERASED
+    assert owner_of_key(f"s{sep}{ERASED}/t1") == ERASED
+    assert owner_of_key(f"c{sep}producer{sep}topic{sep}0") is None
+    assert owner_of_key(f"n{sep}seq") is None
+    assert table_key(json.dumps(f"h{sep}x").encode()) == f"h{sep}x"
+
+
+# -- superseding snapshots ---------------------------------------------------------------
+
+
+def test_supersede_removes_only_the_owners_rows_and_verifies(dataset: Path) -> None:
+    old = load_manifest(dataset / "epoch=0")
+    mine, total = snapshot_owner_rows(dataset / "epoch=0", ERASED)
+    kept_before, _ = snapshot_owner_rows(dataset / "epoch=0", KEPT)
+    assert mine > 0
+    new = supersede_epoch(dataset, 0, old.snapshot_id, ERASED, grace_ms=60_000)
+    assert new["supersedes"] == old.snapshot_id and new["erasure"]["rows_removed"] == mine
+    assert snapshot_owner_rows(dataset / "epoch=0", ERASED) == (0, total - mine)
+    assert snapshot_owner_rows(dataset / "epoch=0", KEPT)[0] == kept_before
+    assert verify_snapshot(dataset / "epoch=0", keys=True)["snapshot_id"] == new["snapshot_id"]
+    # shards without the owner are kept byte-identical; the validation split has none
+    old_entries = {s.path: s.sha256 for s in old.shards}
+    for entry in load_manifest(dataset / "epoch=0").shards:
+        if entry.path not in new["erasure"]["shards_rewritten"]:
+            assert old_entries[entry.path] == entry.sha256
+    assert (dataset / SUPERSEDED_DIR / old.snapshot_id / "epoch=0" / "manifest.json").is_file()
+    # a rerun changes nothing
+    assert supersede_epoch(dataset, 0, old.snapshot_id, ERASED, grace_ms=60_000) == new
+
+
+def test_supersede_resumes_between_the_two_renames(dataset: Path) -> None:
+    from hebrus_flywheel.consumers.supersede import _move_dir, _paths
+
+    old_id = load_manifest(dataset / "epoch=0").snapshot_id
+    built = build_superseding(dataset, 0, ERASED)
+    paths = _paths(dataset.resolve(), 0, old_id)
+    _move_dir(paths["live"], paths["old"])  # killed here: no live epoch=0
+    assert not (dataset / "epoch=0").exists()
+    assert supersede_epoch(dataset, 0, old_id, ERASED, grace_ms=0) == built
+    assert verify_live(dataset, 0) == (True, None)
+
+
+def test_grace_period_then_finish_deletes_the_superseded_files(dataset: Path,
+                                                                tmp_path: Path) -> None:
+    old_id = load_manifest(dataset / "epoch=0").snapshot_id
+    home = tmp_path / "home"
+    receipt = erase_owner(EraseConfig(owner=ERASED, datasets=(dataset,), home=home,
+                                      grace_ms=3_600_000))
+    files = receipt["snapshots"][0]["superseded_files"]
+    assert files["state"] == "kept for the grace period"
+    assert (dataset / SUPERSEDED_DIR / old_id).is_dir()
+    assert finish_erasures([dataset], home=home) == []  # not due yet
+    done = finish_erasures([dataset], home=home, now_ms=int(time.time() * 1000) + 7_200_000)
+    assert [d["snapshot_id"] for d in done] == [old_id]
+    assert not (dataset / SUPERSEDED_DIR / old_id).exists()
+    refreshed = json.loads((home / "erasure" / ERASED / "receipt.json").read_text())
+    assert refreshed["snapshots"][0]["superseded_files"]["state"] == "deleted"
+
+
+# -- the erasure and its receipt ---------------------------------------------------------
+
+
+def _checkpoint(directory: Path, snapshot_id: str) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "lineage.json").write_text(json.dumps(
+        {"checkpoint_id": "c" * 64, "snapshot": {"snapshot_id": snapshot_id}}))
+    return directory
+
+
+def test_erase_owner_receipt_keys_and_taint(dataset: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("FLYWHEEL_OWNER_KEYS", str(home / "keys"))
+    store = LocalOwnerKeyStore(create=True)
+    generation = store.data_key(ERASED, create=True).generation
+    old_id = load_manifest(dataset / "epoch=0").snapshot_id
+    before = snapshot_owner_rows(dataset / "epoch=0", ERASED)[0]
+    seen = _checkpoint(tmp_path / "ck" / "a", old_id)
+    other = _checkpoint(tmp_path / "ck" / "b", "f" * 64)
+    receipt = erase_owner(EraseConfig(owner=ERASED, datasets=(dataset,), grace_ms=0, home=home,
+                                      checkpoints=(tmp_path / "ck",)))
+    assert receipt["owner"] == ERASED and receipt["owner_rows_before"] == before
+    assert receipt["owner_rows_after"] == 0 and receipt["superseding_snapshots_verify"]
+    assert receipt["keys_destroyed"]["generations_destroyed"] == [generation]
+    assert receipt["changelog_tombstones"]["skipped"]
+    snap = receipt["snapshots"][0]
+    assert snap["snapshot_id"] == old_id and snap["rows_removed"] == before
+    assert snap["superseded_files"]["state"] == "deleted"
+    assert not (dataset / SUPERSEDED_DIR / old_id).exists()
+    assert [t["path"] for t in receipt["tainted_checkpoints"]] == [str(seen.resolve())]
+    with pytest.raises(TaintedCheckpointError, match=ERASED):
+        refuse_tainted(seen, action="resume from")
+    refuse_tainted(other, action="resume from")
+    with pytest.raises(OwnerKeyDestroyedError):
+        LocalOwnerKeyStore().data_key(ERASED)
+    # a rerun reads the journal and ends in the same receipt
+    assert erase_owner(EraseConfig(owner=ERASED, datasets=(dataset,), grace_ms=0,
+                                   home=home)) == receipt
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["erase_before_swap", "erase_between_renames",
+                                   "erase_after_snapshot", "erase_after_checkpoints"])
+def test_killed_erasure_rerun_ends_in_the_same_receipt(dataset: Path, tmp_path: Path,
+                                                       point: str) -> None:
+    home = tmp_path / "home"
+    argv = [sys.executable, "-m", "hebrus_flywheel.cli", "erase", "--owner-pseudonym", ERASED,
+            "--dataset", str(dataset), "--checkpoints", str(tmp_path / "ck"), "--grace", "0",
+            "--no-changelogs", "--json"]
+    _checkpoint(tmp_path / "ck" / "a", load_manifest(dataset / "epoch=0").snapshot_id)
+    env = {**os.environ, "FLYWHEEL_HOME": str(home), "FLYWHEEL_FAULT": point,
+           "FLYWHEEL_KEK_FILE": str(default_kek_path())}
+    killed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    env.pop("FLYWHEEL_FAULT")
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    receipt = json.loads(first.stdout)
+    assert json.loads(again.stdout) == receipt
+    assert receipt["owner_rows_after"] == 0 and receipt["superseding_snapshots_verify"]
+    assert len(receipt["tainted_checkpoints"]) == 1
+    assert receipt["rows_removed"] == receipt["owner_rows_before"] > 0
+    assert not list((dataset / ".erasure").glob("*/epoch=*"))
+
+
+def test_erase_config_refuses_raw_ids_and_negative_grace(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="EraseConfig.owner"):
+        EraseConfig(owner="alice", home=tmp_path)
+    with pytest.raises(ConfigError, match="EraseConfig.grace_ms"):
+        EraseConfig(owner=ERASED, grace_ms=-1, home=tmp_path)
+
+
+def test_taint_is_idempotent_and_unreadable_markers_fail_closed(tmp_path: Path) -> None:
+    ck = _checkpoint(tmp_path / "ck", "a" * 64)
+    assert add_taint(ck, {"owner": ERASED, "snapshots": ["a" * 64]})
+    assert not add_taint(ck, {"owner": ERASED, "snapshots": ["a" * 64]})
+    (ck / "tainted.json").write_text("{not json")
+    with pytest.raises(TaintedCheckpointError, match="tainted"):
+        refuse_tainted(ck / "checkpoint.pt", action="resume from")
+
+
+def test_train_refuses_to_resume_from_a_tainted_checkpoint(tmp_path: Path) -> None:
+    from hebrus_flywheel.train.config import TrainConfig
+    from hebrus_flywheel.train.trainer import train
+
+    ck = _checkpoint(tmp_path / "ck", "a" * 64)
+    add_taint(ck, {"owner": ERASED, "snapshots": ["a" * 64]})
+    with pytest.raises(TaintedCheckpointError, match="cannot resume from"):
+        train(tmp_path / "nowhere", tmp_path / "out", TrainConfig(), resume=ck)
+    with pytest.raises(TaintedCheckpointError, match="cannot write over"):
+        train(tmp_path / "nowhere", ck, TrainConfig())
+
+
+def test_int_forms_are_little_endian() -> None:
+    assert binary_forms([1, 2])["int32le"] == struct.pack("<ii", 1, 2)
+    assert binary_forms([-1, 64])["zigzag"] == bytes([1, 0x80, 0x01])
