@@ -168,6 +168,27 @@ def test_grace_period_then_finish_deletes_the_superseded_files(dataset: Path,
     assert refreshed["snapshots"][0]["superseded_files"]["state"] == "deleted"
 
 
+def test_unsealed_shards_are_rewritten_and_staging_leftovers_deleted(tmp_path: Path) -> None:
+    from hebrus_flywheel.consumers.dataset import dataset_record
+    from hebrus_flywheel.consumers.supersede import erase_unsealed
+    from hebrus_flywheel.core.snapshot import read_parquet
+
+    root = tmp_path / "open"
+    planted = write_planted_snapshot(root, CONFIG, read_only=False)
+    (root / "epoch=0" / "manifest.json").unlink()  # an epoch the workers are still writing
+    (root / "dataset.json").write_text(json.dumps(dataset_record(
+        identity=planted.manifest["identity"], determinism=planted.manifest["determinism"],
+        source={"prefix": "", "group_id": "planted"})))
+    (root / ".staging" / "half.parquet.host.1.ab.tmp").write_bytes(b"partial")
+    done = erase_unsealed(root, ERASED)
+    rewritten = [d for d in done if d["action"] == "rewritten"]
+    assert rewritten and sum(d["rows_removed"] for d in rewritten) > 0
+    assert [d["action"] for d in done if d not in rewritten] == ["deleted staging file"]
+    for shard in (root / "epoch=0").rglob("*.parquet"):
+        assert ERASED not in read_parquet(shard, ["owner"]).column("owner").to_pylist()
+    assert erase_unsealed(root, ERASED) == []  # nothing left to do
+
+
 # -- the erasure and its receipt ---------------------------------------------------------
 
 
@@ -236,9 +257,9 @@ def test_killed_erasure_rerun_ends_in_the_same_receipt(dataset: Path, tmp_path: 
 
 
 def test_erase_config_refuses_raw_ids_and_negative_grace(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="EraseConfig.owner"):
+    with pytest.raises(ConfigError, match=r"EraseConfig\.owner"):
         EraseConfig(owner="alice", home=tmp_path)
-    with pytest.raises(ConfigError, match="EraseConfig.grace_ms"):
+    with pytest.raises(ConfigError, match=r"EraseConfig\.grace_ms"):
         EraseConfig(owner=ERASED, grace_ms=-1, home=tmp_path)
 
 
