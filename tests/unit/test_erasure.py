@@ -287,3 +287,106 @@ def test_train_refuses_to_resume_from_a_tainted_checkpoint(tmp_path: Path) -> No
 def test_int_forms_are_little_endian() -> None:
     assert binary_forms([1, 2])["int32le"] == struct.pack("<ii", 1, 2)
     assert binary_forms([-1, 64])["zigzag"] == bytes([1, 0x80, 0x01])
+
+
+# -- the demo's erasure drill and how qualification reads it ------------------------------
+
+
+def test_erasure_drill_erases_a_copy_and_measures_what_is_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hebrus_flywheel.consumers.erasure_drill import run_drill
+    from hebrus_flywheel.train.qualify.collect_data import deletion_evidence
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("FLYWHEEL_HOME", str(home))
+    monkeypatch.delenv("FLYWHEEL_KEK_FILE", raising=False)
+    monkeypatch.delenv("FLYWHEEL_OWNER_KEYS", raising=False)
+    store = LocalOwnerKeyStore(create=True)
+    store.data_key(ERASED, create=True)
+    snap = write_planted_snapshot(home / "datasets" / "d", CONFIG)
+    ck = _checkpoint(home / "run" / "checkpoint", snap.snapshot_id)
+    try:
+        drill = run_drill(snap.directory, ck, home / "run")
+    finally:
+        make_writable(home / "datasets")
+    assert drill["state"] == "run" and drill["owner"] in (ERASED, KEPT)
+    assert drill["owner_rows_before"] > 0 and drill["owner_rows_after"] == 0
+    assert drill["plaintext_canary_hits"] == 0 and drill["plaintext_canary_scan"]["files"] > 0
+    assert drill["superseding_snapshot"]["verifies"] is True
+    assert drill["tainted_checkpoints"] == ["c" * 64]
+    assert json.loads((home / "run" / "erasure-receipt.json").read_text()) == drill
+    # the live demo data are untouched: same snapshot, same key
+    assert load_manifest(snap.directory).snapshot_id == snap.snapshot_id
+    assert LocalOwnerKeyStore().data_key(ERASED).generation == 0
+    works, figures = deletion_evidence(drill)
+    assert works is True and figures is not None and figures["owner_rows_after"] == 0
+
+
+def test_erasure_drill_is_not_run_on_raw_owner_ids(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from hebrus_flywheel.consumers.erasure_drill import run_drill
+    from hebrus_flywheel.train.qualify.collect_data import deletion_evidence
+
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("FLYWHEEL_KEK_FILE", raising=False)
+    snap = write_planted_snapshot(tmp_path / "d", PlantedConfig(threads={"train": 2}))
+    try:
+        drill = run_drill(snap.directory, None, tmp_path)
+    finally:
+        make_writable(tmp_path / "d")
+    assert drill["state"] == "not run" and "pseudonym" in drill["reason"]
+    assert deletion_evidence(drill) == (None, {"state": "not run", "reason": drill["reason"]})
+
+
+@pytest.mark.parametrize(("change", "works"), [
+    ({}, True), ({"owner_rows_after": 3}, False), ({"plaintext_canary_hits": 2}, False),
+    ({"superseding_snapshot": {"verifies": False}}, False), ({"owner_rows_before": 0}, None),
+    ({"plaintext_canary_hits": None}, None)])
+def test_deletion_is_measured_from_the_drill(change: dict[str, object],
+                                             works: bool | None) -> None:
+    from hebrus_flywheel.train.qualify.collect_data import deletion_evidence
+
+    drill = {"state": "run", "owner_rows_before": 10, "owner_rows_after": 0,
+             "plaintext_canary_hits": 0, "superseding_snapshot": {"verifies": True},
+             "tainted_checkpoints": ["c"], **change}
+    assert deletion_evidence(drill)[0] is works
+
+
+def test_declared_deletion_support_is_refused() -> None:
+    from types import SimpleNamespace
+
+    from hebrus_flywheel.train.qualify.collect_data import authorization_evidence
+    from hebrus_flywheel.train.qualify.errors import InputError
+
+    info = SimpleNamespace(identity={"runtime_name": "reference"})
+    declared = {"policy": "p", "approved": True, "production_transcripts": True}
+    with pytest.raises(InputError, match="--erasure-receipt"):
+        authorization_evidence(info, {**declared, "deletion_supported": True})  # type: ignore[arg-type]
+    got = authorization_evidence(info, declared)  # type: ignore[arg-type]
+    assert got is not None and got.deletion_supported is None and got.erasure_drill is None
+
+
+def test_falsifier_8_falsified_when_the_drill_leaves_data() -> None:
+    from types import SimpleNamespace
+
+    from hebrus_flywheel.train.qualify import Authorization
+    from hebrus_flywheel.train.qualify.config import QualificationConfig
+    from hebrus_flywheel.train.qualify.falsifiers import f8_privacy
+
+    drill = {"state": "run", "owner_rows_before": 10, "owner_rows_after": 0,
+             "plaintext_canary_hits": 4, "plaintext_canary_hits_broker_logs": 4,
+             "superseding_snapshot_verifies": True, "tainted_checkpoints": 1}
+
+    def judge(deletion: bool | None, production: bool = True) -> tuple[str, str]:
+        a = Authorization(policy="p", approved=True, production_transcripts=production,
+                          deletion_supported=deletion, erasure_drill=drill)
+        status, reason, figures, _, _ = f8_privacy(
+            SimpleNamespace(integrity=SimpleNamespace(authorization=a)),  # type: ignore[arg-type]
+            QualificationConfig())
+        assert figures["erasure_drill"] == drill
+        return status, reason
+
+    status, reason = judge(False)
+    assert status == "falsified" and "4 plaintext canary hits (4 in broker logs)" in reason
+    assert judge(True)[0] == "not_falsified"
+    assert "10 owner rows before, 0 after" in judge(None, production=False)[1]
