@@ -66,11 +66,11 @@ def canary_report(tokens: list[int], roots: list[Path], owner: str | None,
     from hebrus_flywheel.core.canary import CanaryScanner
     from hebrus_flywheel.streams.broker import BrokerConfig
 
-    result = CanaryScanner(tokens).scan(roots).to_json()
+    scan = CanaryScanner(tokens).scan(roots)
+    result = scan.to_json()
     broker_data = str(BrokerConfig(home=flywheel_home()).data_dir)
     result["broker_log_dir"] = broker_data
-    result["broker_log_hits"] = sum(1 for f in result["hit_files"]  # type: ignore[attr-defined]
-                                    if str(f).startswith(broker_data))
+    result["broker_log_hits"] = sum(1 for h in scan.hits if h.path.startswith(broker_data))
     result["roots"] = [str(r) for r in roots]
     if owner is not None:
         result["owner"] = owner

@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -248,8 +249,7 @@ def erase_owner(config: EraseConfig) -> dict[str, Any]:
     changelogs = journal.run("changelogs", lambda: _changelogs(config))
     snapshots = []
     for item in plan["snapshots"]:
-        done = journal.run(f"snapshot:{item['snapshot_id']}", lambda item=item: _snapshot(
-            config, item))
+        done = journal.run(f"snapshot:{item['snapshot_id']}", partial(_snapshot, config, item))
         snapshots.append({**item, **done})
     roots = [Path(r) for r in plan["datasets"]]
     unsealed = journal.run("unsealed", lambda: [

@@ -78,7 +78,7 @@ def _live_owner_keys(target: kafka.KafkaTarget, topic: str,
             raw = msg.key()
             if raw is None or owner_of_key(table_key(raw)) != owner:
                 continue
-            where = (int(msg.partition()), bytes(raw))
+            where = (int(msg.partition() or 0), bytes(raw))
             seen.add(where)
             (live.add if msg.value() is not None else live.discard)(where)
     except kafka.KafkaIOError as exc:
