@@ -107,6 +107,9 @@ def erase_command(
                                            "$FLYWHEEL_HOME, broker log dirs included) for this "
                                            "token id sequence instead of erasing."),
     scan_root: list[Path] = typer.Option([], "--scan-root", help="Root to scan (repeatable)."),
+    again: bool = typer.Option(False, "--again", help="Erase an owner whose erasure finished "
+                               "before once more (rows written since); the old receipt is "
+                               "kept under runs/."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Erase one owner: destroy their data key, tombstone their stream state, supersede
@@ -114,9 +117,11 @@ def erase_command(
     declare_role("admin")
     from hebrus_flywheel.consumers.erasure import (
         EraseConfig,
+        EraseError,
         dataset_roots,
         erase_owner,
         finish_erasures,
+        start_again,
     )
     from hebrus_flywheel.core.durations import parse_duration_ms
 
@@ -135,11 +140,20 @@ def erase_command(
     if pseudonym is None:
         raise ConfigError("name the owner to erase: --owner RAW_ID or --owner-pseudonym o...")
     grace_ms = 0 if grace.strip() == "0" else parse_duration_ms(grace, what="--grace")
-    receipt = erase_owner(EraseConfig(
+    config = EraseConfig(
         owner=pseudonym, datasets=tuple(dataset), checkpoints=tuple(checkpoints),
         bootstrap=None if no_changelogs else bootstrap_servers(bootstrap),
-        changelog_prefix=changelog_prefix, grace_ms=grace_ms, key_store=key_store))
+        changelog_prefix=changelog_prefix, grace_ms=grace_ms, key_store=key_store)
+    if again:
+        start_again(config)
+    receipt = erase_owner(config)
     _print(receipt, as_json, _summary(receipt))
+    if receipt["owner_rows_after"]:
+        raise EraseError(
+            f"{receipt['owner_rows_after']} row(s) of owner {pseudonym} are still in live "
+            f"snapshots: they were written after this erasure planned its work "
+            f"({receipt['started_at']}). Run `flywheel erase --owner-pseudonym {pseudonym} "
+            "--again` to erase them too")
 
 
 def _summary(receipt: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 from hebrus_flywheel.consumers import faults
 from hebrus_flywheel.consumers.supersede import (
     EraseError,
+    ancestors,
     erase_unsealed,
     find_affected,
     purge_superseded,
@@ -189,7 +190,10 @@ def _checkpoint_dirs(roots: Iterable[Path]) -> Iterable[tuple[Path, dict[str, An
 
 def _taint(config: EraseConfig, roots: list[Path], planned: list[dict[str, Any]],
            receipt: Path) -> list[dict[str, Any]]:
+    # a checkpoint trained on an older snapshot that the planned one superseded (an
+    # earlier erasure) saw the owner's rows too
     ids = {p["snapshot_id"] for p in planned}
+    ids |= {a for p in planned for a in ancestors(Path(p["dataset"]), p["snapshot_id"])}
     out = []
     for directory, lineage in sorted(_checkpoint_dirs(roots), key=lambda pair: str(pair[0])):
         seen = lineage["snapshot"].get("snapshot_id")
@@ -235,6 +239,24 @@ def live_owner_rows(roots: Iterable[Path], owner: str) -> int:
     """Rows of ``owner`` in every live sealed snapshot under ``roots`` (read with keys)."""
     return sum(snapshot_owner_rows(edir, owner)[0]
                for root in roots for _, edir in sealed_epochs(root))
+
+
+def start_again(config: EraseConfig) -> Path | None:
+    """Move a finished erasure's journal and receipt of this owner aside (under
+    ``runs/<start ms>/``) so the next :func:`erase_owner` plans afresh; where they went."""
+    journal = config.directory / "journal.json"
+    if not journal.exists():
+        return None
+    body = json.loads(journal.read_text(encoding="utf-8"))
+    if "purge" not in body.get("steps", {}):
+        raise EraseError(f"the erasure of {config.owner} started at "
+                         f"{_iso(int(body['started_at_ms']))} has not finished: run "
+                         "`flywheel erase` without --again to finish it first")
+    target = make_dirs(config.directory / "runs" / str(body["started_at_ms"]))
+    for name in ("journal.json", "receipt.json"):
+        if (config.directory / name).exists():
+            os.replace(config.directory / name, target / name)
+    return target
 
 
 def erase_owner(config: EraseConfig) -> dict[str, Any]:
@@ -306,4 +328,4 @@ def finish_erasures(roots: Iterable[Path], *, home: Path | None = None,
 
 
 __all__ = ["EraseConfig", "EraseError", "Journal", "dataset_roots", "erase_owner",
-           "finish_erasures", "live_owner_rows"]
+           "finish_erasures", "live_owner_rows", "start_again"]

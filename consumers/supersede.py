@@ -298,6 +298,27 @@ def read_marker(root: Path, old_id: str) -> dict[str, Any]:
     return dict(value)
 
 
+def ancestors(root: Path, snapshot_id: str) -> set[str]:
+    """Every snapshot that ``snapshot_id`` superseded, directly or through earlier
+    erasures (from the markers, which outlive the deleted files): they held all its rows."""
+    folder = Path(root) / SUPERSEDED_DIR
+    parents: dict[str, list[str]] = {}
+    for marker in folder.glob("*.json") if folder.is_dir() else []:
+        try:
+            body = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        parents.setdefault(str(body.get("superseded_by")), []).append(str(body["snapshot_id"]))
+    found: set[str] = set()
+    todo = [snapshot_id]
+    while todo:
+        for parent in parents.get(todo.pop(), []):
+            if parent not in found:
+                found.add(parent)
+                todo.append(parent)
+    return found
+
+
 def purge_superseded(root: Path, *, now_ms: int | None = None) -> list[dict[str, Any]]:
     """Delete the files of every superseded snapshot under ``root`` whose grace period
     ended; what was deleted (per snapshot: files, bytes). Resumable: the list of files is

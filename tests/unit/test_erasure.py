@@ -390,3 +390,27 @@ def test_falsifier_8_falsified_when_the_drill_leaves_data() -> None:
     assert status == "falsified" and "4 plaintext canary hits (4 in broker logs)" in reason
     assert judge(True)[0] == "not_falsified"
     assert "10 owner rows before, 0 after" in judge(None, production=False)[1]
+
+
+def test_a_later_erasure_taints_checkpoints_of_superseded_snapshots(dataset: Path,
+                                                                     tmp_path: Path) -> None:
+    from hebrus_flywheel.consumers.erasure import start_again
+
+    original = load_manifest(dataset / "epoch=0").snapshot_id
+    old = _checkpoint(tmp_path / "ck" / "old", original)
+    first = erase_owner(EraseConfig(owner=ERASED, datasets=(dataset,), grace_ms=0,
+                                    home=tmp_path / "h", checkpoints=(tmp_path / "ck",)))
+    assert [t["path"] for t in first["tainted_checkpoints"]] == [str(old.resolve())]
+    # the original snapshot (deleted) held KEPT's rows as well
+    second = erase_owner(EraseConfig(owner=KEPT, datasets=(dataset,), grace_ms=0,
+                                     home=tmp_path / "h", checkpoints=(tmp_path / "ck",)))
+    assert second["snapshots"][0]["snapshot_id"] == first["snapshots"][0]["superseded_by"]
+    assert [t["path"] for t in second["tainted_checkpoints"]] == [str(old.resolve())]
+    with pytest.raises(TaintedCheckpointError, match=KEPT):
+        refuse_tainted(old, action="resume from")
+    # --again keeps the finished run's receipt and plans afresh
+    config = EraseConfig(owner=KEPT, datasets=(dataset,), grace_ms=0, home=tmp_path / "h")
+    kept = start_again(config)
+    assert kept is not None and (kept / "receipt.json").is_file()
+    third = erase_owner(config)
+    assert third["snapshots"] == [] and third["owner_rows_after"] == 0
