@@ -414,3 +414,20 @@ def test_a_later_erasure_taints_checkpoints_of_superseded_snapshots(dataset: Pat
     assert kept is not None and (kept / "receipt.json").is_file()
     third = erase_owner(config)
     assert third["snapshots"] == [] and third["owner_rows_after"] == 0
+
+
+def test_shards_of_only_the_owner_stay_listed_with_zero_rows(tmp_path: Path) -> None:
+    from hebrus_flywheel.core.snapshot import open_snapshot
+
+    snap = write_planted_snapshot(tmp_path / "d", PlantedConfig(
+        threads={"train": 1, "validation": 1}, owner_format=OWNER_FMT))
+    try:
+        new = supersede_epoch(tmp_path / "d", 0, snap.snapshot_id, KEPT, grace_ms=0)
+        assert new["totals"]["rows"] == 0 and new["totals"]["shards"] == len(
+            snap.manifest["shards"])
+        assert verify_snapshot(snap.directory, keys=True)["rows"] == 0
+        sealed = open_snapshot(snap.directory)
+        assert all(sealed.read_shard(i, None).num_rows == 0
+                   for i in range(len(sealed.manifest.shards)))
+    finally:
+        make_writable(tmp_path / "d")
