@@ -431,3 +431,49 @@ def test_shards_of_only_the_owner_stay_listed_with_zero_rows(tmp_path: Path) -> 
                    for i in range(len(sealed.manifest.shards)))
     finally:
         make_writable(tmp_path / "d")
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+def test_snapshots_expire_deletes_superseded_files_whose_grace_ended(dataset: Path,
+                                                                      tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hebrus_flywheel.consumers.cli import snapshots_app
+
+    old_id = load_manifest(dataset / "epoch=0").snapshot_id
+    erase_owner(EraseConfig(owner=ERASED, datasets=(dataset,), grace_ms=3_600_000,
+                            home=tmp_path / "h"))
+    marker = dataset / SUPERSEDED_DIR / f"{old_id}.json"
+    body = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**body, "delete_after_ms": body["delete_after_ms"] - 7_200_000}))
+    out = CliRunner().invoke(snapshots_app, ["expire", "--dataset", str(dataset),
+                                             "--older-than", "30d"])
+    assert out.exit_code == 0, out.output
+    assert f"superseded snapshot {old_id}" in out.output
+    assert not (dataset / SUPERSEDED_DIR / old_id).exists()
+
+
+def _cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FLYWHEEL_HOME": str(home)}
+    env.pop("FLYWHEEL_OWNER_KEYS", None)
+    return subprocess.run([sys.executable, "-m", "hebrus_flywheel.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_cli_errors_say_what_to_do(tmp_path: Path) -> None:
+    no_store = _cli("erase", "--owner", "alice", "--no-changelogs", home=tmp_path)
+    assert no_store.returncode == 2 and "--owner-pseudonym" in no_store.stderr
+    assert "alice" not in no_store.stderr.replace("--owner alice", "")
+    both = _cli("erase", "--owner", "a", "--owner-pseudonym", ERASED, home=tmp_path)
+    assert both.returncode == 2 and "not both" in both.stderr
+    bad = _cli("erase", "--owner-pseudonym", "o123", home=tmp_path)
+    assert bad.returncode == 2 and "32 hex digits" in bad.stderr
+    canary = tmp_path / "scan" / "log.txt"
+    canary.parent.mkdir()
+    canary.write_text("tokens: 50211, 7, 131072, 99\n")
+    scan = _cli("erase", "--scan-canary", "50211,7,131072,99", "--scan-root",
+                str(canary.parent), "--json", home=tmp_path)
+    assert scan.returncode == 1 and json.loads(scan.stdout)["hits"] == 1
