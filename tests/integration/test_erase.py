@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,28 +134,46 @@ def test_erase_a_canary_owner_from_a_sealed_pipeline_run(
         assert worker.wait(120) == 0, worker.output()[-3000:]
     finally:
         worker.kill()
+    run = PipelineRun(factory=topic_factory, tmp=tmp_path, root=root, keys=keys_dir,
+                      sealed_id=sealed.snapshot_id, canary=canary, owner=canary_owner,
+                      other=other_owner, generation=generation, prefix=prefix)
     try:
-        _check_erasure(locals())
+        _check_erasure(run)
     finally:
         make_writable(root)
 
 
-def _check_erasure(ctx: dict[str, Any]) -> None:
-    tmp_path, root, sealed = ctx["tmp_path"], ctx["root"], ctx["sealed"]
-    canary_owner, other_owner = ctx["canary_owner"], ctx["other_owner"]
-    bootstrap, prefix = ctx["bootstrap"], ctx["prefix"]
+@dataclass(frozen=True, kw_only=True)
+class PipelineRun:
+    """What the pipeline run left for the erasure checks."""
+
+    factory: Any
+    tmp: Path
+    root: Path
+    keys: Path
+    sealed_id: str
+    canary: list[int]
+    owner: str
+    other: str
+    generation: int
+    prefix: str
+
+
+def _check_erasure(run: PipelineRun) -> None:
+    tmp_path, root, canary_owner, other_owner = run.tmp, run.root, run.owner, run.other
+    bootstrap, prefix = run.factory.bootstrap, run.prefix
     epoch = root / "epoch=0"
     before, total = snapshot_owner_rows(epoch, canary_owner)
     other_before = snapshot_owner_rows(epoch, other_owner)[0]
     assert before > 0 and other_before > 0
-    changelog = _changelog(ctx["topic_factory"], prefix, [canary_owner, other_owner])
+    changelog = _changelog(run.factory, prefix, [canary_owner, other_owner])
     ck = tmp_path / "ck"
     ck.mkdir()
     (ck / "lineage.json").write_text(json.dumps(
-        {"checkpoint_id": "c" * 64, "snapshot": {"snapshot_id": sealed.snapshot_id}}))
+        {"checkpoint_id": "c" * 64, "snapshot": {"snapshot_id": run.sealed_id}}))
     env = {**os.environ, "FLYWHEEL_HOME": str(tmp_path / "erase-home"),
            "FLYWHEEL_KEK_FILE": str(default_kek_path()),
-           "FLYWHEEL_OWNER_KEYS": str(ctx["keys_dir"])}
+           "FLYWHEEL_OWNER_KEYS": str(run.keys)}
     argv = ["erase", "--owner", "canary-user", "--dataset", str(root), "--checkpoints",
             str(ck), "--grace", "0", "--bootstrap-servers", bootstrap, "--changelog-prefix",
             prefix, "--json"]
@@ -172,14 +191,14 @@ def _check_erasure(ctx: dict[str, Any]) -> None:
     assert snapshot_owner_rows(epoch, canary_owner) == (0, total - before)
     assert snapshot_owner_rows(epoch, other_owner)[0] == other_before
     live = load_manifest(epoch)
-    assert live["supersedes"] == sealed.snapshot_id
+    assert live["supersedes"] == run.sealed_id
     assert verify_snapshot(epoch, keys=True)["snapshot_id"] == live.snapshot_id
     assert receipt["owner"] == canary_owner
     assert receipt["owner_rows_before"] == before and receipt["owner_rows_after"] == 0
     assert receipt["snapshots"][0]["superseded_by"] == live.snapshot_id
     assert receipt["snapshots"][0]["verifies"] is True
     assert receipt["snapshots"][0]["superseded_files"]["state"] == "deleted"
-    assert receipt["keys_destroyed"]["generations_destroyed"] == [ctx["generation"]]
+    assert receipt["keys_destroyed"]["generations_destroyed"] == [run.generation]
     with pytest.raises(OwnerKeyDestroyedError):
         LocalOwnerKeyStore().data_key(canary_owner)
     # the stream state: the owner's keys tombstoned, the other owner's and counters kept
@@ -194,24 +213,24 @@ def _check_erasure(ctx: dict[str, Any]) -> None:
     refused = _erase(["train", "--snapshot", str(epoch), "--out", str(tmp_path / "new-ck"),
                       "--resume", str(ck), "--no-progress"], env)
     assert refused.returncode == 2 and "tainted" in refused.stderr, refused.stderr[-2000:]
-    _scan(ctx, env, receipt)
+    _scan(run, env, receipt)
 
 
-def _scan(ctx: dict[str, Any], env: dict[str, str], receipt: dict[str, Any]) -> None:
-    tmp_path, canary = ctx["tmp_path"], ctx["canary"]
+def _scan(run: PipelineRun, env: dict[str, str], receipt: dict[str, Any]) -> None:
+    tmp_path, canary = run.tmp, run.canary
     scanner = CanaryScanner(canary)
     # the scanner sees the canary where it is plaintext: the windows as published
-    window_topic_dir = BrokerConfig().data_dir / f"{ctx['prefix']}{window_topic('train')}-0"
+    window_topic_dir = BrokerConfig().data_dir / f"{run.prefix}{window_topic('train')}-0"
     broker_hits = len(scanner.scan([window_topic_dir]).hits) if window_topic_dir.is_dir() else 0
     print(f"broker log canary hits (windows published unsealed, as on main): {broker_hits}")
     # every file of the dataset, the erasure, the checkpoints, the worker's home and log
-    scanned = [ctx["root"], tmp_path / "erase-home", tmp_path / "ck", tmp_path / "home",
+    scanned = [run.root, tmp_path / "erase-home", tmp_path / "ck", tmp_path / "home",
                tmp_path / "worker.log"]
     result = scanner.scan(scanned)
     assert result.hits == [] and result.unreadable == [], result.to_json()
     assert result.files > 0
     cli = _erase(["erase", "--scan-canary", ",".join(map(str, canary)), "--owner-pseudonym",
-                  ctx["canary_owner"], "--dataset", str(ctx["root"]), "--json",
+                  run.owner, "--dataset", str(run.root), "--json",
                   *[a for p in scanned for a in ("--scan-root", str(p))]], env)
     report = json.loads(cli.stdout)
     assert cli.returncode == 0 and report["hits"] == 0 and report["owner_rows_live"] == 0, \

@@ -231,8 +231,9 @@ def test_erase_owner_receipt_keys_and_taint(dataset: Path, tmp_path: Path,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["erase_before_swap", "erase_between_renames",
-                                   "erase_after_snapshot", "erase_after_checkpoints"])
+@pytest.mark.parametrize("point", ["erase_after_keys", "erase_before_swap",
+                                   "erase_between_renames", "erase_after_snapshot",
+                                   "erase_after_checkpoints"])
 def test_killed_erasure_rerun_ends_in_the_same_receipt(dataset: Path, tmp_path: Path,
                                                        point: str) -> None:
     home = tmp_path / "home"
@@ -240,8 +241,10 @@ def test_killed_erasure_rerun_ends_in_the_same_receipt(dataset: Path, tmp_path: 
             "--dataset", str(dataset), "--checkpoints", str(tmp_path / "ck"), "--grace", "0",
             "--no-changelogs", "--json"]
     _checkpoint(tmp_path / "ck" / "a", load_manifest(dataset / "epoch=0").snapshot_id)
+    LocalOwnerKeyStore(tmp_path / "keys", create=True).data_key(ERASED, create=True)
     env = {**os.environ, "FLYWHEEL_HOME": str(home), "FLYWHEEL_FAULT": point,
-           "FLYWHEEL_KEK_FILE": str(default_kek_path())}
+           "FLYWHEEL_KEK_FILE": str(default_kek_path()),
+           "FLYWHEEL_OWNER_KEYS": str(tmp_path / "keys")}
     killed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == 137, killed.stderr[-2000:]
     env.pop("FLYWHEEL_FAULT")
@@ -253,7 +256,38 @@ def test_killed_erasure_rerun_ends_in_the_same_receipt(dataset: Path, tmp_path: 
     assert receipt["owner_rows_after"] == 0 and receipt["superseding_snapshots_verify"]
     assert len(receipt["tainted_checkpoints"]) == 1
     assert receipt["rows_removed"] == receipt["owner_rows_before"] > 0
+    assert receipt["keys_destroyed"]["generations_destroyed"] == [0]
     assert not list((dataset / ".erasure").glob("*/epoch=*"))
+    # the same receipt as an uninterrupted erasure of the same data (up to the ids and
+    # sizes that random encryption keys change, paths and times)
+    twin = tmp_path / "twin"
+    write_planted_snapshot(twin, CONFIG)
+    _checkpoint(tmp_path / "ck2" / "a", load_manifest(twin / "epoch=0").snapshot_id)
+    LocalOwnerKeyStore(tmp_path / "keys2", create=True).data_key(ERASED, create=True)
+    try:
+        straight = erase_owner(EraseConfig(owner=ERASED, datasets=(twin,), grace_ms=0,
+                                           home=tmp_path / "home2", key_store=tmp_path / "keys2",
+                                           checkpoints=(tmp_path / "ck2",)))
+    finally:
+        make_writable(twin)
+    assert _normalized(straight) == _normalized(receipt)
+
+
+def _normalized(receipt: dict[str, object]) -> object:
+    """A receipt without what differs between two erasures of the same content."""
+    text = json.dumps(receipt, sort_keys=True)
+    for item in receipt["snapshots"]:  # type: ignore[attr-defined]
+        for key, name in (("snapshot_id", "OLD"), ("superseded_by", "NEW"),
+                          ("dataset", "DATASET")):
+            text = text.replace(item[key], name)
+    body = json.loads(text)
+    body.pop("started_at")
+    for item in body["snapshots"]:
+        item["superseded_files"] = {k: v for k, v in item["superseded_files"].items()
+                                    if k not in ("deleted_at", "bytes")}
+    for item in body["tainted_checkpoints"]:
+        item["path"] = Path(item["path"]).name
+    return body
 
 
 def test_erase_config_refuses_raw_ids_and_negative_grace(tmp_path: Path) -> None:
