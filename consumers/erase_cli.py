@@ -113,7 +113,9 @@ def erase_command(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Erase one owner: destroy their data key, tombstone their stream state, supersede
-    every snapshot holding their rows, taint checkpoints trained on them; resumable."""
+    every snapshot holding their rows, taint checkpoints trained on them; resumable.
+    Stop the dataset's replay workers and the stream workers first (or restart the
+    stream workers afterwards: they restore their tables from the changelogs on start)."""
     declare_role("admin")
     from hebrus_flywheel.consumers.erasure import (
         EraseConfig,

@@ -12,6 +12,13 @@ read from, so compaction drops the state and a restoring worker forgets it.
 
 Counted are the owner's *keys*, live or already tombstoned, so a rerun after a crash
 reports the same number (while the broker keeps tombstones: ``delete.retention.ms``).
+
+Limits: a running stream worker holds its tables in memory and reads the changelog only
+on start, so it must be stopped (or restarted) around the erasure, or it may write the
+owner's state again. The old records stay in the changelog's log segments until the
+broker compacts them (closed segments only); the threads and decisions topics are
+``delete``-policy topics, which tombstones cannot edit: their copies age out with the
+topic retention (and are sealed under the owner's data key once capture sealing is in).
 """
 
 from __future__ import annotations
