@@ -107,6 +107,9 @@ def erase_command(
                                            "$FLYWHEEL_HOME, broker log dirs included) for this "
                                            "token id sequence instead of erasing."),
     scan_root: list[Path] = typer.Option([], "--scan-root", help="Root to scan (repeatable)."),
+    allow_running_workers: bool = typer.Option(False, "--allow-running-workers",
+                                               help="Erase although stream or replay workers "
+                                               "run here (restart the stream workers after)."),
     again: bool = typer.Option(False, "--again", help="Erase an owner whose erasure finished "
                                "before once more (rows written since); the old receipt is "
                                "kept under runs/."),
@@ -145,7 +148,8 @@ def erase_command(
     config = EraseConfig(
         owner=pseudonym, datasets=tuple(dataset), checkpoints=tuple(checkpoints),
         bootstrap=None if no_changelogs else bootstrap_servers(bootstrap),
-        changelog_prefix=changelog_prefix, grace_ms=grace_ms, key_store=key_store)
+        changelog_prefix=changelog_prefix, grace_ms=grace_ms, key_store=key_store,
+        allow_running_workers=allow_running_workers)
     if again:
         start_again(config)
     receipt = erase_owner(config)

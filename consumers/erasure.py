@@ -76,8 +76,11 @@ class EraseConfig:
             step (recorded in the receipt as skipped).
         changelog_prefix: only changelog topics whose names start with this.
         grace_ms: how long superseded snapshot files are kept (0: deleted at once).
-        home: where the journal and receipt go (``home/erasure/<owner>/``).
+        home: where the journal and receipt go (``home/erasure/<owner>/``), and whose
+            worker health files say which stream and replay workers run here.
         key_store: the owner key store directory (None: the default one).
+        allow_running_workers: go on although stream or replay workers run on this
+            machine (they may write the owner's state or rows back).
     """
 
     owner: str
@@ -88,6 +91,7 @@ class EraseConfig:
     grace_ms: int = 7 * 86_400_000
     home: Path = field(default_factory=flywheel_home)
     key_store: Path | None = None
+    allow_running_workers: bool = False
 
     def __post_init__(self) -> None:
         if not is_pseudonym(self.owner, "o"):
@@ -259,8 +263,26 @@ def start_again(config: EraseConfig) -> Path | None:
     return target
 
 
+def running_workers(home: Path) -> list[str]:
+    """``kind name pid`` of every stream or replay worker running on this machine (from
+    the health files under ``home``)."""
+    from hebrus_flywheel.core.processes import pid_alive
+    from hebrus_flywheel.core.progress import read_health
+
+    return [f"{kind} worker {r.get('name')} (pid {r.get('pid')})"
+            for kind in ("streams", "replay") for r in read_health(Path(home), kind)
+            if isinstance(r.get("pid"), int) and pid_alive(int(r["pid"]))]
+
+
 def erase_owner(config: EraseConfig) -> dict[str, Any]:
     """Run (or resume) the erasure; the receipt (also written to ``receipt.json``)."""
+    running = [] if config.allow_running_workers else running_workers(config.home)
+    if running:
+        raise EraseError(f"{', '.join(running)} running: a stream worker would write the "
+                         "owner's state back over the tombstones and a replay worker may "
+                         "write their rows again. Stop them (`flywheel streams status`, "
+                         "`flywheel replay status`), run the erasure, then start them again; "
+                         "or pass --allow-running-workers")
     journal = Journal(config)
     receipt_path = config.directory / "receipt.json"
     roots = [Path(p).resolve() for p in config.datasets] or dataset_roots(config.home)

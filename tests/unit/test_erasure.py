@@ -511,3 +511,16 @@ def test_cli_errors_say_what_to_do(tmp_path: Path) -> None:
     scan = _cli("erase", "--scan-canary", "50211,7,131072,99", "--scan-root",
                 str(canary.parent), "--json", home=tmp_path)
     assert scan.returncode == 1 and json.loads(scan.stdout)["hits"] == 1
+
+
+def test_erasure_refuses_while_workers_run_here(dataset: Path, tmp_path: Path) -> None:
+    from hebrus_flywheel.consumers.erasure import EraseError
+    from hebrus_flywheel.core.progress import write_health
+
+    home = tmp_path / "h"
+    write_health(home, {"kind": "streams", "name": "w1", "pid": os.getpid()})
+    with pytest.raises(EraseError, match=r"streams worker w1 .*--allow-running-workers"):
+        erase_owner(EraseConfig(owner=ERASED, datasets=(dataset,), home=home))
+    done = erase_owner(EraseConfig(owner=ERASED, datasets=(dataset,), home=home,
+                                   allow_running_workers=True, grace_ms=0))
+    assert done["owner_rows_after"] == 0
