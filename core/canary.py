@@ -51,10 +51,24 @@ def binary_forms(tokens: Sequence[int]) -> dict[str, bytes]:
 
 
 def text_pattern(tokens: Sequence[int]) -> re.Pattern[bytes]:
-    """Decimal text of the canary, separated by commas and/or whitespace."""
+    """Decimal text of the canary, separated by commas and/or whitespace, not followed by
+    a digit. It starts with a literal (so ``re`` searches fast); that no digit precedes
+    it is checked by :func:`text_matches`."""
     sep = rb"(?:[ \t\r\n]*,[ \t\r\n]*|[ \t\r\n]+)"
     body = sep.join(str(int(t)).encode() for t in tokens)
-    return re.compile(rb"(?<![0-9])" + body + rb"(?![0-9])")
+    return re.compile(body + rb"(?![0-9])")
+
+
+def text_matches(pattern: re.Pattern[bytes], data: bytes) -> list[int]:
+    """Start offsets of ``pattern`` in ``data`` not preceded by a digit (overlaps too)."""
+    out = []
+    match = pattern.search(data)
+    while match is not None:
+        at = match.start()
+        if at == 0 or not data[at - 1:at].isdigit():
+            out.append(at)
+        match = pattern.search(data, at + 1)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,8 +117,8 @@ class CanaryScanner:
             while at != -1:
                 hits.append(Hit(path=path, offset=base + at, form=form))
                 at = data.find(needle, at + 1)
-        hits += [Hit(path=path, offset=base + m.start(), form="text")
-                 for m in self._text.finditer(data, start)]
+        hits += [Hit(path=path, offset=base + at, form="text")
+                 for at in text_matches(self._text, data) if at >= start]
         return hits
 
     def scan_file(self, path: Path) -> list[Hit]:

@@ -524,3 +524,8 @@ def test_erasure_refuses_while_workers_run_here(dataset: Path, tmp_path: Path) -
     done = erase_owner(EraseConfig(owner=ERASED, datasets=(dataset,), home=home,
                                    allow_running_workers=True, grace_ms=0))
     assert done["owner_rows_after"] == 0
+
+
+def test_scanner_finds_overlapping_text_after_a_rejected_start(tmp_path: Path) -> None:
+    (tmp_path / "t.txt").write_bytes(b"5021 21 21 21")
+    assert [h.offset for h in CanaryScanner([21, 21, 21]).scan([tmp_path]).hits] == [5]
