@@ -1,9 +1,10 @@
 """The demo's erasure drill: erase one synthetic owner and measure what is left.
 
-The drill works on a *copy* of the demo's sealed snapshot, owner key store and checkpoint
-lineage under ``RUN/erasure-drill/``, so the demo's live dataset, keys and stream state
-stay as they were (later demo runs rebuild and retrain from them). On the copy it runs
-the real ``flywheel erase`` code (:func:`consumers.erasure.erase_owner`: key destroyed,
+The drill works on a *copy* of the demo's sealed snapshot, of the owner's data key (alone,
+in a throw-away key store deleted afterwards) and of the checkpoint lineage under
+``RUN/erasure-drill/``, so the demo's live dataset, keys and stream state stay as they
+were (later demo runs rebuild and retrain from them). On the copy it runs the real
+``flywheel erase`` code (:func:`consumers.erasure.erase_owner`: key destroyed,
 superseding snapshot, tainted checkpoint; the changelog step is skipped because the
 stream state is not copied), then
 
@@ -30,7 +31,7 @@ import pyarrow as pa
 from hebrus_flywheel.consumers.erasure import EraseConfig, erase_owner
 from hebrus_flywheel.core.canary import CanaryScanner
 from hebrus_flywheel.core.files import atomic_write_json, make_dirs
-from hebrus_flywheel.core.privacy import default_owner_keys_dir, is_pseudonym
+from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, default_owner_keys_dir, is_pseudonym
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.core.snapshot import load_manifest, open_snapshot
 
@@ -85,13 +86,18 @@ def _scan_roots(home: Path) -> tuple[list[Path], Path]:
     return [p for p in roots if p.exists()], broker.data_dir
 
 
-def _copy(snapshot: Path, checkpoint: Path | None, drill: Path) -> tuple[Path, Path, Path]:
+def _copy(snapshot: Path, checkpoint: Path | None, drill: Path,
+          owner: str) -> tuple[Path, Path, Path]:
+    """The drill's copies: the snapshot, a key store holding only the owner's data key
+    (no other owner's key and no pseudonym key leave the real store), the lineage."""
     shutil.rmtree(drill, ignore_errors=True)
     dataset = make_dirs(drill / "dataset")
     shutil.copytree(snapshot, dataset / snapshot.name)
     keys = drill / "owner-keys"
-    if default_owner_keys_dir().is_dir():
-        shutil.copytree(default_owner_keys_dir(), keys)
+    LocalOwnerKeyStore(keys, create=True)  # a fresh pseudonym key, unused by the drill
+    key_file = default_owner_keys_dir() / f"{owner}.json"
+    if key_file.is_file():
+        shutil.copy2(key_file, keys / key_file.name)
     checkpoints = make_dirs(drill / "checkpoints")
     if checkpoint is not None and (Path(checkpoint) / "lineage.json").is_file():
         target = make_dirs(checkpoints / Path(checkpoint).name)
@@ -116,10 +122,13 @@ def run_drill(snapshot: Path, checkpoint: Path | None, run_dir: Path) -> dict[st
         return body
     canary = canary_of(table, owner)
     drill = Path(run_dir) / "erasure-drill"
-    dataset, keys, checkpoints = _copy(snapshot, checkpoint, drill)
-    receipt = erase_owner(EraseConfig(
-        owner=owner, datasets=(dataset,), checkpoints=(checkpoints,), bootstrap=None,
-        grace_ms=0, home=drill, key_store=keys if keys.is_dir() else None))
+    dataset, keys, checkpoints = _copy(snapshot, checkpoint, drill, owner)
+    try:
+        receipt = erase_owner(EraseConfig(
+            owner=owner, datasets=(dataset,), checkpoints=(checkpoints,), bootstrap=None,
+            grace_ms=0, home=drill, key_store=keys))
+    finally:
+        shutil.rmtree(keys, ignore_errors=True)
     body = {**base, **_measure(receipt, canary, drill)}
     atomic_write_json(out, body)
     return body
