@@ -252,13 +252,21 @@ def expire_command(
     """Delete the files of old sealed snapshots (never unsealed epochs or the newest N);
     resumes a deletion a killed run left half-done."""
     from hebrus_flywheel.consumers.expire import ExpireConfig, expire_snapshots
+    from hebrus_flywheel.consumers.supersede import purge_superseded
     from hebrus_flywheel.core.durations import parse_duration_ms
 
     result = expire_snapshots(ExpireConfig(
         root=dataset, keep=keep, dry_run=dry_run,
         older_than_ms=parse_duration_ms(older_than, what="--older-than")))
+    # snapshots superseded by `flywheel erase` whose grace period ended go too
+    purged = [] if dry_run else purge_superseded(dataset)
     if as_json:
-        typer.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+        typer.echo(json.dumps({**result.to_json(), "superseded_deleted": purged}, indent=2,
+                              sort_keys=True))
         return
     for line in result.lines():
         typer.echo(line)
+    for item in purged:
+        typer.echo(f"removed      superseded snapshot {item['snapshot_id']} (by "
+                   f"{item['superseded_by']}): {len(item['deleted']['files'])} files, "
+                   f"{item['deleted']['bytes']} bytes, its erasure grace period ended")

@@ -9,7 +9,11 @@ flushing, closing or committing anything) the ``n``-th time (default 1st) it rea
 * ``mid_write``: one row group of a shard's staging file is written, the file is open;
 * ``before_rename``: the staging file is complete and fsynced, not yet renamed;
 * ``after_rename``: the shard is durable, its offsets are not committed yet;
-* ``after_commit``: the block's offsets are committed.
+* ``after_commit``: the block's offsets are committed;
+* ``erase_after_<step>``: ``flywheel erase`` recorded a step as done (``plan``, ``keys``,
+  ``changelogs``, ``snapshot``, ``unsealed``, ``checkpoints``, ``purge``);
+* ``erase_before_swap``: a superseding snapshot is written, the old one still live;
+* ``erase_between_renames``: the old snapshot is retired, the new one not yet in place.
 
 Unset (the normal case), :func:`hit` costs one dictionary look-up.
 """
@@ -22,7 +26,8 @@ from collections import Counter
 
 FAULT_ENV = "FLYWHEEL_FAULT"
 FAULT_EXIT_STATUS = 137
-POINTS = ("after_batch", "mid_write", "before_rename", "after_rename", "after_commit")
+POINTS = ("after_batch", "mid_write", "before_rename", "after_rename", "after_commit",
+          "erase_before_swap", "erase_between_renames")
 _hits: Counter[str] = Counter()
 
 

@@ -37,6 +37,7 @@ def _mount_subapps() -> None:
         snapshots_app,
         verify_command,
     )
+    from hebrus_flywheel.consumers.erase_cli import erase_command
     from hebrus_flywheel.replay.capture_cli import capture_command
     from hebrus_flywheel.replay.cli import teacher_app
     from hebrus_flywheel.replay.parity_cli import parity_command
@@ -57,6 +58,7 @@ def _mount_subapps() -> None:
     app.command("rebuild")(rebuild_command)
     app.command("export-plaintext")(export_command)
     app.add_typer(snapshots_app, name="snapshots", help="Manage sealed snapshots (expire).")
+    app.command("erase")(erase_command)
     app.command("train")(train_command)
     app.command("evaluate")(evaluate_command)
     app.command("qualify")(qualify_command)

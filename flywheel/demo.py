@@ -215,12 +215,34 @@ def _stage_evaluate(ctx: DemoContext) -> None:
 
 QUALIFY_CONFIG = """\
 # The demo's threads are generated offline by replay.synthetic: no production transcript.
+# Deletion support is not declared: the erasure drill measures it (--erasure-receipt).
 [authorization]
 policy = "synthetic-threads"
 approved = true
 production_transcripts = false
-deletion_supported = true
 """
+
+
+def _stage_erasure_drill(ctx: DemoContext) -> None:
+    """Erase one synthetic owner from a copy of the snapshot and measure what is left
+    (``consumers.erasure_drill``); Gate 2 and falsifier 8 read the receipt."""
+    from hebrus_flywheel.consumers.erasure_drill import run_drill
+
+    if ctx.snapshot_dir is None:
+        raise FlywheelError("the erasure drill needs the sealed snapshot of the replay stage")
+    drill = run_drill(ctx.snapshot_dir, ctx.checkpoint_dir, ctx.run_dir)
+    ctx.results["erasure_receipt"] = str(ctx.run_dir / "erasure-receipt.json")
+    if drill["state"] != "run":
+        print(f"[erasure] drill not run: {drill['reason']}")
+        return
+    superseding = drill["superseding_snapshot"] or {}
+    print(f"[erasure] owner {drill['owner']}: {drill['owner_rows_before']} rows before, "
+          f"{drill['owner_rows_after']} after; plaintext canary hits "
+          f"{drill['plaintext_canary_hits']} "
+          f"({(drill['plaintext_canary_scan'] or {}).get('broker_logs')} in broker logs); "
+          f"superseding snapshot {str(superseding.get('id'))[:12]} verifies "
+          f"{superseding.get('verifies')}; {len(drill['tainted_checkpoints'])} tainted "
+          f"checkpoint(s); receipt {ctx.results['erasure_receipt']}")
 
 
 def _stage_qualify(ctx: DemoContext) -> None:
@@ -231,6 +253,7 @@ def _stage_qualify(ctx: DemoContext) -> None:
                       str(ctx.checkpoint_dir), "--teacher", str(ctx.teacher_dir), "--config",
                       str(config), "--bootstrap-servers", ctx.bootstrap, "--out",
                       str(report_dir), "--rebuild-report", str(ctx.rebuild_report),
+                      "--erasure-receipt", str(ctx.run_dir / "erasure-receipt.json"),
                       log_name="qualify", ctx=ctx)
     ctx.results["report"] = str(report_dir / "report.html")
     _print_lines("qualify", lines)
@@ -245,6 +268,7 @@ STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("rebuild", _stage_rebuild),
     ("train", _stage_train),
     ("evaluate", _stage_evaluate),
+    ("erasure", _stage_erasure_drill),
     ("qualify", _stage_qualify),
 ]
 

@@ -63,6 +63,8 @@ def train_command(
                                            help="Refuse unless the snapshot has this id."),
     progress: bool | None = typer.Option(None, "--progress/--no-progress",
                                          help="Progress bar (default: the config's)."),
+    resume: Path | None = typer.Option(None, "--resume", help="Start from this checkpoint's "
+                                       "parameters (refused when an erasure tainted it)."),
 ) -> None:
     """Train a route sidecar on a snapshot's train split (DDP under torchrun)."""
     declare_role("trainer")
@@ -72,7 +74,7 @@ def train_command(
     settings = _overrides(load_config(config), seed=seed, device=device, threads=threads,
                           optim__max_steps=max_steps, data__batch_size=batch_size,
                           data__num_workers=workers, schedule__progress=progress)
-    result = train(snapshot, out, settings, expected_id=snapshot_id)
+    result = train(snapshot, out, settings, expected_id=snapshot_id, resume=resume)
     if int(os.environ.get("RANK", "0")) == 0:
         outcome = result.lineage.get("training", {})
         typer.echo(f"checkpoint {result.lineage.get('checkpoint_id')} in {result.checkpoint_dir}"

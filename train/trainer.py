@@ -29,8 +29,14 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from hebrus_flywheel.core.files import append_file, make_dirs
+from hebrus_flywheel.core.taint import refuse_tainted
 from hebrus_flywheel.train import ddp
-from hebrus_flywheel.train.checkpoint import HISTORY_FILE, code_version, save_checkpoint
+from hebrus_flywheel.train.checkpoint import (
+    HISTORY_FILE,
+    code_version,
+    load_checkpoint,
+    save_checkpoint,
+)
 from hebrus_flywheel.train.config import TrainConfig, config_to_dict
 from hebrus_flywheel.train.data import (
     Snapshot,
@@ -39,7 +45,7 @@ from hebrus_flywheel.train.data import (
     batch_splits,
     make_loader,
 )
-from hebrus_flywheel.train.exceptions import SnapshotError
+from hebrus_flywheel.train.exceptions import CheckpointError, SnapshotError
 from hebrus_flywheel.train.losses import SidecarLoss
 from hebrus_flywheel.train.metrics import check_evaluation_rows, check_train_rows
 from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig, rank_candidates
@@ -106,6 +112,7 @@ class Trainer:
         self.loss_fn = SidecarLoss(config.loss).to(ctx.device)
         self.optimizer = make_optimizer(self.model, config)
         self.own = self.model.config.offsets.index((0, 0))
+        self.parent: str | None = None
         self.layer_offsets = tuple(dl for _, dl in self.model.config.offsets)
 
     def _check_snapshot(self) -> None:
@@ -196,7 +203,7 @@ class Trainer:
                              "offsets": [list(o) for o in self.model.config.offsets]},
                 "config": config_to_dict(self.config), "seed": self.config.seed,
                 "code": code_version(), "world_size": self.ctx.world_size,
-                "training": outcome, "parent": None}
+                "training": outcome, "parent": self.parent}
 
     def run(self) -> TrainResult:
         s, o = self.config.schedule, self.config.optim
@@ -268,9 +275,25 @@ class Trainer:
                 handle.write((json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
 
 
+def _resume(trainer: Trainer, resume: Path) -> None:
+    """Start from the parameters of the checkpoint ``resume`` (refused when tainted)."""
+    refuse_tainted(resume, action="resume from")
+    loaded = load_checkpoint(resume, device=trainer.ctx.device)
+    try:
+        trainer.model.load_state_dict(loaded.model.state_dict())
+    except RuntimeError as exc:
+        raise CheckpointError(f"cannot resume from {loaded.path}: its model does not fit this "
+                              f"snapshot and config ({exc})") from exc
+    trainer.parent = str(loaded.lineage.get("checkpoint_id"))
+
+
 def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
-          expected_id: str | None = None) -> TrainResult:
-    """Train on ``snapshot`` into ``out_dir`` (single process, or a torchrun rank)."""
+          expected_id: str | None = None, resume: Path | None = None) -> TrainResult:
+    """Train on ``snapshot`` into ``out_dir`` (single process, or a torchrun rank),
+    starting from the checkpoint ``resume`` if given (never from a tainted one)."""
+    if resume is not None:
+        refuse_tainted(resume, action="resume from")
+    refuse_tainted(Path(out_dir), action="write over")
     if config.threads:
         torch.set_num_threads(config.threads)
     ctx = ddp.init_distributed(config.device)
@@ -281,6 +304,9 @@ def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
             make_dirs(out_dir)
             (out_dir / HISTORY_FILE).unlink(missing_ok=True)
         ddp.barrier(ctx)
-        return Trainer(opened, out_dir, config, ctx).run()
+        trainer = Trainer(opened, out_dir, config, ctx)
+        if resume is not None:
+            _resume(trainer, resume)
+        return trainer.run()
     finally:
         ddp.shutdown(ctx)

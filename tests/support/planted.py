@@ -90,6 +90,8 @@ class PlantedConfig:
     """Seed of the feature projection (recorded in the feature contract)."""
     weight_encoding: str = "uint8"
     """Shard weight encoding, ``uint8`` or ``float16``."""
+    owner_format: str = "{split}-owner{thread}"
+    """Owner id of a thread (``str.format`` with ``split`` and ``thread``)."""
 
     def __post_init__(self) -> None:
         ints = ("tokens_per_thread", "anchors_per_window", "offsets_per_shard", "row_group_rows",
@@ -190,8 +192,9 @@ def _windows(config: PlantedConfig, split: str, thread: int, states_NLH: np.ndar
         sl = slice(first, first + step)
         ordinals = np.arange(first, min(first + step, config.tokens_per_thread), dtype=np.int64)
         wid = _sha(f"{split}/{thread}/{first}")
+        owner = config.owner_format.format(split=split, thread=thread)
         out.append(SimpleNamespace(
-            window_id=wid, split=split, owner=f"{split}-owner{thread}", thread=f"t{thread}",
+            window_id=wid, split=split, owner=owner, thread=f"t{thread}",
             generation=0, identity_id=identity_id,
             domain_tags=DOMAINS[thread % len(DOMAINS)], anchor_ordinals_A=ordinals,
             token_ids_A=(ordinals % 1000).astype(np.int32), expert_ids_ALK=ids[sl],

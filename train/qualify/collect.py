@@ -161,6 +161,7 @@ class CollectRequest:
     prefix: str | None = None
     settings: QualifySettings = field(default_factory=QualifySettings)
     progress: bool = False
+    erasure_receipt: Path | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -238,7 +239,11 @@ def _data_pieces(request: CollectRequest, info: data.SnapshotInfo,
     if summary is not None and fail_closed is None:
         notes["fail_closed"] = ("the streams summary does not say how many capture records "
                                 "were seen (capture.records); read it from the broker")
-    authorization = data.authorization_evidence(info, request.settings.authorization)
+    drill = (None if request.erasure_receipt is None
+             else data.read_json(request.erasure_receipt, "erasure receipt"))
+    authorization = data.authorization_evidence(info, request.settings.authorization, drill)
+    notes["deletion"] = (f"measured by the erasure drill {request.erasure_receipt}" if drill
+                         else "no --erasure-receipt given: deletion support not measured")
     determinism = None
     if request.rebuild_report is not None:
         determinism = data.determinism_evidence(

@@ -382,17 +382,51 @@ def integrity_evidence(info: SnapshotInfo, *, near_duplicates: NearDuplicates | 
                              near_duplicates=near_duplicates, authorization=authorization)
 
 
-def authorization_evidence(info: SnapshotInfo,
-                           declared: Mapping[str, Any] | None) -> Authorization | None:
+def deletion_evidence(drill: Mapping[str, Any] | None
+                      ) -> tuple[bool | None, dict[str, Any] | None]:
+    """Whether deletion works, measured by an erasure drill's receipt (None: unknown),
+    and the figures it was measured from. It works when the drill removed the owner's
+    rows (some before, none after), the superseding snapshot verifies and no plaintext
+    canary is left."""
+    if drill is None:
+        return None, None
+    if drill.get("state") != "run":
+        return None, {"state": drill.get("state"), "reason": drill.get("reason")}
+    superseding = drill.get("superseding_snapshot") or {}
+    figures = {"state": "run", "owner_rows_before": drill.get("owner_rows_before"),
+               "owner_rows_after": drill.get("owner_rows_after"),
+               "plaintext_canary_hits": drill.get("plaintext_canary_hits"),
+               "plaintext_canary_hits_broker_logs":
+                   (drill.get("plaintext_canary_scan") or {}).get("broker_logs"),
+               "superseding_snapshot_verifies": superseding.get("verifies"),
+               "tainted_checkpoints": len(drill.get("tainted_checkpoints") or []),
+               "does_not_establish": list(drill.get("does_not_establish") or [])}
+    if figures["plaintext_canary_hits"] is None or not figures["owner_rows_before"]:
+        return None, figures
+    works = (figures["owner_rows_after"] == 0 and figures["plaintext_canary_hits"] == 0
+             and figures["superseding_snapshot_verifies"] is True)
+    return works, figures
+
+
+def authorization_evidence(info: SnapshotInfo, declared: Mapping[str, Any] | None,
+                           drill: Mapping[str, Any] | None = None) -> Authorization | None:
     """The declared policy (config ``[authorization]``), else ``synthetic-threads`` for a
     runtime whose data are synthetic by construction, else None (not given). The
-    reference runtime alone does not say its threads were synthetic: declare it."""
+    reference runtime alone does not say its threads were synthetic: declare it.
+    Deletion support is measured by the erasure drill (``drill``), never declared."""
+    deletion, figures = deletion_evidence(drill)
     if declared is not None:
+        if "deletion_supported" in declared:
+            raise InputError("[authorization] in the config declares deletion_supported, but "
+                             "deletion support is measured: remove it and pass "
+                             "--erasure-receipt FILE (the erasure drill's receipt)")
         try:
-            return Authorization(**dict(declared))
+            return Authorization(**dict(declared), deletion_supported=deletion,
+                                 erasure_drill=figures)
         except TypeError as exc:
             raise InputError(f"[authorization] in the config: {exc}") from exc
     if info.identity.get("runtime_name") in SYNTHETIC_RUNTIMES:
         return Authorization(policy="synthetic-threads", approved=True,
-                             production_transcripts=False)
+                             production_transcripts=False, deletion_supported=deletion,
+                             erasure_drill=figures)
     return None

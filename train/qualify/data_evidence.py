@@ -246,11 +246,18 @@ class Authorization:
     production_transcripts: bool
     """True for real production traffic (False: synthetic or internal data)."""
     deletion_supported: bool | None = None
-    """Whether a deletion request propagates to snapshots."""
+    """Whether a deletion request propagates to snapshots (measured by an erasure drill:
+    ``qualify --erasure-receipt``; never declared in the config)."""
     retention_days: int | None = None
     """Retention limit."""
+    erasure_drill: dict[str, Any] | None = None
+    """The erasure drill's figures ``deletion_supported`` was measured from (owner rows
+    before and after, plaintext canary hits, whether the superseding snapshot verifies)."""
 
     def __post_init__(self) -> None:
+        if self.erasure_drill is not None and not isinstance(self.erasure_drill, dict):
+            raise InputError("integrity.authorization.erasure_drill must be an object or null, "
+                             f"got {type(self.erasure_drill).__name__}")
         v.text("integrity.authorization.policy", self.policy)
         v.flag("integrity.authorization.approved", self.approved)
         v.flag("integrity.authorization.production_transcripts", self.production_transcripts)
@@ -303,3 +310,21 @@ class IntegrityEvidence:
                     if key not in found or found[key].size < shared.size:
                         found[key] = shared
         return [found[k] for k in sorted(found)]
+
+
+def drill_summary(drill: dict[str, Any] | None) -> str:
+    """One line on the erasure drill deletion support was measured from."""
+    if drill is None:
+        return "not measured: no erasure drill receipt"
+    if drill.get("state") != "run":
+        return f"erasure drill not run: {drill.get('reason')}"
+    return (f"erasure drill: {drill.get('owner_rows_before')} owner rows before, "
+            f"{drill.get('owner_rows_after')} after, {drill.get('plaintext_canary_hits')} "
+            f"plaintext canary hits ({drill.get('plaintext_canary_hits_broker_logs')} in "
+            f"broker logs), superseding snapshot verifies "
+            f"{_yes_no(drill.get('superseding_snapshot_verifies'))}, "
+            f"{drill.get('tainted_checkpoints')} tainted checkpoint(s)")
+
+
+def _yes_no(value: Any) -> str:
+    return "unknown" if value is None else ("yes" if value else "no")

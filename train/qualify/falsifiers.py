@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hebrus_flywheel.train.qualify.config import HEURISTIC_METHODS, QualificationConfig
+from hebrus_flywheel.train.qualify.data_evidence import drill_summary
 from hebrus_flywheel.train.qualify.falsifiers_io import (
     Outcome,
     f4_amplification,
@@ -206,17 +207,20 @@ def f8_privacy(inputs: QualificationInputs, config: QualificationConfig) -> Outc
               f"{a.production_transcripts}")
     figures = {"policy": a.policy, "approved": a.approved,
                "production_transcripts": a.production_transcripts,
-               "deletion_supported": a.deletion_supported}
+               "deletion_supported": a.deletion_supported, "erasure_drill": a.erasure_drill}
+    deletion = f"deletion supported: {a.deletion_supported}, {drill_summary(a.erasure_drill)}"
     if not a.production_transcripts:
         return outcome(NOT_MEASURABLE, f"this run replayed non-production data ({a.policy}); "
-                       "it says nothing about production transcript replay", figures,
-                       measured=figure, threshold=threshold)
+                       f"it says nothing about production transcript replay ({deletion})",
+                       figures, measured=figure, threshold=threshold)
     if not a.approved:
         return outcome(FALSIFIED, f"production transcript replay is not authorized under "
                        f"{a.policy}", figures, measured=figure, threshold=threshold)
+    if a.deletion_supported is False:
+        return outcome(FALSIFIED, f"an owner cannot be erased: {deletion}", figures,
+                       measured=figure, threshold=threshold)
     return outcome(NOT_FALSIFIED, f"production transcript replay authorized under {a.policy}"
-                   f" (deletion supported: {a.deletion_supported})", figures,
-                   measured=figure, threshold=threshold)
+                   f" ({deletion})", figures, measured=figure, threshold=threshold)
 
 
 JUDGES: dict[int, Judge] = {1: f1_parity, 2: f2_heuristic, 3: f3_dflash, 4: f4_amplification,

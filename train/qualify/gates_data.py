@@ -12,6 +12,7 @@ from hebrus_flywheel.train.qualify.data_evidence import (
     IntegrityEvidence,
     OpaqueIds,
     ParityEvidence,
+    drill_summary,
 )
 from hebrus_flywheel.train.qualify.inputs import Identity, QualificationInputs
 from hebrus_flywheel.train.qualify.verdict import (
@@ -320,7 +321,8 @@ def _authorization_check(integrity: IntegrityEvidence, config: IntegrityGateConf
                           "declare it in the [authorization] table", threshold=threshold,
                           required=config.require_authorization)
     figure = (f"policy {a.policy}: approved {_yes(a.approved)}, production transcripts "
-              f"{_yes(a.production_transcripts)}, deletion supported {_yes(a.deletion_supported)}")
+              f"{_yes(a.production_transcripts)}, deletion supported {_yes(a.deletion_supported)}"
+              f" ({drill_summary(a.erasure_drill)})")
     if not a.approved:
         return judged("authorization", False, figure=figure, threshold=threshold,
                       reason="replay is not authorized")
@@ -355,7 +357,7 @@ def _gate2_figures(integrity: IntegrityEvidence) -> dict[str, Any]:
         "authorization": None if integrity.authorization is None else {
             k: getattr(integrity.authorization, k) for k in
             ("policy", "approved", "production_transcripts", "deletion_supported",
-             "retention_days")},
+             "retention_days", "erasure_drill")},
     }
 
 
