@@ -44,7 +44,7 @@ class IdentityBook:
         topic: str,
         refresh_interval_s: float = 5.0,
         timeout_s: float = 10.0,
-        grace_s: float = 3.0,
+        grace_s: float = 2.0,
         grace_poll_s: float = 0.2,
     ) -> None:
         for name, value in (("refresh_interval_s", refresh_interval_s), ("timeout_s", timeout_s),
