@@ -93,7 +93,8 @@ class IdentityBook:
         return 1
 
     def resolve(self, identity_id: str) -> None:
-        """Re-read the topic for an unknown id (rate-limited per id)."""
+        """Re-read the topic for an unknown id (rate-limited per id); if it is still missing,
+        keep re-reading for up to ``grace_s`` (at most once per ``refresh_interval_s``)."""
         now = time.monotonic()
         if now - self._misses.get(identity_id, -1e9) < self.refresh_interval_s:
             return
