@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
 from hebrus_flywheel.streams.acls import grant_catalogue
+from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.topics import catalogue, create_topics, delete_topics, describe_topics
@@ -155,7 +157,8 @@ def bench_worker(
             start = time.perf_counter()
             produce(producer(bootstrap), topics, messages)
             wait_until(
-                lambda: len(read_windows(bootstrap, topics)) >= expected,
+                lambda: _refused(bootstrap, topics)
+                or len(read_windows(bootstrap, topics)) >= expected,
                 timeout_s=600,
                 interval_s=0.5,
                 what="the worker's windows",
@@ -170,6 +173,18 @@ def bench_worker(
         seconds=round(elapsed, 2),
         note="one worker process, produce->last window, includes changelog writes",
     )
+
+
+def _refused(bootstrap: str, topics: StreamTopics) -> bool:
+    """Stop at the first quarantined record: the worker would never reach the expected
+    windows (clean bench data is refused by nothing), so say why instead of waiting."""
+    reasons = Counter(
+        dict(msg.headers() or []).get("reason", b"?").decode()
+        for msg in read_topic(bootstrap, topics.quarantine)
+    )
+    if reasons:
+        raise SystemExit(f"the faust worker quarantined bench records: {dict(reasons)}")
+    return False
 
 
 def main() -> None:

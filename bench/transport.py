@@ -5,7 +5,11 @@ Each mode gets its own throw-away broker (a temporary ``FLYWHEEL_HOME``, free po
 jars of the default home), and the two benches run against it as subprocesses, so the
 only difference is the transport. For every figure the benches print, this prints
 ``<figure>_plaintext``, ``<figure>_sasl_ssl`` and ``<figure>_secure_over_plaintext``
-(the ratio; CPU on a shared machine is noisy, so compare ratios within one run)::
+(the ratio; CPU on a shared machine is noisy, so compare ratios within one run), e.g.
+``publish_observations_per_s_*`` (``bench/publish.py``) and
+``faust_worker_observations_per_s_*`` (a real ``streams worker`` process, produce to
+last window; ``bench/streams.py`` stops with the reasons if the worker quarantines
+anything instead of waiting for windows that cannot come)::
 
     python bench/transport.py [--records 5000] [--threads 40] [--no-worker]
 """

@@ -76,7 +76,13 @@ class BrokerConfig:
     host: str = "127.0.0.1"
     """Address both listeners bind to and the broker advertises."""
     port: int = EMBEDDED_BROKER_PORT
-    """Client (PLAINTEXT) listener port."""
+    """Client (SASL_SSL) listener port."""
+    bind_host: str | None = None
+    """Address the client listeners bind to instead of ``host`` (a container: 0.0.0.0)."""
+    external: str | None = None
+    """``host:port`` of a second client listener (EXTERNAL, same protocol), bound on that
+    port of ``bind_host`` and advertised as given: how host tools reach a broker that runs
+    in a container (published on the same port). None: one client listener."""
     controller_port: int = EMBEDDED_CONTROLLER_PORT
     """KRaft controller listener port."""
     heap_mb: int = 768
@@ -117,6 +123,10 @@ class BrokerConfig:
             ),
             "num_partitions": (">= 1", self.num_partitions >= 1),
             "message_max_bytes": (">= 1048576 (1 MiB)", self.message_max_bytes >= 1 << 20),
+            "bind_host": ("None or a host name or address", self.bind_host != ""),
+            "external": ("None or host:port on a port other than port and controller_port",
+                         self.external is None or self._external_port() not in
+                         (None, self.port, self.controller_port)),
         }
         for name, (want, ok) in rules.items():
             if not ok:
@@ -124,9 +134,20 @@ class BrokerConfig:
                     f"BrokerConfig.{name} must be {want}, got {getattr(self, name)!r}"
                 )
 
+    def _external_port(self) -> int | None:
+        host, _, port = (self.external or "").rpartition(":")
+        return int(port) if host and port.isdigit() and 0 < int(port) < 65536 else None
+
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def cert_hosts(self) -> tuple[str, ...]:
+        """The names clients verify the broker's certificate against (besides 127.0.0.1
+        and localhost): ``host`` and the external listener's host."""
+        external = (self.external or "").rpartition(":")[0]
+        return tuple(h for h in (self.host, external) if h)
 
     @property
     def kafka_dir(self) -> Path:
@@ -269,18 +290,45 @@ def render_server_properties(config: BrokerConfig) -> str:
     """The broker's ``server.properties`` (from ``streams/kafka/server.properties.template``)."""
     template = string.Template(SERVER_TEMPLATE_PATH.read_text())
     insecure = config.insecure_plaintext
+    protocol = "PLAINTEXT" if insecure else "SASL_SSL"
+    bind = config.bind_host or config.host
+    listeners = {protocol: (f"{bind}:{config.port}", config.bootstrap)}
+    if config.external:
+        listeners["EXTERNAL"] = (f"{bind}:{config._external_port()}", config.external)
     return template.substitute(
-        client_listener="PLAINTEXT" if insecure else "SASL_SSL",
+        client_listener=protocol,
+        listeners=",".join(f"{n}://{bound}" for n, (bound, _) in listeners.items()),
+        advertised=",".join(f"{n}://{adv}" for n, (_, adv) in listeners.items()),
+        protocol_map="".join(f"{n}:{protocol}," for n in listeners),
         controller_protocol="PLAINTEXT" if insecure else "SSL",
         security="" if insecure else security.server_security(
-            security.SecurityFiles.of(config.home)),
+            security.SecurityFiles.of(config.home), tuple(listeners)),
         host=config.host,
-        port=config.port,
         controller_port=config.controller_port,
         data_dir=str(config.data_dir).replace("\\", "\\\\"),
         num_partitions=config.num_partitions,
         message_max_bytes=config.message_max_bytes,
     )
+
+
+def render(config: BrokerConfig) -> None:
+    """Everything the broker starts from, without starting it: the data and log dirs, the
+    security material (secure; certificate valid for ``config.cert_hosts``), the mode
+    marker and ``server.properties`` (0600: it holds the admin's password). ``up`` and
+    ``flywheel broker render-config`` (compose.yaml) both run this."""
+    for d in (config.data_dir, config.logs_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    security.prepare(config.home, config.kafka_dir, config.insecure_plaintext,
+                     config.cert_hosts)
+    atomic_write_text(config.server_properties, render_server_properties(config))
+    os.chmod(config.server_properties, security.SECRET_MODE)
+
+
+def grant_roles(admin: kafka.KafkaClientConfig, home: Path, prefix: str = "") -> int:
+    """As ``admin``: every role's SCRAM credential (passwords of ``home``) and the ACLs of
+    the catalogue with ``prefix`` (idempotent); returns the number of ACL bindings."""
+    acls.upsert_credentials(admin, security.passwords(home))
+    return acls.grant_catalogue(admin, prefix)
 
 
 def _java_base(config: BrokerConfig, java: str) -> list[str]:
@@ -419,11 +467,7 @@ class EmbeddedBroker:
                     )
             java = find_java()
             ensure_jars(cfg)
-            for d in (cfg.data_dir, cfg.logs_dir):
-                d.mkdir(parents=True, exist_ok=True)
-            security.prepare(cfg.home, cfg.kafka_dir, cfg.insecure_plaintext)
-            atomic_write_text(cfg.server_properties, render_server_properties(cfg))
-            os.chmod(cfg.server_properties, security.SECRET_MODE)  # holds the admin password
+            render(cfg)
             ensure_formatted(cfg, java)
             proc = self._spawn(java)
             self._wait_ready(proc.pid, proc)
@@ -447,11 +491,8 @@ class EmbeddedBroker:
 
     def _grant(self) -> None:
         """Secure mode: every role's SCRAM credential and catalogue ACLs (idempotent)."""
-        if self.config.insecure_plaintext:
-            return
-        config = self.admin_config()
-        acls.upsert_credentials(config, security.passwords(self.config.home))
-        acls.grant_catalogue(config, "")
+        if not self.config.insecure_plaintext:
+            grant_roles(self.admin_config(), self.config.home)
 
     def log_tail(self, lines: int = 50) -> list[str]:
         """The last ``lines`` lines of ``server.log`` (or ``server.out`` if there is no log yet)."""

@@ -25,11 +25,12 @@ from hebrus_flywheel.core.kafka.security import (
     security_dir,
 )
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV, bootstrap_servers, flywheel_home
-from hebrus_flywheel.streams import kafka_jars
+from hebrus_flywheel.streams import container, kafka_jars, security
 from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.broker import (
     BrokerConfig,
     EmbeddedBroker,
+    grant_roles,
     is_embedded,
     pin_jars,
     probe_metadata,
@@ -167,6 +168,57 @@ def broker_credentials(
         raise ConfigError(f"no credentials yet ({path} is missing); run `flywheel broker up`")
     typer.echo(f"# file: {path}")
     typer.echo(path.read_text().rstrip("\n"))
+
+
+@broker_app.command("render-config")
+@_fail_cleanly
+def broker_render_config(
+    home: Annotated[Path, typer.Option("--home", help="Where to write (a volume).")],
+    host: Annotated[str, typer.Option("--host", help="Host name clients and the "
+                                      "controller use (the container's name).")],
+    port: Annotated[int, typer.Option("--port", help="Client listener port.")] = 9094,
+    controller_port: Annotated[int, typer.Option("--controller-port")] = 19093,
+    bind_host: Annotated[str, typer.Option("--bind-host", help="Address the client "
+                                           "listeners bind to.")] = "0.0.0.0",
+    external: Annotated[str | None, typer.Option(
+        "--external", help="HOST:PORT of a second listener for tools outside the "
+        "container network (publish that port).")] = None,
+    clients_mount: Annotated[Path, typer.Option(
+        "--clients-mount", help="Where each worker mounts its clients/<role> directory.")
+    ] = Path("/etc/flywheel/kafka"),
+    owner: Annotated[str | None, typer.Option(
+        "--owner", help="UID:GID to own <home>/kafka (the broker image's user).")] = None,
+) -> None:
+    """Write everything a secure broker starts from without starting it (compose.yaml):
+    CA, broker certificate, SCRAM passwords, server.properties, a start script and each
+    role's client properties. Idempotent: existing keys and passwords are kept."""
+    config = BrokerConfig(home=home, host=host, port=port, controller_port=controller_port,
+                          bind_host=bind_host, external=external)
+    written = container.render_config(
+        config, clients_mount=clients_mount,
+        owner=container.parse_owner(owner) if owner else None)
+    for path in written:
+        typer.echo(f"wrote    {path}")
+    typer.echo(f"start the broker with `sh {config.kafka_dir / container.START_SCRIPT}`, then "
+               f"`flywheel broker grant --home {home} -b {config.bootstrap}`")
+
+
+@broker_app.command("grant")
+@_fail_cleanly
+def broker_grant(
+    bootstrap_servers_: BootstrapOpt = None,
+    home: HomeOpt = None,
+    prefix: Annotated[str, typer.Option("--prefix", help="Topic prefix of the catalogue.")] = "",
+) -> None:
+    """As the admin of HOME, store every role's SCRAM credential and the catalogue's ACLs
+    on the broker (idempotent; `broker up` does this itself for the embedded broker)."""
+    root = home or flywheel_home()
+    bootstrap = bootstrap_servers(bootstrap_servers_)
+    if insecure_marker(root).is_file():
+        raise ConfigError(f"{root} holds an --insecure-plaintext broker: nothing to grant")
+    count = grant_roles(security.admin_config(root, bootstrap, False), root, prefix)
+    typer.echo(f"stored {len(ROLES)} role credentials and {count} ACL bindings for prefix "
+               f"{prefix!r} on {bootstrap}")
 
 
 @broker_app.command("down")

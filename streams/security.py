@@ -6,7 +6,8 @@ the first ``flywheel broker up`` and reused afterwards::
 
     ca.crt                 the local CA (clients trust it: ssl.ca.location)
     ca.key                 its private key (0600; signs nothing after the first start)
-    broker.pem             the broker's key and certificate (0600; SAN 127.0.0.1, localhost)
+    broker.pem             the broker's key and certificate (0600; SAN 127.0.0.1, localhost
+                           and the broker's advertised host names)
     <role>.password        the role's SCRAM-SHA-512 password (0600)
     <role>.properties      librdkafka properties of the role (0600; `flywheel broker
                            credentials --role ROLE`, `--kafka-config`, `kcat -F`)
@@ -98,10 +99,21 @@ def _pem_cert(cert: x509.Certificate) -> str:
     return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+
+
+def _san(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
 def _certificate(subject: str, key: ec.EllipticCurvePrivateKey, *,
-                 issuer: tuple[str, ec.EllipticCurvePrivateKey] | None) -> x509.Certificate:
+                 issuer: tuple[str, ec.EllipticCurvePrivateKey] | None,
+                 hosts: tuple[str, ...] = LOCAL_HOSTS) -> x509.Certificate:
     """A CA certificate (``issuer`` None, self-signed) or a broker certificate signed by
-    ``issuer`` with SAN 127.0.0.1 and localhost, usable for server and client TLS."""
+    ``issuer`` with SAN ``hosts``, usable for server and client TLS."""
     now = dt.datetime.now(dt.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "hebrus-flywheel"),
                       x509.NameAttribute(NameOID.COMMON_NAME, subject)])
@@ -120,8 +132,8 @@ def _certificate(subject: str, key: ec.EllipticCurvePrivateKey, *,
             encipher_only=False, decipher_only=False), True)
         return builder.sign(key, hashes.SHA256())
     builder = builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), True)
-    builder = builder.add_extension(x509.SubjectAlternativeName([
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]), False)
+    builder = builder.add_extension(
+        x509.SubjectAlternativeName([_san(h) for h in dict.fromkeys(hosts)]), False)
     builder = builder.add_extension(x509.ExtendedKeyUsage(
         [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), False)
     return builder.sign(issuer[1], hashes.SHA256())
@@ -134,8 +146,10 @@ def make_ca(files: SecurityFiles, common_name: str = "hebrus-flywheel local CA")
     atomic_write_text(files.ca_cert, _pem_cert(_certificate(common_name, key, issuer=None)))
 
 
-def make_server_pem(files: SecurityFiles, out: Path, common_name: str = BROKER_CN) -> None:
-    """Write ``out`` (0600): a new key and its certificate signed by the files' CA."""
+def make_server_pem(files: SecurityFiles, out: Path, common_name: str = BROKER_CN,
+                    hosts: tuple[str, ...] = ()) -> None:
+    """Write ``out`` (0600): a new key and its certificate signed by the files' CA, valid
+    for 127.0.0.1, localhost and ``hosts``."""
     ca_key = serialization.load_pem_private_key(files.ca_key.read_bytes(), password=None)
     ca_cert = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
@@ -143,7 +157,8 @@ def make_server_pem(files: SecurityFiles, out: Path, common_name: str = BROKER_C
                           f"directory {files.root} away and run `flywheel broker up`")
     ca_cn = ca_cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = _certificate(common_name, key, issuer=(str(ca_cn), ca_key))
+    cert = _certificate(common_name, key, issuer=(str(ca_cn), ca_key),
+                        hosts=(*LOCAL_HOSTS, *hosts))
     _write_secret(out, _pem_key(key) + _pem_cert(cert))
 
 
@@ -166,8 +181,20 @@ def render_properties(files: SecurityFiles, role: str) -> str:
     return head + body
 
 
-def ensure_material(home: Path) -> SecurityFiles:
-    """Generate what is missing (CA, broker key, passwords, properties); keep what exists."""
+def cert_hosts(pem: Path) -> set[str]:
+    """The host names and addresses a PEM certificate (the first one in ``pem``) is valid for."""
+    cert = x509.load_pem_x509_certificate(pem.read_bytes())
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return {str(v) for v in san.get_values_for_type(x509.IPAddress)} | set(
+        san.get_values_for_type(x509.DNSName))
+
+
+def ensure_material(home: Path, hosts: tuple[str, ...] = ()) -> SecurityFiles:
+    """Generate what is missing (CA, broker key, passwords, properties); keep what exists,
+    except a broker certificate not valid for every one of ``hosts`` (re-issued)."""
     files = SecurityFiles.of(home)
     files.root.mkdir(parents=True, exist_ok=True)
     os.chmod(files.root, DIR_MODE)
@@ -177,8 +204,8 @@ def ensure_material(home: Path) -> SecurityFiles:
                               "away (clients must then use the new CA) and run "
                               "`flywheel broker up`")
         make_ca(files)
-    if not files.broker_pem.is_file():
-        make_server_pem(files, files.broker_pem)
+    if not files.broker_pem.is_file() or not set(hosts) <= cert_hosts(files.broker_pem):
+        make_server_pem(files, files.broker_pem, hosts=hosts)
     for role in ROLES:
         if not files.password_file(role).is_file():
             _write_secret(files.password_file(role), secrets.token_urlsafe(24) + "\n")
@@ -189,14 +216,16 @@ def ensure_material(home: Path) -> SecurityFiles:
     return files
 
 
-def server_security(files: SecurityFiles) -> str:
-    """The ``server.properties`` lines of the secure broker (SASL_SSL + mTLS controller)."""
+def server_security(files: SecurityFiles, listeners: tuple[str, ...] = ("SASL_SSL",)) -> str:
+    """The ``server.properties`` lines of the secure broker (SASL_SSL + mTLS controller);
+    ``listeners`` names the SASL_SSL listeners (each needs its own JAAS line)."""
     jaas = ("org.apache.kafka.common.security.scram.ScramLoginModule required "
             f'username="{ADMIN_USER}" password="{files.password(ADMIN_USER)}";')
     return "\n".join([
         f"sasl.enabled.mechanisms={SCRAM_MECHANISM}",
         f"sasl.mechanism.inter.broker.protocol={SCRAM_MECHANISM}",
-        f"listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config={jaas}",
+        *(f"listener.name.{name.lower()}.scram-sha-512.sasl.jaas.config={jaas}"
+          for name in listeners),
         "ssl.keystore.type=PEM",
         f"ssl.keystore.location={files.broker_pem}",
         "ssl.truststore.type=PEM",
@@ -221,14 +250,16 @@ def add_scram_args(files: SecurityFiles) -> list[str]:
 FORMATTED_MARKER = "data.security"
 
 
-def prepare(home: Path, kafka_dir: Path, insecure_plaintext: bool) -> None:
-    """Before a start: the material (secure) and the home's mode marker."""
+def prepare(home: Path, kafka_dir: Path, insecure_plaintext: bool,
+            hosts: tuple[str, ...] = ()) -> None:
+    """Before a start: the material (secure; the broker certificate valid for ``hosts``)
+    and the home's mode marker."""
     marker = kafka_dir / INSECURE_MARKER
     if insecure_plaintext:
         atomic_write_text(marker, "started with --insecure-plaintext\n")
         return
     marker.unlink(missing_ok=True)
-    ensure_material(home)
+    ensure_material(home, hosts)
 
 
 def check_running_mode(kafka_dir: Path, insecure_plaintext: bool) -> None:

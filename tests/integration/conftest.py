@@ -21,12 +21,16 @@ from hebrus_flywheel.core.settings import BOOTSTRAP_ENV, KAFKA_CONFIG_ENV
 from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker, probe_metadata
 from hebrus_flywheel.streams.exceptions import BrokerError
+from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics
 from hebrus_flywheel.streams.topics import TopicSpec, catalogue, create_topics, delete_topics
 
 # Transitional (issue 13): the corpora of these tests publish raw owner ids, which have no
 # data key, so the stream workers write them unsealed (Window.v1). Pseudonymous owners are
 # sealed regardless. Drop this once capture publishes pseudonymous owners only.
 os.environ.setdefault("FLYWHEEL_RAW_OWNERS", "plaintext")
+
+# faust's changelog topics of the stream worker's tables (streams.processors.app)
+STREAMS_TABLES = ("capture-state", "dedup-state")
 
 
 @pytest.fixture(scope="session")
@@ -77,6 +81,19 @@ class TopicFactory:
         self.create(specs)
         grant_catalogue(self.bootstrap, self.prefix)  # the roles' ACLs for this copy
         return specs
+
+    def streams_namespace(self, name: str, app_id: str = DEFAULT_APP_ID
+                          ) -> tuple[str, StreamTopics]:
+        """A fresh prefix ``<prefix><name><6 hex>.`` with the whole catalogue created, and
+        every topic a stream worker of ``app_id`` makes there (its internal topics, table
+        changelogs, faust's assignor topic) tracked for deletion; returns (prefix, topics)."""
+        prefix = f"{self.prefix}{name}{uuid.uuid4().hex[:6]}."
+        self.create(catalogue(prefix))
+        topics, full_app = StreamTopics.from_prefix(prefix, app_id), prefix + app_id
+        self.track([topics.threads, topics.decisions, topics.ticks, topics.crashes,
+                    *(f"{full_app}-{table}-changelog" for table in STREAMS_TABLES),
+                    f"{full_app}-__assignor-__leader"])
+        return prefix, topics
 
     def create(self, specs: Sequence[TopicSpec]) -> dict[str, str]:
         """Create ``specs`` (tracked for deletion); returns name -> created|exists."""

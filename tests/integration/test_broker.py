@@ -13,7 +13,7 @@ from confluent_kafka import Message
 from typer.testing import CliRunner
 
 from hebrus_flywheel.core import kafka
-from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
+from hebrus_flywheel.core.settings import BOOTSTRAP_ENV, KAFKA_CONFIG_ENV
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker, find_java, probe_metadata
 from hebrus_flywheel.streams.cli import broker_app, topics_app
 from hebrus_flywheel.streams.exceptions import ToolNotFoundError, TopicError
@@ -136,7 +136,10 @@ def test_cli_status_and_topics(kafka_bootstrap: str, topic_factory) -> None:
     assert listing.exit_code == 0 and topic_factory.prefix in listing.output
 
 
-def test_cli_unreachable_cluster_exits_2() -> None:
+def test_cli_unreachable_cluster_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One try: the retry policy's backoff (8 tries, ~30 s) is test_kafka_retry.py's subject.
+    (tmp_path / "kafka.properties").write_text("flywheel.retry.attempts=1\n")
+    monkeypatch.setenv(KAFKA_CONFIG_ENV, str(tmp_path / "kafka.properties"))
     port = _free_port()
     result = CliRunner().invoke(topics_app, ["list", "-b", f"127.0.0.1:{port}", "--timeout", "2"])
     assert result.exit_code == 2

@@ -35,8 +35,7 @@ from hebrus_flywheel.replay.capture_cli import run_capture
 from hebrus_flywheel.replay.synthetic import generate_threads
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.runs import group_members, read_runs
-from hebrus_flywheel.streams.processors.topology import StreamTopics
-from hebrus_flywheel.streams.topics import OBSERVATIONS_TOPIC, STREAMS_RUNS_TOPIC, catalogue
+from hebrus_flywheel.streams.topics import OBSERVATIONS_TOPIC, STREAMS_RUNS_TOPIC
 from tests.support.streams_harness import WorkerProcess, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -53,13 +52,6 @@ class Chain:
     teacher_dir: Path
     teacher: Any
     sealed: SealResult
-
-
-def _track_stream_topics(topic_factory: Any, prefix: str) -> None:
-    topics, full_app = StreamTopics.from_prefix(prefix, APP_ID), prefix + APP_ID
-    topic_factory.track([topics.threads, topics.decisions, topics.ticks, topics.crashes,
-                         f"{full_app}-capture-state-changelog",
-                         f"{full_app}-dedup-state-changelog", f"{full_app}-__assignor-__leader"])
 
 
 def _run_streams(bootstrap: str, prefix: str, tmp: Path, flags: dict[str, Any],
@@ -106,9 +98,8 @@ def chain(topic_factory: Any, teacher_dir: Path,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     from hebrus_flywheel.replay.teacher import load_teacher
 
-    bootstrap, prefix = topic_factory.bootstrap, f"{topic_factory.prefix}cap."
-    topic_factory.create(catalogue(prefix))
-    _track_stream_topics(topic_factory, prefix)
+    bootstrap = topic_factory.bootstrap
+    prefix, _ = topic_factory.streams_namespace("cap", APP_ID)
     tmp = tmp_path_factory.mktemp("from-capture")
     _capture(bootstrap, prefix, teacher_dir, seed=11)
     _run_streams(bootstrap, prefix, tmp, {}, "streams-1")
@@ -182,9 +173,8 @@ def test_a_window_the_capture_topics_do_not_regenerate_is_reported(chain: Chain)
 def test_a_worker_with_another_config_refuses_to_join_a_running_group(
     topic_factory: Any, tmp_path: Path,
 ) -> None:
-    bootstrap, prefix = topic_factory.bootstrap, f"{topic_factory.prefix}cfg."
-    topic_factory.create(catalogue(prefix))
-    _track_stream_topics(topic_factory, prefix)
+    bootstrap = topic_factory.bootstrap
+    prefix, _ = topic_factory.streams_namespace("cfg", APP_ID)
 
     def worker(name: str, flags: dict[str, Any]) -> WorkerProcess:
         return WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID, flags=flags,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker
 from hebrus_flywheel.streams.processors.liveness import input_topics
 from hebrus_flywheel.streams.processors.topology import StreamTopics
-from hebrus_flywheel.streams.topics import catalogue
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
@@ -60,13 +58,7 @@ def _messages(n_threads: int, seed: int) -> list[Any]:
 
 
 def _setup(topic_factory: Any, name: str) -> tuple[str, StreamTopics]:
-    prefix = f"{topic_factory.prefix}{name}{uuid.uuid4().hex[:6]}."
-    topic_factory.create(catalogue(prefix))
-    topics = StreamTopics.from_prefix(prefix, APP_ID)
-    full_app = prefix + APP_ID
-    topic_factory.track([topics.threads, topics.decisions, topics.ticks, topics.crashes,
-                         f"{full_app}-capture-state-changelog",
-                         f"{full_app}-dedup-state-changelog", f"{full_app}-__assignor-__leader"])
+    prefix, topics = topic_factory.streams_namespace(name, APP_ID)
     return prefix, topics
 
 

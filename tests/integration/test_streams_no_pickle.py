@@ -14,7 +14,6 @@ import os
 import pickle  # builds the hostile payload
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -70,13 +69,7 @@ class _Marker:
 
 
 def _setup(topic_factory: Any, name: str) -> tuple[str, StreamTopics]:
-    prefix = f"{topic_factory.prefix}{name}{uuid.uuid4().hex[:6]}."
-    topic_factory.create(catalogue(prefix))
-    topics = StreamTopics.from_prefix(prefix, APP_ID)
-    full_app = prefix + APP_ID
-    topic_factory.track([topics.threads, topics.decisions, topics.ticks,
-                         f"{full_app}-{CAPTURE_TABLE}-changelog",
-                         f"{full_app}-{DEDUP_TABLE}-changelog", f"{full_app}-__assignor-__leader"])
+    prefix, topics = topic_factory.streams_namespace(name, APP_ID)
     return prefix, topics
 
 

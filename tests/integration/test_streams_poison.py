@@ -13,7 +13,6 @@ so that run proves the poisoned record itself is not processed again.
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from hebrus_flywheel.streams.processors.crash import CRASH_EXIT_STATUS
 from hebrus_flywheel.streams.processors.inspect import read_topic, summarize_topics
 from hebrus_flywheel.streams.processors.poison import FAULT_ENV
 from hebrus_flywheel.streams.processors.topology import StreamTopics
-from hebrus_flywheel.streams.topics import catalogue
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
@@ -89,13 +87,7 @@ def _publish(prod: Producer, topics: StreamTopics, messages: list[Message]) -> N
 def test_a_record_that_always_crashes_the_worker_is_quarantined_as_poison(
         topic_factory: Any, tmp_path: Path) -> None:
     bootstrap = topic_factory.bootstrap
-    prefix = f"{topic_factory.prefix}poison{uuid.uuid4().hex[:6]}."
-    topic_factory.create(catalogue(prefix))
-    topics = StreamTopics.from_prefix(prefix, APP_ID)
-    full_app = prefix + APP_ID
-    topic_factory.track([topics.threads, topics.decisions, topics.ticks, topics.crashes,
-                         f"{full_app}-capture-state-changelog",
-                         f"{full_app}-dedup-state-changelog", f"{full_app}-__assignor-__leader"])
+    prefix, topics = topic_factory.streams_namespace("poison", APP_ID)
     valid = list(thread_messages(ThreadSpec(owner="ok", thread="t1"), IDENTITY, ProducerClock()))
     prod = producer(bootstrap)
     _publish(prod, topics, [identity_message(IDENTITY)])

@@ -9,7 +9,6 @@ record exactly once.
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.topology import StreamTopics
-from hebrus_flywheel.streams.topics import catalogue
 from tests.support.streams_harness import WorkerProcess, producer, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -65,13 +63,7 @@ def _quarantined(bootstrap: str, topics: StreamTopics) -> list[dict[str, Any]]:
 def test_refused_quarantine_record_stops_the_worker_and_is_quarantined_after_restart(
         topic_factory: Any, tmp_path: Path) -> None:
     bootstrap = topic_factory.bootstrap
-    prefix = f"{topic_factory.prefix}refused{uuid.uuid4().hex[:6]}."
-    topic_factory.create(catalogue(prefix))
-    topics = StreamTopics.from_prefix(prefix, APP_ID)
-    full_app = prefix + APP_ID
-    topic_factory.track([topics.threads, topics.decisions, topics.ticks, topics.crashes,
-                         f"{full_app}-capture-state-changelog",
-                         f"{full_app}-dedup-state-changelog", f"{full_app}-__assignor-__leader"])
+    prefix, topics = topic_factory.streams_namespace("refused", APP_ID)
     prod = producer(bootstrap)
     prod.produce(topics.observations, key=b"o/t1", value=b"\x00not a capture record")
     prod.flush(30)

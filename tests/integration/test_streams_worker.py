@@ -20,10 +20,9 @@ import pytest
 
 from hebrus_flywheel.streams.processors.dedup import DedupConfig, minhash_of
 from hebrus_flywheel.streams.processors.inspect import read_topic, summarize_topics
+from hebrus_flywheel.streams.processors.runs import group_members
 from hebrus_flywheel.streams.processors.split import SplitConfig, owner_split
-from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.routes import to_v1
-from hebrus_flywheel.streams.topics import catalogue
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
@@ -55,22 +54,8 @@ class Setup:
 
     def __init__(self, topic_factory: Any, name: str) -> None:
         self.bootstrap = topic_factory.bootstrap
-        self.prefix = f"{topic_factory.prefix}{name}."
         self.app_id = "flywheel-streams"
-        topic_factory.create(catalogue(self.prefix))
-        self.topics = StreamTopics.from_prefix(self.prefix, self.app_id)
-        full_app = self.prefix + self.app_id
-        topic_factory.track(
-            [
-                self.topics.threads,
-                self.topics.decisions,
-                self.topics.ticks,
-                self.topics.crashes,
-                f"{full_app}-capture-state-changelog",
-                f"{full_app}-dedup-state-changelog",
-                f"{full_app}-__assignor-__leader",
-            ]
-        )
+        self.prefix, self.topics = topic_factory.streams_namespace(name, self.app_id)
 
     def worker(self, tmp_path: Path, tag: str, flags: dict[str, Any] = FLAGS) -> WorkerProcess:
         return WorkerProcess(
@@ -182,11 +167,18 @@ def test_two_workers_share_partitions_and_produce_the_same_windows(
     messages = capture_messages(24, seed=2, v1_every=3)
     expected = window_pairs(expected_pipeline(messages, worker_processor_config(FLAGS)).windows)
     workers = [setup.worker(tmp_path, "a").start(), setup.worker(tmp_path, "b").start()]
+    group = setup.prefix + setup.app_id
+
+    def both_counted() -> bool:  # each worker logs its counters every second
+        return all('"validate/read_transcripts"' in w.log_path.read_text() for w in workers)
+
     try:
-        time.sleep(8)  # both join the group before data arrives
+        # both join the group before data arrives
+        wait_until(lambda: group_members(setup.bootstrap, group) >= 2, timeout_s=120,
+                   interval_s=0.5, what="both workers in the group")
         produce(producer(setup.bootstrap), setup.topics, messages)
         wait_until(setup.windows_reach(expected), timeout_s=180, what="all expected windows")
-        time.sleep(6)  # one more counter log from each worker
+        wait_until(both_counted, timeout_s=60, interval_s=0.5, what="both workers' counters")
     finally:
         for w in workers:
             w.stop()
