@@ -300,8 +300,10 @@ def route_consistency(thread: AssembledThread, gen: Ranges) -> Rejection | None:
         )
     return reject(
         "token_mismatch",
-        f"route at ordinal {ordinal} is for token {int(token_ids[first])} but the transcript "
-        f"has {int(thread.tokens[ordinal])}; capture and transcript disagree",
+        # the token ids themselves stay out of the detail: quarantine records must not
+        # hold plaintext tokens of sealed capture
+        f"route at ordinal {ordinal} is for another token than the transcript has there; "
+        "capture and transcript disagree",
     )
 
 
