@@ -147,17 +147,22 @@ def _segments(role: str, n_body: int) -> list[dict[str, Any]]:
 
 
 def thread_messages(
-    spec: ThreadSpec, identity: dict[str, Any], clock: ProducerClock
+    spec: ThreadSpec, identity: dict[str, Any], clock: ProducerClock, *, raw_ids: bool = False
 ) -> Iterator[Message]:
-    """The capture records of one thread generation, in publish order."""
+    """The capture records of one thread generation, in publish order, with pseudonymous
+    ids (what the stream workers see), or with ``raw_ids`` the runtime's own ids (what a
+    runtime hands to :class:`~streams.publisher.RuntimePublisher`)."""
     rng = np.random.default_rng([spec.seed, spec.generation])
     pseudo = names()
     owner, thread = pseudo.owner(spec.owner), pseudo.thread(spec.owner, spec.thread)
+    if raw_ids:
+        owner, thread = spec.owner, spec.thread
     key = f"{owner}/{thread}".encode()
     offset = 0
     for index, (role, n) in enumerate(spec.turns):
         tokens = _turn_tokens(spec, rng, index, role, n)
-        seq = pseudo.sequence(spec.owner, f"{spec.thread}-g{spec.generation}-t{index}")
+        seq = f"{spec.thread}-g{spec.generation}-t{index}"
+        seq = seq if raw_ids else pseudo.sequence(spec.owner, seq)
         wall = spec.start_ms + 1000 * index
         if role == "assistant":
             for pos in range(2, len(tokens)):
