@@ -120,17 +120,31 @@ class CaptureSealer:
     record of an owner creates the owner's data key.
     """
 
+    CACHE_SIZE = 65_536
+    """Pseudonyms remembered (every token of a turn shares its ids); cleared when full."""
+
     def __init__(self, keys: OwnerKeyStore) -> None:
         self.keys = keys
         self.names = Pseudonymizer(keys)
+        self._ids: dict[tuple[str, str, str], tuple[str, str, str]] = {}
 
     def turn(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """A ``TranscriptTurn.v2`` dict from a v1-shaped dict with raw ids."""
-        return seal_turn(self.keys, pseudonymized(record, self.names))
+        return seal_turn(self.keys, self._pseudonymized(record))
 
     def observation(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """A ``RouteObservation.v3`` dict from a packed v2-shaped dict with raw ids."""
-        return seal_observation(self.keys, pseudonymized(record, self.names))
+        return seal_observation(self.keys, self._pseudonymized(record))
+
+    def _pseudonymized(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        raw = (str(record["owner"]), str(record["thread"]), str(record["sequence_id"]))
+        ids = self._ids.get(raw)
+        if ids is None:
+            if len(self._ids) >= self.CACHE_SIZE:
+                self._ids.clear()
+            named = pseudonymized(record, self.names)
+            ids = self._ids[raw] = (named["owner"], named["thread"], named["sequence_id"])
+        return {**record, "owner": ids[0], "thread": ids[1], "sequence_id": ids[2]}
 
 
 def seal_turn(keys: OwnerKeyStore, record: Mapping[str, Any], *,
