@@ -31,7 +31,7 @@ from hebrus_flywheel.replay.teacher import load_teacher
 from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
 from hebrus_flywheel.streams import topics
 from hebrus_flywheel.streams.sealing import CaptureOpener
-from tests.support.sealing import test_keys
+from tests.support.sealing import session_keys
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +78,7 @@ def _opened(readers: dict[bytes, avro.io.DatumReader], value: bytes) -> dict[str
     stream workers open them (pseudonymous ids stay)."""
     record = _decode(readers, value)
     schema = str(default_registry().by_fingerprint(value[2:HEADER_SIZE]).key)
-    return record if "Identity" in schema else CaptureOpener(test_keys()).open(schema, record)
+    return record if "Identity" in schema else CaptureOpener(session_keys()).open(schema, record)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from hebrus_flywheel.schemas.codec import decode_message, kafka_headers
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.routes import pack_routes, route_arrays
 from hebrus_flywheel.streams.sealing import CaptureOpener
-from tests.support.sealing import test_keys
+from tests.support.sealing import session_keys
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +134,7 @@ def check_messages(messages: list[Message], topics: dict[str, str], producer_id:
             assert key == IDENTITY["identity_id"].encode() and record == IDENTITY
             continue
         assert is_pseudonym(record["owner"], "o") and is_pseudonym(record["thread"], "t")
-        record = CaptureOpener(test_keys()).open(str(schema), record)
+        record = CaptureOpener(session_keys()).open(str(schema), record)
         assert key == f"{record['owner']}/{record['thread']}".encode()
         assert record["producer_id"] == producer_id and record["wall_time_ms"] > 0
         by_key[(topic, key)].append(record)

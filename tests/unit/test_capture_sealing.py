@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,35 +15,10 @@ from hebrus_flywheel.streams import quarantine
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.sealing import CaptureOpener, SealingError
-from tests.support.sealing import owner_pseudonym, test_keys, thread_key
+from tests.support.sealing import CANARY, hits, owner_pseudonym, session_keys, thread_key
 from tests.support.streams_synthetic import Scenario, ThreadSpec, encode_message, make_identity
 
-CANARY = (3141592, 2718281, 1618033, 1414213)
 IDENTITY = make_identity(layers=4, experts=64, top_k=4)
-
-
-def _zigzag_varint(value: int) -> bytes:
-    n, out = (value << 1) ^ (value >> 63), bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def canary_forms(tokens: tuple[int, ...] = CANARY) -> dict[str, bytes]:
-    """The byte forms a token sequence takes in files, messages and logs."""
-    return {
-        "int32-le": struct.pack(f"<{len(tokens)}i", *tokens),
-        "avro-varint": b"".join(_zigzag_varint(t) for t in tokens),
-        "decimal": ", ".join(map(str, tokens)).encode(),
-        "decimal-compact": ",".join(map(str, tokens)).encode(),
-        "decimal-first": str(tokens[0]).encode(),
-    }
-
-
-def hits(data: bytes, tokens: tuple[int, ...] = CANARY) -> list[str]:
-    return [name for name, form in canary_forms(tokens).items() if form in data]
 
 
 def canary_spec(owner: str, **kw: Any) -> ThreadSpec:
@@ -137,7 +111,7 @@ def test_destroyed_owner_key_quarantines_metadata_only_as_owner_erased() -> None
     owner = fresh_owner()
     messages = sc.messages(canary_spec(owner))
     encoded = [(kind, key, encode_message(kind, record)[0]) for kind, key, record in messages]
-    test_keys().destroy(owner_pseudonym(owner))
+    session_keys().destroy(owner_pseudonym(owner))
     for kind, key, value in encoded:
         sc.send(kind, key, value=value)
     assert sc.pipeline.windows == []
@@ -156,7 +130,7 @@ def test_sealed_bytes_moved_to_another_record_do_not_open() -> None:
     first = codec.decode(sealed[0])[1]
     second = codec.decode(sealed[1])[1]
     forged = {**second, "sealed_token_ids": first["sealed_token_ids"]}  # same owner, same key
-    opener = CaptureOpener(test_keys())
+    opener = CaptureOpener(session_keys())
     with pytest.raises(SealingError) as info:
         opener.open("hebrus.flywheel.v1.TranscriptTurn.v2", forged)
     assert info.value.reason == "sealed_field_invalid"

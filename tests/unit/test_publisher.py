@@ -25,7 +25,7 @@ from hebrus_flywheel.streams.exceptions import (
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.sealing import CaptureOpener
 from hebrus_flywheel.streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
-from tests.support.sealing import test_keys
+from tests.support.sealing import session_keys
 
 UNREACHABLE = "127.0.0.1:1"
 MAX_BLOCK_MS = 200.0
@@ -235,7 +235,7 @@ def test_observations_go_out_sealed_whatever_shape_they_came_in(
     assert pub.publish_observation(observation(1))  # v1 per-layer routes, packed here
     assert pub.flush(5.0) == 0
     assert len(sent) == 2
-    opener = CaptureOpener(test_keys())
+    opener = CaptureOpener(session_keys())
     for item in sent:
         key, sealed = decode_message(item.value, item.headers)
         assert key.name.endswith("RouteObservation") and key.version == 3
