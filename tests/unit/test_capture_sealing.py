@@ -192,3 +192,17 @@ def test_a_worker_without_a_key_store_stops_instead_of_quarantining(
     with pytest.raises(Exception, match="no owner key store"):
         stage.process_safely(topic=stage.topics["transcripts"], partition=0, offset=0,
                              key=key, value=value)
+
+
+def test_refusal_details_do_not_repeat_token_ids() -> None:
+    sc = scenario()
+    messages = sc.messages(canary_spec(fresh_owner()))
+    first_obs = next(i for i, m in enumerate(messages) if m[0] == "observations")
+    kind, key, record = messages[first_obs]
+    messages[first_obs] = (kind, key, {**record, "token_id": 2222222})  # not what was said
+    for message in messages:
+        sc.send(*message)
+    (q,) = sc.pipeline.quarantined
+    assert q["reason"] == "token_mismatch"
+    out = quarantine.encode(q).value
+    assert hits(out) == [] and hits(out, (2222222,)) == [] and hits(out, CANARY[:1]) == []
