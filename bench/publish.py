@@ -3,12 +3,13 @@
 Figures (one JSON line each, never asserted anywhere):
 
 * ``publish_observations_per_s`` — RouteObservation records/s through the real
-  :class:`RuntimePublisher` (validate + encode + idempotent produce) until every record
-  is acknowledged by the broker, at the full 48-layer, top-10-of-512 geometry.
+  :class:`RuntimePublisher` (validate + pseudonymize + seal + encode + idempotent
+  produce) until every record is acknowledged by the broker, at the full 48-layer,
+  top-10-of-512 geometry.
 * ``wire_bytes_per_token`` — key + value + header bytes per observation (one decoded
-  token, ``RouteObservation.v2``: uint16 ids + float32 weights), before Kafka batch
-  compression; next to the design note's 3,840 bytes per token of uncompressed top-10
-  labels.
+  token, ``RouteObservation.v3``: uint16 ids + float32 weights, sealed), before Kafka
+  batch compression; next to the design note's 3,840 bytes per token of uncompressed
+  top-10 labels.
 * ``capture_tokens_per_s`` — the reference runtime's KV-cache decode with route capture
   and publishing, for the default teacher and the 48-layer preset, on this CPU.
 

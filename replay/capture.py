@@ -5,6 +5,9 @@ each thread is rendered to its canonical token sequence, every assistant turn is
 decoded token by token with a KV cache (the runtime path, never prefill), the native
 top-k of every routed layer is recorded for every decoded token, and identities,
 transcript turns and route observations go out through :class:`RuntimePublisher`.
+Records here carry the runtime's raw owner, thread and request ids and plaintext
+tokens; the publisher pseudonymizes and seals them (:mod:`streams.sealing`), so none
+of that leaves the process.
 
 Publishing order per thread, which the stream processors rely on: for an assistant
 turn, its observations first and then its ``TranscriptTurn``; other turns when they

@@ -12,10 +12,18 @@ queue stays full for ``max_block_ms`` the ``full_policy`` applies and the record
 counted in ``dropped_queue_full``. ``counter`` is consumed by every valid record,
 enqueued or dropped, so counter gaps on a topic reveal records dropped here.
 
-Observations are published as ``RouteObservation.v2``: routes packed as uint16 expert
+Observations are built as ``RouteObservation.v2`` dicts: routes packed as uint16 expert
 ids and float32 weights (:mod:`streams.routes`). A runtime builds those fields straight
 from its arrays with :func:`streams.routes.pack_routes`; a record with v1 per-layer
 routes is still accepted, checked with the same reason codes, and packed here.
+
+Privacy: callers pass raw owner, thread and sequence ids and plaintext tokens; nothing
+of them leaves the process. After validation every turn and observation goes through
+:class:`streams.sealing.CaptureSealer`: ids become pseudonyms (also in the Kafka key),
+token ids and routes are sealed under the owner's data key, and what is encoded is
+``TranscriptTurn.v2`` / ``RouteObservation.v3``, whose schemas have no plaintext token or
+raw-id field at all. The key store is ``LocalOwnerKeyStore(create=True)`` unless the
+caller gives one.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, OwnerKeyStore
 from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.schemas.codec import encode_entry, kafka_headers
 from hebrus_flywheel.schemas.exceptions import RecordEncodeError
@@ -48,6 +57,7 @@ from hebrus_flywheel.streams.exceptions import (
     QueueFullError,
 )
 from hebrus_flywheel.streams.rules import IdentityRules
+from hebrus_flywheel.streams.sealing import OBSERVATION_V3, TURN_V2, CaptureSealer
 from hebrus_flywheel.streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
 
 if TYPE_CHECKING:
@@ -59,8 +69,8 @@ _rdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
 FULL_POLICIES = ("block_then_drop_newest", "block_then_raise")
 COMPRESSIONS = ("lz4", "zstd")
 IDENTITY_SCHEMA = "hebrus.flywheel.v1.RuntimeIdentity.v1"
-TURN_SCHEMA = "hebrus.flywheel.v1.TranscriptTurn.v1"
-OBSERVATION_SCHEMA = "hebrus.flywheel.v1.RouteObservation.v2"
+TURN_SCHEMA = TURN_V2
+OBSERVATION_SCHEMA = OBSERVATION_V3
 _PROTECTED = frozenset({"bootstrap.servers", "enable.idempotence", "acks", "on_delivery",
                         "error_cb", "logger", "client.id"})
 _IDLE_POLL_S = 0.02
@@ -200,14 +210,18 @@ class RuntimePublisher:
 
     ``identity`` (a ``RuntimeIdentity`` dict) registers the geometry that turns and
     observations are checked against, without publishing it: call ``publish_identity``
-    too, which also registers further identities. Use as a context manager, or call
-    :meth:`close`.
+    too, which also registers further identities. ``keys`` is the owner key store that
+    pseudonymizes and seals (default ``LocalOwnerKeyStore(create=True)``). Use as a
+    context manager, or call :meth:`close`.
     """
 
     def __init__(self, config: PublisherConfig | None = None, *,
                  identity: Mapping[str, Any] | None = None,
-                 registry: SchemaRegistry | None = None) -> None:
+                 registry: SchemaRegistry | None = None,
+                 keys: OwnerKeyStore | None = None) -> None:
         self.config = config if config is not None else PublisherConfig()
+        self._sealer = CaptureSealer(keys if keys is not None
+                                     else LocalOwnerKeyStore(create=True))
         reg = registry if registry is not None else default_registry()
         self._entries = {name: reg.get(name) for name in
                          (IDENTITY_SCHEMA, TURN_SCHEMA, OBSERVATION_SCHEMA)}
@@ -260,26 +274,30 @@ class RuntimePublisher:
         return enqueued
 
     def publish_turn(self, turn: Mapping[str, Any]) -> bool:
-        """Validate and enqueue a ``TranscriptTurn``; False if dropped on a full queue."""
+        """Validate, pseudonymize, seal and enqueue a ``TranscriptTurn`` (v1 fields, raw
+        ids); False if dropped on a full queue."""
         record, stamp = self._stamped(turn)
         self._guarded(lambda: validation.validate_turn(
             record, validation.resolve_geometry(record, self._geometries)))
         key = (record["owner"], record["thread"], record["generation"])
+        sealed = self._sealer.turn(record)
         return self._enqueue(
-            TURN_SCHEMA, self.config.transcripts_topic, _thread_key(record), record,
+            TURN_SCHEMA, self.config.transcripts_topic, _thread_key(sealed), sealed,
             lambda: self._turn_tracker.check_and_advance(key, record["turn_index"]), stamp)
 
     def publish_observation(self, obs: Mapping[str, Any]) -> bool:
-        """Validate and enqueue a ``RouteObservation`` (packed v2 routes, or v1 per-layer
-        routes that are packed here); False if dropped on a full queue."""
+        """Validate, pseudonymize, seal and enqueue a ``RouteObservation`` (packed v2
+        routes, or v1 per-layer routes that are packed here; raw ids); False if dropped
+        on a full queue."""
         stamped, stamp = self._stamped(obs)
         self._guarded(lambda: validation.validate_observation(
             stamped, validation.resolve_geometry(stamped, self._geometries)))
         record = stamped if routes.is_packed(stamped) else self._guarded(
             lambda: routes.to_v2(stamped))
         key = validation.observation_ordinal_key(record)
+        sealed = self._sealer.observation(record)
         return self._enqueue(
-            OBSERVATION_SCHEMA, self.config.observations_topic, _thread_key(record), record,
+            OBSERVATION_SCHEMA, self.config.observations_topic, _thread_key(sealed), sealed,
             lambda: self._obs_tracker.check_and_advance(key, record["token_ordinal"]), stamp)
 
     def flush(self, timeout_s: float = 30.0) -> int:

@@ -240,7 +240,8 @@ def _check_common(record: Mapping[str, Any], geometry: IdentityRules) -> None:
 def _check_token_id(token: int, path: str, geometry: IdentityRules) -> None:
     if not 0 <= token < geometry.token_id_limit:
         raise _fail(Reason.TOKEN_ID_OUT_OF_RANGE,
-                    f"{path}={token} is outside [0, {geometry.token_id_limit})", path)
+                    f"{path} holds {'a negative id' if token < 0 else 'an id'} outside "
+                    f"[0, {geometry.token_id_limit})", path)  # the id itself is not repeated
 
 
 def validate_route(route: Any, index: int, geometry: IdentityRules) -> int:

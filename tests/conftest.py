@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One owner key store for the session (tests.support.sealing): the publisher, in-process
+# pipelines and worker subprocesses seal and open capture with the same keys.
+os.environ.setdefault("FLYWHEEL_OWNER_KEYS",
+                      os.path.join(tempfile.mkdtemp(prefix="flywheel-test-"), "owner-keys"))
 
 
 @pytest.fixture(scope="session")

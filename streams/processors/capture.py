@@ -9,6 +9,13 @@ Redelivery (at-least-once) is absorbed here: every state entry knows the offsets
 applied, so a record seen again gets its original verdict and changes nothing; when the
 generation already finished, its last emits (the *outbox*) are returned again so that a
 send lost in a crash is repeated with identical content.
+
+Sealed capture (:mod:`streams.sealing`): right after Avro decode, turns and observations
+are opened with the owner key store (a reader, opened once on the first record), so
+every later step works on plaintext token ids held in memory only. A record that does
+not open is quarantined (``owner_erased`` and ``unsealed_capture`` metadata-only, without
+value bytes); the quarantine never holds plaintext token ids: other refusals keep the
+sealed bytes as they were read. A key store that cannot be used stops the worker.
 """
 
 from __future__ import annotations
@@ -18,6 +25,13 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, NamedTuple
 
 from hebrus_flywheel.core.counters import Counters
+from hebrus_flywheel.core.privacy import (
+    KeyStoreError,
+    LocalOwnerKeyStore,
+    OwnerKeyStore,
+    is_pseudonym,
+)
+from hebrus_flywheel.core.privacy.pseudonyms import OWNER, THREAD
 from hebrus_flywheel.streams.processors import assemble as asm
 from hebrus_flywheel.streams.processors.common import (
     counter_key,
@@ -42,6 +56,7 @@ from hebrus_flywheel.streams.processors.validate import (
     quarantine_record,
 )
 from hebrus_flywheel.streams.rules import IdentityRules
+from hebrus_flywheel.streams.sealing import METADATA_ONLY_REASONS, CaptureOpener, SealingError
 
 log = logging.getLogger(__name__)
 QUARANTINE = "quarantine"
@@ -70,6 +85,7 @@ class CaptureStage:
         dedup_config: DedupConfig | None = None,
         resolve_identity: Callable[[str], None] | None = None,
         counters: Counters | None = None,
+        keys: OwnerKeyStore | None = None,
     ) -> None:
         self.kinds = {name: kind for kind, name in topics.items()}
         self.topics = dict(topics)
@@ -80,14 +96,28 @@ class CaptureStage:
         self.dconf = dedup_config or DedupConfig()
         self.resolve_identity = resolve_identity
         self.counters = counters or Counters()
+        self._keys = keys
+        self._opener: CaptureOpener | None = None
+
+    @property
+    def opener(self) -> CaptureOpener:
+        """Opens sealed records; the key store (``LocalOwnerKeyStore()`` unless given) is
+        opened on first use, so a worker that never sees capture needs none."""
+        if self._opener is None:
+            self._opener = CaptureOpener(self._keys if self._keys is not None
+                                         else LocalOwnerKeyStore())
+        return self._opener
 
     # -- entry points -------------------------------------------------------------
 
     def process_safely(self, **message: Any) -> list[Emit]:
         """:meth:`process`, but an unexpected exception quarantines the record
-        (``processing_error``) instead of stopping the worker."""
+        (``processing_error``) instead of stopping the worker. A key store that cannot be
+        used (:class:`KeyStoreError`) is no fault of the record: it stops the worker."""
         try:
             return self.process(**message)
+        except KeyStoreError:
+            raise
         except Exception as exc:
             log.exception(
                 "processing %s:%s:%s failed",
@@ -128,6 +158,13 @@ class CaptureStage:
         schema, record = decoded
         if kind == "identities":
             return self._identity(source, record, key, value, headers, schema)
+        too_long = check_lengths(record)  # hostile strings first, before any key lookup
+        if too_long is not None:
+            return [self._quarantine(source, too_long, value, key, headers, record, schema)]
+        try:
+            record = self.opener.open(schema, record)
+        except SealingError as exc:
+            return [self._sealing_quarantine(source, exc, value, key, headers, record, schema)]
         problem, routes = self._check_record(kind, record, key)
         if problem is None and kind == "observations" and _rejected_speculation(record):
             self.counters.inc("assemble", "speculative_rejected_skipped")
@@ -169,9 +206,6 @@ class CaptureStage:
     def _check_record(
         self, kind: str, record: Mapping[str, Any], key: bytes | None
     ) -> tuple[Rejection | None, PackedRoutes | None]:
-        too_long = check_lengths(record)
-        if too_long is not None:
-            return too_long, None
         identity = self._identity_of(record)
         if isinstance(identity, Rejection):
             return identity, None
@@ -316,6 +350,31 @@ class CaptureStage:
             else f"{source.topic}:{source.partition}:{source.offset}"
         )
         return Emit(QUARANTINE, qkey, rec)
+
+    def _sealing_quarantine(
+        self,
+        source: SourceRef,
+        error: SealingError,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Any,
+        record: Mapping[str, Any],
+        schema: str,
+    ) -> Emit:
+        """A record that did not open; erased and unsealed ones keep only metadata
+        (pseudonyms, generation, size and SHA-256 of the value), never the value. Ids
+        that are not pseudonyms (an unsealed record's raw ids) are not copied at all."""
+        named = is_pseudonym(str(record.get("owner")), OWNER) and is_pseudonym(
+            str(record.get("thread")), THREAD)
+        kept = {k: record.get(k) for k in ("generation", "producer_id")}
+        if named:
+            kept.update(owner=record["owner"], thread=record["thread"])
+        emit = self._quarantine(source, Rejection(error.reason, error.detail), value,
+                                key if named else None, headers, kept, schema)
+        if error.reason in METADATA_ONLY_REASONS:
+            emit.value.update(value=b"", value_truncated=True, reference_only=True,
+                              source_headers=[])
+        return emit
 
     def _thread_quarantine(self, header: Mapping[str, Any], problem: Rejection | None) -> Emit:
         rejection = problem or Rejection("incomplete_thread", "thread could not be assembled")

@@ -29,6 +29,7 @@ from typing import Any
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.jsonio import canonical_json
+from hebrus_flywheel.core.privacy import OwnerKeyStore
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, SUMMARY, CaptureStage, Emit
 from hebrus_flywheel.streams.processors.common import sha256_hex
@@ -121,8 +122,9 @@ class LocalPipeline:
 
     def __init__(
         self, config: ProcessorConfig | None = None, *, prefix: str = "",
-        release_order: Sequence[str] | None = None,
+        release_order: Sequence[str] | None = None, keys: OwnerKeyStore | None = None,
     ) -> None:
+        self.keys = keys  # opens sealed capture; None: LocalOwnerKeyStore() on first use
         self.topics = capture_topics(prefix)
         self.counters = Counters()
         self.capture_store: dict[str, Any] = {}
@@ -149,6 +151,7 @@ class LocalPipeline:
             assemble_config=self.config.assemble,
             dedup_config=self.config.dedup,
             counters=self.counters,
+            keys=self.keys,
         )
         self.dedup = DedupStage(
             split_config=self.config.split,

@@ -30,6 +30,7 @@ from hebrus_flywheel.streams import limits, quarantine, routes
 from hebrus_flywheel.streams import validation as sv
 from hebrus_flywheel.streams.exceptions import PublishValidationError
 from hebrus_flywheel.streams.rules import IdentityRules
+from hebrus_flywheel.streams.sealing import SEALING_REASONS
 
 PROCESSOR_REASONS: dict[str, str] = {
     "oversized": "the message is larger than the configured maximum record size",
@@ -50,6 +51,7 @@ PROCESSOR_REASONS: dict[str, str] = {
     "destroyed; kept as metadata only (reference), its bytes are unreadable for good",
     "poison": "the record crashed the streams worker N times in a row (--poison-after-crashes); "
     "quarantined by reference on the next start so its partition goes on",
+    **SEALING_REASONS,
 }
 """Reason codes only the stream processors produce (stateful or thread-level checks)."""
 

@@ -23,12 +23,15 @@ import torch
 
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.identity import compute_identity_id
+from hebrus_flywheel.core.privacy import is_pseudonym
 from hebrus_flywheel.replay.capture import CaptureConfig
 from hebrus_flywheel.replay.capture_cli import run_capture
 from hebrus_flywheel.replay.synthetic import generate_threads
 from hebrus_flywheel.replay.teacher import load_teacher
 from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
 from hebrus_flywheel.streams import topics
+from hebrus_flywheel.streams.sealing import CaptureOpener
+from tests.support.sealing import session_keys
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +73,14 @@ def _decode(readers: dict[bytes, avro.io.DatumReader], value: bytes) -> dict[str
     return reader.read(avro.io.BinaryDecoder(io.BytesIO(value[HEADER_SIZE:])))
 
 
+def _opened(readers: dict[bytes, avro.io.DatumReader], value: bytes) -> dict[str, Any]:
+    """The record as the reference Avro library reads it, sealed fields opened as the
+    stream workers open them (pseudonymous ids stay)."""
+    record = _decode(readers, value)
+    schema = str(default_registry().by_fingerprint(value[2:HEADER_SIZE]).key)
+    return record if "Identity" in schema else CaptureOpener(session_keys()).open(schema, record)
+
+
 @pytest.fixture(scope="module")
 def captured(kafka_bootstrap: str, teacher_dir: Path, topic_factory: Any) -> dict[str, Any]:
     topic_factory.catalogue()
@@ -87,7 +98,7 @@ def captured(kafka_bootstrap: str, teacher_dir: Path, topic_factory: Any) -> dic
                         ("transcripts", topics.TRANSCRIPTS_TOPIC),
                         ("observations", topics.OBSERVATIONS_TOPIC)):
         msgs = _consume_all(kafka_bootstrap, prefix + topic, counts[name])
-        out[name] = [(m.key().decode(), m.partition(), m.offset(), _decode(readers, m.value()))
+        out[name] = [(m.key().decode(), m.partition(), m.offset(), _opened(readers, m.value()))
                      for m in msgs]
         out[f"{name}_fingerprints"] = {m.value()[2:HEADER_SIZE] for m in msgs}
     return out
@@ -102,10 +113,15 @@ def test_everything_published_was_delivered(captured: dict[str, Any]) -> None:
     assert len(captured["observations"]) == summary["observations"]
 
 
-def test_observations_are_published_as_route_observation_v2(captured: dict[str, Any]) -> None:
-    v2 = default_registry().get("RouteObservation.v2")
-    assert v2.key.name.endswith("RouteObservation") and v2.key.version == 2
-    assert captured["observations_fingerprints"] == {v2.fingerprint}
+def test_capture_is_published_pseudonymous_and_sealed(captured: dict[str, Any]) -> None:
+    v3 = default_registry().get("RouteObservation.v3")
+    assert captured["observations_fingerprints"] == {v3.fingerprint}
+    v2 = default_registry().get("TranscriptTurn.v2")
+    assert captured["transcripts_fingerprints"] == {v2.fingerprint}
+    for kind in ("observations", "transcripts"):
+        for key, _, _, record in captured[kind]:
+            assert is_pseudonym(record["owner"], "o") and is_pseudonym(record["thread"], "t")
+            assert is_pseudonym(record["sequence_id"], "s") and "owner-" not in key
 
 
 def test_identity_is_pinned_and_digest_recomputes(captured: dict[str, Any]) -> None:

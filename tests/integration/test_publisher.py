@@ -13,9 +13,12 @@ from confluent_kafka import Message
 
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.identity import with_identity_id
+from hebrus_flywheel.core.privacy import is_pseudonym
 from hebrus_flywheel.schemas.codec import decode_message, kafka_headers
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.routes import pack_routes, route_arrays
+from hebrus_flywheel.streams.sealing import CaptureOpener
+from tests.support.sealing import session_keys
 
 pytestmark = pytest.mark.integration
 
@@ -126,10 +129,12 @@ def check_messages(messages: list[Message], topics: dict[str, str], producer_id:
         schema, record = decode_message(value, msg.headers())
         assert msg.headers() == kafka_headers(schema)
         if topic == topics["observations"]:
-            assert schema.version == 2  # RouteObservation.v2, whatever shape came in
+            assert schema.version == 3  # RouteObservation.v3, whatever shape came in
         if topic == topics["identities"]:
             assert key == IDENTITY["identity_id"].encode() and record == IDENTITY
             continue
+        assert is_pseudonym(record["owner"], "o") and is_pseudonym(record["thread"], "t")
+        record = CaptureOpener(session_keys()).open(str(schema), record)
         assert key == f"{record['owner']}/{record['thread']}".encode()
         assert record["producer_id"] == producer_id and record["wall_time_ms"] > 0
         by_key[(topic, key)].append(record)

@@ -23,6 +23,7 @@ from hebrus_flywheel.streams.processors.inspect import read_topic, summarize_top
 from hebrus_flywheel.streams.processors.runs import group_members
 from hebrus_flywheel.streams.processors.split import SplitConfig, owner_split
 from hebrus_flywheel.streams.routes import to_v1
+from tests.support.sealing import owner_pseudonym
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
@@ -74,13 +75,14 @@ class Setup:
         return done
 
 
-def capture_messages(n_threads: int, seed: int, *, v1_every: int = 0) -> list[Any]:
-    """Capture records (observations as RouteObservation.v2; with ``v1_every``, every
-    n-th observation as v1, as on a topic that still holds records of older runtimes)."""
+def capture_messages(n_threads: int, seed: int, *, v1_every: int = 0,
+                     raw_ids: bool = False) -> list[Any]:
+    """Capture records (observations packed as RouteObservation.v2; with ``v1_every``,
+    every n-th observation in the v1 shape, which is sealed as v3 all the same)."""
     clock = ProducerClock(producer_id=f"runtime-{seed}")
     messages = [identity_message(IDENTITY)]
     for spec in random_specs(n_threads, n_owners=9, seed=seed, assistant_tokens=24):
-        messages.extend(thread_messages(spec, IDENTITY, clock))
+        messages.extend(thread_messages(spec, IDENTITY, clock, raw_ids=raw_ids))
     if v1_every:
         messages = [
             (kind, key, to_v1(record) if kind == "observations" and i % v1_every == 0 else record)
@@ -188,7 +190,8 @@ def test_two_workers_share_partitions_and_produce_the_same_windows(
 
 
 def _owners(config: SplitConfig, split: str, n: int) -> list[str]:
-    found = [f"owner-{i:04d}" for i in range(500) if owner_split(f"owner-{i:04d}", config) == split]
+    found = [f"owner-{i:04d}" for i in range(500)
+             if owner_split(owner_pseudonym(f"owner-{i:04d}"), config) == split]
     return found[:n]
 
 
@@ -318,7 +321,8 @@ def test_records_from_the_runtime_publisher_become_the_expected_windows(
         )
     )
     assert publisher.publish_identity(messages[0][2])
-    for kind, _, record in messages[1:]:
+    # the runtime's raw ids: the publisher pseudonymizes them as the expected records are
+    for kind, _, record in capture_messages(8, seed=4, raw_ids=True)[1:]:
         publish = publisher.publish_turn if kind == "transcripts" else publisher.publish_observation
         assert publish(record)
     publisher.flush()

@@ -2,7 +2,8 @@
 
 Each entry is ``(class name, capture kind, key, value, headers)``; every record is for
 its own thread of owner ``bad`` (unless the class is about the key or the owner), so a
-valid thread published after them is untouched.
+valid thread published after them is untouched. Ids are pseudonyms and records are
+sealed (:mod:`tests.support.sealing`), as the runtime publisher writes them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from hebrus_flywheel.streams.routes import pack_routes
+from tests.support.sealing import thread_pseudonym
 from tests.support.streams_synthetic import (
     ProducerClock,
     ThreadSpec,
@@ -49,7 +51,8 @@ class Corpus:
 
     def observation(self, name: str, **fields: Any) -> dict[str, Any]:
         rec = copy.deepcopy(self.obs)
-        rec.update({"thread": name, "counter": self.clock.next(), **fields})
+        rec.update({"thread": thread_pseudonym("bad", name), "counter": self.clock.next(),
+                    **fields})
         return rec
 
     def add(self, name: str, record: dict[str, Any], *, key: bytes | None = None,

@@ -6,6 +6,12 @@ generated token and then the TranscriptTurn; other turns when they occur. Routes
 deterministic pseudo-random top-k sets (distinct experts, weights descending and
 summing to 1) at any geometry, 48 layers × top-10 of 512 experts by default, packed
 as ``RouteObservation.v2`` (:func:`streams.routes.to_v1` gives the v1 shape).
+
+Records carry pseudonymous ids (``ThreadSpec.owner`` and ``thread`` are the raw ids;
+:func:`tests.support.sealing.owner_pseudonym` maps them) and plaintext tokens and
+routes; :func:`encode_message` seals them as the runtime publisher does
+(``TranscriptTurn.v2`` / ``RouteObservation.v3``), or writes the old unsealed versions
+with ``sealed=False``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.identity import with_identity_id
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.routes import is_packed, pack_routes
+from tests.support.sealing import names, sealed
 
 Message = tuple[str, bytes, dict[str, Any]]
 """``(kind, key, record)`` with kind transcripts | observations | identities."""
@@ -140,31 +147,32 @@ def _segments(role: str, n_body: int) -> list[dict[str, Any]]:
 
 
 def thread_messages(
-    spec: ThreadSpec, identity: dict[str, Any], clock: ProducerClock
+    spec: ThreadSpec, identity: dict[str, Any], clock: ProducerClock, *, raw_ids: bool = False
 ) -> Iterator[Message]:
-    """The capture records of one thread generation, in publish order."""
+    """The capture records of one thread generation, in publish order, with pseudonymous
+    ids (what the stream workers see), or with ``raw_ids`` the runtime's own ids (what a
+    runtime hands to :class:`~streams.publisher.RuntimePublisher`)."""
     rng = np.random.default_rng([spec.seed, spec.generation])
-    key = f"{spec.owner}/{spec.thread}".encode()
+    pseudo = names()
+    owner, thread = pseudo.owner(spec.owner), pseudo.thread(spec.owner, spec.thread)
+    if raw_ids:
+        owner, thread = spec.owner, spec.thread
+    key = f"{owner}/{thread}".encode()
     offset = 0
     for index, (role, n) in enumerate(spec.turns):
         tokens = _turn_tokens(spec, rng, index, role, n)
         seq = f"{spec.thread}-g{spec.generation}-t{index}"
+        seq = seq if raw_ids else pseudo.sequence(spec.owner, seq)
         wall = spec.start_ms + 1000 * index
         if role == "assistant":
             for pos in range(2, len(tokens)):
-                yield (
-                    "observations",
-                    key,
-                    _observation(
-                        spec, identity, clock, rng, seq, index, offset + pos, tokens[pos], wall
-                    ),
+                obs = _observation(
+                    spec, identity, clock, rng, seq, index, offset + pos, tokens[pos], wall
                 )
+                yield "observations", key, {**obs, "owner": owner, "thread": thread}
         closes = spec.closes and index == len(spec.turns) - 1
-        yield (
-            "transcripts",
-            key,
-            _turn(spec, identity, clock, seq, index, role, offset, tokens, closes, wall),
-        )
+        turn = _turn(spec, identity, clock, seq, index, role, offset, tokens, closes, wall)
+        yield "transcripts", key, {**turn, "owner": owner, "thread": thread}
         offset += len(tokens)
 
 
@@ -244,11 +252,15 @@ V1_OBSERVATION_SCHEMA = "RouteObservation.v1"
 
 
 def encode_message(
-    kind: str, record: dict[str, Any], *, validate: bool = False
+    kind: str, record: dict[str, Any], *, validate: bool = False, seal: bool = True
 ) -> tuple[bytes, list[tuple[str, bytes]]]:
-    """Single-object bytes and schema headers of a capture record. Observations are
-    written as v2 when their routes are packed, as v1 when they hold ``LayerRoute`` s
-    (see :func:`streams.routes.to_v1`)."""
+    """Single-object bytes and schema headers of a capture record, sealed
+    (``TranscriptTurn.v2`` / ``RouteObservation.v3``) unless ``seal=False``. Unsealed,
+    observations are written as v2 when their routes are packed, as v1 when they hold
+    ``LayerRoute`` s (see :func:`streams.routes.to_v1`)."""
+    if seal and kind in ("transcripts", "observations"):
+        schema, record = sealed(kind, record)
+        return codec.encode(schema, record, validate=validate), codec.kafka_headers(schema)
     schema = SCHEMAS[kind]
     if kind == "observations" and not is_packed(record):
         schema = V1_OBSERVATION_SCHEMA

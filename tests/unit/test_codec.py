@@ -94,13 +94,13 @@ def observation_v1(speculative: bool = False) -> dict[str, Any]:
 
 RECORDS = {
     "RuntimeIdentity": identity,
-    "TranscriptTurn": turn,
-    "RouteObservation": observation,
-    "RouteObservation-speculative": lambda: observation(True),
+    "TranscriptTurn.v1": turn,
+    "RouteObservation.v2": observation,
+    "RouteObservation.v2-speculative": lambda: observation(True),
     "RouteObservation.v1": observation_v1,
     "RouteObservation.v1-speculative": lambda: observation_v1(True),
 }
-VERSIONS = {"RouteObservation.v1": 1}
+VERSIONS = {"RouteObservation.v1": 1, "RouteObservation.v2": 2, "TranscriptTurn.v1": 1}
 
 
 @pytest.mark.parametrize("name", sorted(RECORDS))
@@ -124,8 +124,8 @@ def test_every_kept_schema_file_loads_with_distinct_fingerprints() -> None:
 
 
 def test_header_is_magic_and_little_endian_fingerprint() -> None:
-    entry = default_registry().get("RouteObservation")
-    data = encode("RouteObservation", observation())
+    entry = default_registry().get("RouteObservation.v2")
+    data = encode("RouteObservation.v2", observation())
     assert data[:2] == b"\xc3\x01"
     assert data[2:10] == entry.fingerprint
     assert data[2:10] == struct.pack("<Q", entry.fingerprint_int)
@@ -135,10 +135,10 @@ def test_header_is_magic_and_little_endian_fingerprint() -> None:
 def test_schema_references_resolve_to_the_same_entry() -> None:
     reg = default_registry()
     entry = reg.get("TranscriptTurn")
-    for ref in (f"{NS}.TranscriptTurn", "TranscriptTurn.v1", f"{NS}.TranscriptTurn.v1",
-                SchemaKey(f"{NS}.TranscriptTurn", 1)):
+    for ref in (f"{NS}.TranscriptTurn", "TranscriptTurn.v2", f"{NS}.TranscriptTurn.v2",
+                SchemaKey(f"{NS}.TranscriptTurn", 2)):
         assert reg.get(ref) is entry
-    assert reg.versions("TranscriptTurn") == [1]
+    assert reg.versions("TranscriptTurn") == [1, 2]
     for ref in ("Nope", "TranscriptTurn.v9", SchemaKey("x.Y", 1)):
         with pytest.raises(SchemaNotFoundError, match="known:"):
             reg.get(ref)
@@ -157,13 +157,13 @@ def test_unknown_fingerprint_names_the_hex_and_the_fix() -> None:
 
 @pytest.mark.parametrize("cut", [0, 1, 5, 9, 10, 20, -1])
 def test_truncated_messages_are_undecodable(cut: int) -> None:
-    data = encode("RouteObservation", observation())
+    data = encode("RouteObservation.v2", observation())
     with pytest.raises(UndecodableRecordError):
         decode(data[:cut])
 
 
 def test_wrong_magic_trailing_bytes_and_garbage_are_undecodable() -> None:
-    data = encode("TranscriptTurn", turn())
+    data = encode("TranscriptTurn.v1", turn())
     with pytest.raises(UndecodableRecordError, match="magic"):
         decode(b"\x00\x01" + data[2:])
     with pytest.raises(UndecodableRecordError, match="trailing"):
@@ -184,7 +184,7 @@ def test_wrong_magic_trailing_bytes_and_garbage_are_undecodable() -> None:
 def test_encode_rejects_records_that_do_not_fit(change: dict[str, Any], field: str) -> None:
     record = {**observation(), **change}
     with pytest.raises(RecordEncodeError) as info:
-        encode("RouteObservation", record)
+        encode("RouteObservation.v2", record)
     assert info.value.field is not None and info.value.field.endswith(field)
     assert info.value.reason == "schema_violation"
 
@@ -193,7 +193,7 @@ def test_encode_names_missing_fields_and_unknown_schemas() -> None:
     record = observation()
     del record["layers"]
     with pytest.raises(RecordEncodeError, match="layers") as info:
-        encode("RouteObservation", record)
+        encode("RouteObservation.v2", record)
     assert info.value.field == "layers"
     with pytest.raises(SchemaNotFoundError):
         encode("NoSuchSchema", record)
@@ -207,18 +207,18 @@ def test_unvalidated_encode_still_wraps_writer_errors() -> None:
 
 
 def test_kafka_headers_round_trip_and_mismatch() -> None:
-    headers = kafka_headers("RouteObservation")
+    headers = kafka_headers("RouteObservation.v2")
     assert headers == [("schema", f"{NS}.RouteObservation".encode()),
                        ("schema-version", b"2"),
                        ("content-type", b"application/vnd.apache.avro.single-object")]
     parsed = read_kafka_headers(headers)
     assert parsed.key == SchemaKey(f"{NS}.RouteObservation", 2)
     assert parsed.content_type == CONTENT_TYPE
-    data = encode("RouteObservation", observation())
+    data = encode("RouteObservation.v2", observation())
     assert decode_message(data, headers)[1] == observation()
     assert decode_message(data, dict(headers))[0] == parsed.key
     with pytest.raises(SchemaHeaderError, match="fingerprint"):
-        decode_message(data, kafka_headers("TranscriptTurn"))
+        decode_message(data, kafka_headers("TranscriptTurn.v1"))
     with pytest.raises(SchemaHeaderError, match="fingerprint"):  # v2 bytes, v1 headers
         decode_message(data, kafka_headers("RouteObservation.v1"))
     with pytest.raises(SchemaHeaderError, match="schema-version"):
@@ -230,7 +230,8 @@ def test_kafka_headers_round_trip_and_mismatch() -> None:
 
 
 def _observation_v3(path: Path) -> None:
-    """A third RouteObservation version: v2 plus ``runtime_note`` with a default."""
+    """A stand-in third RouteObservation version (replacing the kept, sealed v3): v2 plus
+    ``runtime_note`` with a default."""
     schema = json.loads((SCHEMA_DIR / "RouteObservation.v2.avsc").read_text())
     schema["fields"].append({"name": "runtime_note", "type": "string", "default": "none"})
     (path / "RouteObservation.v3.avsc").write_text(json.dumps(schema))
@@ -239,7 +240,8 @@ def _observation_v3(path: Path) -> None:
 @pytest.fixture
 def three_versions(tmp_path: Path) -> SchemaRegistry:
     for src in SCHEMA_DIR.glob("*.avsc"):
-        shutil.copy(src, tmp_path / src.name)
+        if src.name != "RouteObservation.v3.avsc":
+            shutil.copy(src, tmp_path / src.name)
     _observation_v3(tmp_path)
     return SchemaRegistry(tmp_path)
 
@@ -247,8 +249,8 @@ def three_versions(tmp_path: Path) -> SchemaRegistry:
 def test_every_kept_observation_version_decodes_by_its_own_fingerprint() -> None:
     reg = default_registry()
     v1, v2 = reg.get("RouteObservation.v1"), reg.get("RouteObservation.v2")
-    assert reg.get("RouteObservation") is v2  # latest by default
-    assert reg.versions("RouteObservation") == [1, 2]
+    assert reg.get("RouteObservation") is reg.get("RouteObservation.v3")  # latest by default
+    assert reg.versions("RouteObservation") == [1, 2, 3]
     old, new = encode("RouteObservation.v1", observation_v1()), encode(v2.key, observation())
     assert old[2:HEADER_SIZE] == v1.fingerprint and new[2:HEADER_SIZE] == v2.fingerprint
     assert decode(old) == (v1.key, observation_v1())
@@ -260,7 +262,7 @@ def test_every_kept_observation_version_decodes_by_its_own_fingerprint() -> None
 
 
 def test_v2_routes_are_packed_little_endian() -> None:
-    record = decode(encode("RouteObservation", observation()))[1]
+    record = decode(encode("RouteObservation.v2", observation()))[1]
     assert record["layers"] == [0, 1, 2, 3] and record["stages"] == [0] * 4
     assert record["top_k"] == 10
     assert len(record["expert_ids"]) == 4 * 10 * 2 and len(record["weights"]) == 4 * 10 * 4
@@ -279,7 +281,7 @@ def test_later_version_resolves_by_its_own_fingerprint(three_versions: SchemaReg
     assert reg.versions("RouteObservation") == [1, 2, 3]
     new = encode("RouteObservation", {**observation(), "runtime_note": "hi"}, registry=reg)
     old = encode("RouteObservation.v2", observation(), registry=reg)
-    assert old == encode("RouteObservation", observation())  # v2 bytes are stable
+    assert old == encode("RouteObservation.v2", observation())  # v2 bytes are stable
     assert decode(new, registry=reg) == (v3.key, {**observation(), "runtime_note": "hi"})
     assert decode(old, registry=reg) == (v2.key, observation())
     # schema evolution: old bytes read as v3 get the default; new bytes read as v2 drop it
@@ -292,7 +294,7 @@ def test_later_version_resolves_by_its_own_fingerprint(three_versions: SchemaReg
 
 def test_incompatible_reader_schema_raises_resolution_error(three_versions: SchemaRegistry
                                                             ) -> None:
-    data = encode("TranscriptTurn", turn(), registry=three_versions)
+    data = encode("TranscriptTurn.v1", turn(), registry=three_versions)
     with pytest.raises(SchemaResolutionError):
         decode(data, "RouteObservation.v3", registry=three_versions)
     v1_bytes = encode("RouteObservation.v1", observation_v1())

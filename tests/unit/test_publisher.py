@@ -23,7 +23,9 @@ from hebrus_flywheel.streams.exceptions import (
     QueueFullError,
 )
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
+from hebrus_flywheel.streams.sealing import CaptureOpener
 from hebrus_flywheel.streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
+from tests.support.sealing import session_keys
 
 UNREACHABLE = "127.0.0.1:1"
 MAX_BLOCK_MS = 200.0
@@ -226,21 +228,25 @@ def capturing() -> Iterator[tuple[RuntimePublisher, list[Any]]]:
     pub.close(timeout_s=0.1)
 
 
-def test_observations_go_out_as_v2_whatever_shape_they_came_in(
+def test_observations_go_out_sealed_whatever_shape_they_came_in(
         capturing: tuple[RuntimePublisher, list[Any]]) -> None:
     pub, sent = capturing
     assert pub.publish_observation(packed_observation(0))
     assert pub.publish_observation(observation(1))  # v1 per-layer routes, packed here
     assert pub.flush(5.0) == 0
     assert len(sent) == 2
+    opener = CaptureOpener(session_keys())
     for item in sent:
-        key, record = decode_message(item.value, item.headers)
-        assert key.name.endswith("RouteObservation") and key.version == 2
+        key, sealed = decode_message(item.value, item.headers)
+        assert key.name.endswith("RouteObservation") and key.version == 3
+        assert "expert_ids" not in sealed and "token_id" not in sealed
+        record = opener.open(str(key), sealed)  # the packed v2 shape again
         assert record["layers"] == list(range(LAYERS)) and record["top_k"] == K
         arrays = routes.route_arrays(record)
         assert arrays.expert_ids[2].tolist() == [2, 3, 4, 5]
         assert np.allclose(arrays.weights[3], [0.4, 0.3, 0.2, 0.1])
     assert [decode_message(i.value, i.headers)[1]["token_ordinal"] for i in sent] == [0, 1]
+    assert sent[0].key == f"{sealed['owner']}/{sealed['thread']}".encode()
 
 
 def test_packed_records_are_checked_with_the_same_reason_codes(

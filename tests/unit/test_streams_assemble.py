@@ -12,6 +12,7 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
 from hebrus_flywheel.streams.processors.common import ranges_add, ranges_contains, ranges_covers
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
+from tests.support.sealing import thread_key
 from tests.support.streams_synthetic import (
     Feeder,
     ProducerClock,
@@ -96,7 +97,7 @@ def test_end_marker_waits_for_missing_routes_until_idle() -> None:
     for m in messages[:3] + messages[4:]:
         sc.send(*m, now_ms=0)
     assert sc.pipeline.decisions == []
-    sc.pipeline.tick(partition=sc.feeder.place("transcripts", b"o/t")[0], now_ms=1000)
+    sc.pipeline.tick(partition=sc.feeder.place("transcripts", thread_key("o", "t"))[0], now_ms=1000)
     assert len(sc.pipeline.decisions) == 1
     assert sc.pipeline.counters.get("assemble", "completed_idle") == 1
     summary_routes = sc.pipeline.decisions[0]
@@ -109,7 +110,7 @@ def test_thread_without_end_marker_completes_on_idle() -> None:
     sc.publish_identity()
     sc.send_thread(ThreadSpec(owner="o", thread="t", closes=False), now_ms=0)
     assert sc.pipeline.windows == []
-    partition = sc.feeder.place("transcripts", b"o/t")[0]
+    partition = sc.feeder.place("transcripts", thread_key("o", "t"))[0]
     sc.pipeline.tick(partition=(partition + 1) % 4, now_ms=1000)
     assert sc.pipeline.windows == []
     sc.pipeline.tick(partition=partition, now_ms=1000)

@@ -24,7 +24,10 @@ from hebrus_flywheel.streams.processors.pipeline import (
 from hebrus_flywheel.streams.processors.runs import StreamsRun, StreamsRunError
 from hebrus_flywheel.streams.processors.split import SplitConfig
 from hebrus_flywheel.streams.processors.window import WindowConfig
+from tests.support.sealing import owner_pseudonym, thread_pseudonym
 from tests.support.streams_synthetic import Scenario, ThreadSpec
+
+RAW = {owner_pseudonym(raw): raw for raw in ("alice", "bob", "carol")}
 
 ALL_VALIDATION = SplitConfig(validation_fraction=1.0, runtime_holdout_fraction=0.0,
                              stress_rate=0.0)
@@ -59,7 +62,7 @@ def _run(pipeline: LocalPipeline, *specs: ThreadSpec) -> Scenario:
 
 
 def _verdicts(pipeline: LocalPipeline) -> dict[str, tuple[bool, str]]:
-    return {d["owner"]: (d["keep"], d["reason"]) for d in pipeline.decisions}
+    return {RAW[d["owner"]]: (d["keep"], d["reason"]) for d in pipeline.decisions}
 
 
 def test_processor_config_round_trips_through_json_and_names_itself() -> None:
@@ -97,15 +100,16 @@ def test_release_order_repeats_first_come_decisions_of_another_arrival_order() -
 
 def test_a_generation_missing_from_the_order_waits_for_flush_in_recorded_order() -> None:
     a, b, c = (_spec(o, _tokens(s)) for o, s in (("alice", 1), ("bob", 2), ("carol", 3)))
-    order = ["never-seen", instance_id("carol", "carol-t", 0)]
+    order = ["never-seen", instance_id(owner_pseudonym("carol"),
+                                       thread_pseudonym("carol", "carol-t"), 0)]
     pipeline = LocalPipeline(_config(), release_order=order)
     scenario = _run(pipeline, a, b)
     assert pipeline.decisions == []
     scenario.send_thread(c)
     assert pipeline.decisions == []
     pipeline.flush()
-    assert pipeline.decisions[0]["owner"] == "carol"
-    assert sorted(d["owner"] for d in pipeline.decisions) == ["alice", "bob", "carol"]
+    assert RAW[pipeline.decisions[0]["owner"]] == "carol"
+    assert sorted(RAW[d["owner"]] for d in pipeline.decisions) == ["alice", "bob", "carol"]
 
 
 def test_reconfigure_keeps_state_and_applies_the_new_config_to_later_threads() -> None:
@@ -114,7 +118,7 @@ def test_reconfigure_keeps_state_and_applies_the_new_config_to_later_threads() -
     pipeline.reconfigure(_config(temporal_cut_ms=0))
     scenario.send_thread(_spec("bob", _tokens(2)))
     scenario.send_thread(_spec("carol", _tokens(1)))  # exact copy of alice's content
-    splits = {d["owner"]: d["split"] for d in pipeline.decisions}
+    splits = {RAW[d["owner"]]: d["split"] for d in pipeline.decisions}
     assert splits == {"alice": "validation", "bob": "temporal_holdout",
                       "carol": "temporal_holdout"}
     assert _verdicts(pipeline)["carol"] == (False, "exact_duplicate")

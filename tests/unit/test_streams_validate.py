@@ -18,10 +18,13 @@ from hebrus_flywheel.streams.processors.validate import (
     NOT_PRODUCED_AFTER_DECODE,
     REASONS,
     WINDOW_ID_LIMIT,
+    Rejection,
     ValidateConfig,
+    check_observation,
     decode_capture,
 )
 from hebrus_flywheel.streams.routes import pack_routes, route_arrays, to_v1
+from tests.support.sealing import thread_key
 from tests.support.streams_synthetic import (
     Scenario,
     ThreadSpec,
@@ -29,7 +32,7 @@ from tests.support.streams_synthetic import (
     make_identity,
 )
 
-KEY = b"owner-a/thread-a"
+KEY = thread_key("owner-a", "thread-a")
 
 
 def scenario(**config: Any) -> Scenario:
@@ -166,10 +169,12 @@ def test_record_identity_differs_from_thread_identity() -> None:
 
 
 def _layer_mutation(sc: Scenario, mutate: Any) -> list[str]:
-    """Refusals of a RouteObservation.v1 record whose ``layers`` were mutated."""
+    """The validate stage's verdict on a RouteObservation.v1 record whose ``layers`` were
+    mutated (checked directly: workers quarantine every v1 record as unsealed_capture)."""
     record = to_v1(first(sc, "observations"))
     mutate(record["layers"])
-    return refused(sc, "observations", record)
+    verdict = check_observation(record, sc.pipeline.identities[sc.identity["identity_id"]])
+    return [verdict.reason] if isinstance(verdict, Rejection) else []
 
 
 def _row_mutation(sc: Scenario, mutate: Any) -> list[str]:
@@ -524,7 +529,8 @@ def test_replay_keeps_a_window_of_an_erased_owner_as_a_reference_only() -> None:
 
 def test_every_reason_is_documented_and_tested() -> None:
     source = Path(__file__).read_text(encoding="utf-8")
-    tested = source.split("def test_every_reason")[0]
+    tested = source.split("def test_every_reason")[0] + (
+        Path(__file__).parent / "test_capture_sealing.py").read_text(encoding="utf-8")
     untested = [r for r in REASONS if f'"{r}"' not in tested and r not in NOT_PRODUCED_AFTER_DECODE]
     assert untested == []
 
