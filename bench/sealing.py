@@ -140,8 +140,7 @@ def main() -> None:
         writer = LocalOwnerKeyStore(Path(tmp) / "owners", create=True)
         owner = Pseudonymizer(writer).owner("bench")
         writer.data_key(owner, create=True)
-        sealer = OwnerSealer(lambda: LocalOwnerKeyStore(Path(tmp) / "owners"),
-                             allow_raw_owners=False)
+        sealer = OwnerSealer(lambda: LocalOwnerKeyStore(Path(tmp) / "owners"))
         bench_windows(sealer, owner, args.n, args.repeat)
         bench_state(sealer, owner, args.n, args.repeat)
         bench_summary(sealer, owner, args.n, args.repeat)

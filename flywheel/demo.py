@@ -335,10 +335,6 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Transitional (issue 13): the demo's synthetic runtime still publishes raw owner ids,
-    # which have no data key; let the stream workers write them unsealed (Window.v1) until
-    # capture publishes pseudonymous owners, which are always sealed. Then drop this line.
-    os.environ.setdefault("FLYWHEEL_RAW_OWNERS", "plaintext")
     try:
         run_demo(threads=int(os.environ.get("FLYWHEEL_DEMO_THREADS", "32")))
     except FlywheelError as exc:

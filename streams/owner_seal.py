@@ -18,9 +18,9 @@ store as a *reader* (it never creates keys) and only when a first owner needs on
 worker or a replay of old ``Window.v1`` topics runs without a key store.
 
 Raw owners (ids that are not pseudonyms) have no key. They are refused
-(:class:`RawOwnerError`, the worker stops) unless ``$FLYWHEEL_RAW_OWNERS=plaintext``
-lets them through unsealed: a transitional switch for capture written before owners
-were pseudonymized (the test corpora), never for real traffic.
+(:class:`RawOwnerError`, the worker stops): there is no switch that writes an owner's
+content unsealed. (The capture stage already quarantines capture records whose ids are
+not pseudonyms, so a raw owner reaching a sealer is a bug.)
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -45,7 +44,6 @@ from hebrus_flywheel.core.privacy import (
     seal,
 )
 
-RAW_OWNERS_ENV = "FLYWHEEL_RAW_OWNERS"
 SEALED_TAG = "$sealed"
 
 
@@ -70,10 +68,6 @@ class Erased:
         return f"Erased(owner={self.owner!r}, generation={self.generation})"
 
 
-def raw_owners_allowed() -> bool:
-    return os.environ.get(RAW_OWNERS_ENV, "") == "plaintext"
-
-
 class OwnerSealer:
     """Data keys of owners for sealing and opening, from a reader key store.
 
@@ -81,12 +75,9 @@ class OwnerSealer:
     ``$FLYWHEEL_OWNER_KEYS`` / ``$FLYWHEEL_HOME``, as a reader).
     """
 
-    def __init__(self, store_factory: Callable[[], OwnerKeyStore] | None = None, *,
-                 allow_raw_owners: bool | None = None) -> None:
+    def __init__(self, store_factory: Callable[[], OwnerKeyStore] | None = None) -> None:
         self._factory = store_factory or LocalOwnerKeyStore
         self._store: OwnerKeyStore | None = None
-        self.allow_raw_owners = (raw_owners_allowed() if allow_raw_owners is None
-                                 else allow_raw_owners)
 
     @property
     def store(self) -> OwnerKeyStore:
@@ -97,17 +88,15 @@ class OwnerSealer:
                 raise SealOpenError(f"cannot open the owner key store: {exc}") from exc
         return self._store
 
-    def sealing_key(self, owner: str) -> DataKey | None:
-        """The owner's live key; None for a raw owner when raw owners are let through
-        (else :class:`RawOwnerError`). A destroyed or missing key raises
+    def sealing_key(self, owner: str) -> DataKey:
+        """The owner's live key; :class:`RawOwnerError` for an id that is not an owner
+        pseudonym. A destroyed or missing key raises
         :class:`OwnerKeyDestroyedError` / :class:`SealOpenError`."""
         if not is_pseudonym(owner, "o"):
-            if self.allow_raw_owners:
-                return None
             raise RawOwnerError(
                 f"owner {owner[:40]!r} is not an owner pseudonym, so it has no data key and "
                 "its content cannot be sealed; capture must publish pseudonymous owners "
-                f"(set ${RAW_OWNERS_ENV}=plaintext only for pre-pseudonym test corpora)")
+                "(through RuntimePublisher, which pseudonymizes raw ids)")
         try:
             return self.store.data_key(owner)
         except OwnerKeyDestroyedError:
@@ -134,10 +123,8 @@ def seal_fields(obj: Mapping[str, Any], names: Sequence[str], sealer: OwnerSeale
                 context: str) -> dict[str, Any]:
     """``obj`` with the fields ``names`` moved into one sealed ``$sealed`` entry (JSON
     ready), under the key of ``obj["owner"]``; bound to ``context`` (e.g. the thread
-    generation id). A raw owner let through keeps its fields in plaintext."""
+    generation id). A raw owner is refused (:class:`RawOwnerError`)."""
     key = sealer.sealing_key(str(obj["owner"]))
-    if key is None:
-        return dict(obj)
     inner = json.dumps({n: obj[n] for n in names}, separators=(",", ":")).encode()
     out = {k: v for k, v in obj.items() if k not in names}
     out[SEALED_TAG] = {"g": key.generation, "f": list(names), "c": _b64(

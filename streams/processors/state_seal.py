@@ -79,8 +79,6 @@ class StateSealer:
         except OwnerKeyDestroyedError:
             self.counters.inc("sealing", f"{self.table}_erased_tombstones")
             return None
-        if data_key is None:  # a raw owner let through ($FLYWHEEL_RAW_OWNERS)
-            return value
         body = seal(data_key, dumps(value), field_name=FIELD, context=self._context(key))
         return SealedState(owner=owner, generation=data_key.generation, body=body)
 

@@ -121,11 +121,8 @@ def open_window(record: Mapping[str, Any], sealer: OwnerSealer) -> dict[str, Any
 
 def encode_window(window: Mapping[str, Any], sealer: OwnerSealer) -> tuple[bytes, dict[str, Any]]:
     """The bytes a worker writes for ``window`` and the record they encode: ``Window.v2``
-    under the owner's key, or ``Window.v1`` for a raw owner the sealer lets through."""
+    under the owner's key (a raw owner is refused: :class:`RawOwnerError`)."""
     key = sealer.sealing_key(str(window["owner"]))
-    if key is None:
-        return codec.encode_entry(codec.default_registry().get(WINDOW_V1), window,
-                                  validate=False), dict(window)
     record = seal_window(window, key)
     return codec.encode_entry(codec.default_registry().get(WINDOW_V2), record,
                               validate=False), record

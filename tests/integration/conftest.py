@@ -24,11 +24,6 @@ from hebrus_flywheel.streams.exceptions import BrokerError
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics
 from hebrus_flywheel.streams.topics import TopicSpec, catalogue, create_topics, delete_topics
 
-# Transitional (issue 13): the corpora of these tests publish raw owner ids, which have no
-# data key, so the stream workers write them unsealed (Window.v1). Pseudonymous owners are
-# sealed regardless. Drop this once capture publishes pseudonymous owners only.
-os.environ.setdefault("FLYWHEEL_RAW_OWNERS", "plaintext")
-
 # faust's changelog topics of the stream worker's tables (streams.processors.app)
 STREAMS_TABLES = ("capture-state", "dedup-state")
 

@@ -73,7 +73,7 @@ def test_sealed_windows_replay_and_an_erased_owners_are_quarantined_metadata_onl
     teacher = load_teacher(teacher_dir)
     identity_id = str(build_runtime_identity(teacher)["identity_id"])
     tokens = corpus_token_ids(teacher_dir)
-    sealer = OwnerSealer(lambda: LocalOwnerKeyStore(keys_dir), allow_raw_owners=False)
+    sealer = OwnerSealer(lambda: LocalOwnerKeyStore(keys_dir))
     sealed = {owner: [encode_window(w, sealer) for w in thread_windows(
         tokens, identity_id=identity_id, owner=owner, thread=pz.thread(raw, "t"), count=2,
         start=100 * i)] for i, (raw, owner) in enumerate((("alice", alice), ("bob", bob)))}

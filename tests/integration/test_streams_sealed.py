@@ -139,7 +139,6 @@ class Run:
                                log_path=self.tmp_path / f"worker-{tag}.log", flags=FLAGS,
                                home=self.tmp_path / "home")
         worker.env["FLYWHEEL_OWNER_KEYS"] = str(self.keys_dir)
-        worker.env.pop("FLYWHEEL_RAW_OWNERS", None)  # fail closed: every owner is sealed
         return worker
 
     def window_messages(self) -> list[Any]:
@@ -156,7 +155,7 @@ def messages_of(specs: list[ThreadSpec], seed: int) -> list[Any]:
 
 def sealed_expected(messages: list[Any], keys_dir: Path) -> dict[str, bytes]:
     """window id → the bytes the worker must write: the in-process chain, sealed."""
-    sealer = OwnerSealer(lambda: LocalOwnerKeyStore(keys_dir), allow_raw_owners=False)
+    sealer = OwnerSealer(lambda: LocalOwnerKeyStore(keys_dir))
     pipeline = expected_pipeline(messages, worker_processor_config(FLAGS))
     encoded = [encode_window(w, sealer) for w in pipeline.windows]
     return {record["window_id"]: value for value, record in encoded}
@@ -178,7 +177,7 @@ def test_nothing_the_workers_write_holds_plaintext_and_erasure_drops_state(
         assert worker.stop() != 70, worker.log_path.read_text()[-3000:]
 
     # the windows: exactly the in-process chain's windows, sealed; they open again
-    sealer = OwnerSealer(lambda: LocalOwnerKeyStore(run.keys_dir), allow_raw_owners=False)
+    sealer = OwnerSealer(lambda: LocalOwnerKeyStore(run.keys_dir))
     on_topic = run.window_messages()
     assert {m.value() for m in on_topic} == set(expected.values())
     opened = []

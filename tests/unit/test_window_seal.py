@@ -47,9 +47,9 @@ def owner(keys: LocalOwnerKeyStore) -> str:
     return pseudonym
 
 
-def _sealer(keys: LocalOwnerKeyStore, **kw: Any) -> OwnerSealer:
+def _sealer(keys: LocalOwnerKeyStore) -> OwnerSealer:
     reader = LocalOwnerKeyStore(keys.directory, max_age_s=0)
-    return OwnerSealer(lambda: reader, **kw)
+    return OwnerSealer(lambda: reader)
 
 
 def _window(owner: str) -> dict[str, Any]:
@@ -128,11 +128,12 @@ def test_missing_key_store_is_refused_not_erased(tmp_path, keys, owner):
         open_window(record, OwnerSealer(lambda: elsewhere))
 
 
-def test_raw_owners_are_refused_unless_let_through(keys):
+def test_raw_owners_are_refused(keys):
     with pytest.raises(RawOwnerError, match="pseudonym"):
-        encode_window(_window("owner-1"), _sealer(keys, allow_raw_owners=False))
-    value, record = encode_window(_window("owner-1"), _sealer(keys, allow_raw_owners=True))
-    assert codec.decode(value)[0].version == 1 and record["token_ids"] == CANARY
+        encode_window(_window("owner-1"), _sealer(keys))
+    with pytest.raises(RawOwnerError, match="pseudonym"):
+        seal_fields({"owner": "owner-1", "digest": "ab"}, ["digest"], _sealer(keys),
+                    context="x")
 
 
 def test_internal_topic_fields_seal_and_open(keys, owner):
