@@ -1,11 +1,10 @@
 """Crypto-shredding of what the stream workers write (issue 13), against the real broker.
 
-* After a run over pseudonymous owners, the raw bytes of the window topics, the threads
-  and decisions topics and both changelog topics (as consumers read them, and the
-  broker's segment files on disk) hold no plaintext occurrence of a canary token
-  sequence: not as int32 little-endian, not as Avro zigzag varints, not as decimal
-  text. The capture topics (still plaintext before the capture records are sealed) do:
-  the scan finds the canary where it is.
+* After a run over pseudonymous owners, the raw bytes of the capture and window topics,
+  the threads and decisions topics and both changelog topics (as consumers read them,
+  and the broker's segment files on disk) hold no plaintext occurrence of a canary
+  token sequence: not as int32 little-endian, not as Avro zigzag varints, not as
+  decimal text; the same windows encoded unsealed do (the scan finds what is there).
 * The windows on the topics are exactly the windows of the in-process chain sealed
   with the owners' keys (same ids, same content digests, byte-identical): a rebuild
   from capture regenerates them.
@@ -37,6 +36,7 @@ from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.processors.window_seal import encode_window, readable_window
 from hebrus_flywheel.streams.topics import catalogue
+from tests.support.sealing import session_keys
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
@@ -48,6 +48,7 @@ from tests.support.streams_harness import (
 from tests.support.streams_synthetic import (
     ProducerClock,
     ThreadSpec,
+    encode_message,
     identity_message,
     make_identity,
     random_specs,
@@ -116,21 +117,25 @@ class Run:
         self.changelogs = [f"{full}-{CAPTURE_TABLE}-changelog", f"{full}-{DEDUP_TABLE}-changelog"]
         topic_factory.track([self.topics.threads, self.topics.decisions, self.topics.ticks,
                              self.topics.crashes, *self.changelogs, f"{full}-__assignor-__leader"])
-        self.keys_dir = tmp_path / "owner-keys"
+        # the session's key store (what the capture records are sealed with); raw owner
+        # names unique to this run, since the test destroys their keys
+        self.keys_dir = session_keys().directory
         self.writer = LocalOwnerKeyStore(self.keys_dir, create=True, max_age_s=0)
         self.pz = Pseudonymizer(self.writer)
-        self.alice, self.bob = self.pz.owner("alice"), self.pz.owner("bob")
+        tag = uuid.uuid4().hex[:8]
+        self.raw = {"alice": f"alice-{tag}", "bob": f"bob-{tag}"}
+        self.alice, self.bob = self.pz.owner(self.raw["alice"]), self.pz.owner(self.raw["bob"])
         self.tmp_path = tmp_path
 
-    def owners_specs(self, raw_owner: str, n: int, seed: int) -> list[ThreadSpec]:
-        owner = self.pz.owner(raw_owner)
-        self.writer.data_key(owner, create=True)
-        return [dataclasses.replace(s, owner=owner,
-                                    thread=self.pz.thread(raw_owner, f"{seed}-{s.thread}"))
+    def owners_specs(self, name: str, n: int, seed: int) -> list[ThreadSpec]:
+        """Specs with the runtime's raw ids (thread_messages pseudonymizes them)."""
+        raw_owner = self.raw[name]
+        self.writer.data_key(self.pz.owner(raw_owner), create=True)
+        return [dataclasses.replace(s, owner=raw_owner, thread=f"{seed}-{s.thread}")
                 for s in random_specs(n, n_owners=1, seed=seed, assistant_tokens=16)]
 
     def canary_spec(self) -> ThreadSpec:
-        return ThreadSpec(owner=self.alice, thread=self.pz.thread("alice", "canary"),
+        return ThreadSpec(owner=self.raw["alice"], thread="canary",
                           turns=(("user", len(CANARY)), ("assistant", len(CANARY))),
                           tokens=(CANARY, CANARY[::-1]), seed=99)
 
@@ -193,20 +198,23 @@ def test_nothing_the_workers_write_holds_plaintext_and_erasure_drops_state(
     found = {t: hits(topic_bytes(run.bootstrap, t) + disk_bytes(t)) for t in written}
     print("canary hits in worker output:", json.dumps(found))
     assert all(n == 0 for per_topic in found.values() for n in per_topic.values()), found
-    # ... and the scan does find it where it is in the clear (the capture topics, today)
-    control = hits(topic_bytes(run.bootstrap, run.topics.transcripts))
-    on_disk = hits(disk_bytes(run.topics.transcripts))
-    print("canary hits in the (unsealed) transcripts topic:", control, "on disk:", on_disk)
-    assert control["avro_zigzag"] >= 1 and on_disk["avro_zigzag"] >= 1
+    # ... nor in the capture topics (sealed by the runtime publisher) ...
+    capture = {t: hits(topic_bytes(run.bootstrap, t) + disk_bytes(t))
+               for t in (run.topics.transcripts, run.topics.observations)}
+    print("canary hits in the capture topics:", json.dumps(capture))
+    assert all(n == 0 for per_topic in capture.values() for n in per_topic.values()), capture
+    # ... while the scan does find it in the clear (the same window, unsealed): not vacuous
+    plain = [codec.encode_entry(codec.default_registry().get("Window.v1"), w, validate=False)
+             for w in opened]
+    control = hits(plain)
+    print("canary hits in the opened windows encoded unsealed:", control)
+    assert control["avro_zigzag"] >= 1
     for name in run.changelogs:  # not vacuous: the changelogs hold sealed owner values
         assert any(b'"$sealed"' in blob for blob in topic_bytes(run.bootstrap, name)), name
 
     # accounting reads the sealed capture-state headers: every consumed record explained
-    os.environ["FLYWHEEL_OWNER_KEYS"] = str(run.keys_dir)
-    try:
-        report = account(run.bootstrap, prefix=run.prefix, app_id=run.app_id)
-    finally:
-        del os.environ["FLYWHEEL_OWNER_KEYS"]
+    assert os.environ["FLYWHEEL_OWNER_KEYS"] == str(run.keys_dir)  # the session's store
+    report = account(run.bootstrap, prefix=run.prefix, app_id=run.app_id)
     print("accounting:", report["totals"])
     assert report["refused_state_records"] == [] and report["totals"]["unaccounted"] == 0
 
@@ -272,11 +280,18 @@ def test_the_worker_refuses_a_changelog_sealed_under_another_key_store(
 def test_a_running_worker_stops_writing_an_owner_erased_mid_thread(
     topic_factory: Any, tmp_path: Path
 ) -> None:
-    """Within the key store's cache age of the erasure, the worker writes tombstones
-    instead of the owner's state and no summary or window of theirs; others go on."""
+    """An owner erased while the worker holds half of their thread: the rest of their
+    records (sealed before the erasure, delivered after it) are quarantined as
+    ``owner_erased`` within the key store's cache age, no summary or window of theirs
+    is written, their changelog values are tombstones or sealed under the destroyed key,
+    and the other owners go on."""
     run = Run(topic_factory, tmp_path)
     alice_msgs = messages_of(run.owners_specs("alice", 1, 4), 4)
     half = len(alice_msgs) // 2
+    names = run.topics.capture_kinds()
+    # sealed now, as the runtime sealed them before the erasure; delivered after it
+    late = [(names[kind], key, *encode_message(kind, record))
+            for kind, key, record in alice_msgs[half:]]
     prod = producer(run.bootstrap)
     produce(prod, run.topics, alice_msgs[:half])
     worker = run.worker("0").start()
@@ -286,27 +301,29 @@ def test_a_running_worker_stops_writing_an_owner_erased_mid_thread(
                    timeout_s=180, what="alice's sealed state in the changelog")
         run.writer.destroy(run.alice)
         time.sleep(6)  # the worker's key cache (max_age_s=5) forgets the key
+        for topic, key, value, headers in late:
+            prod.produce(topic, key=key, value=value, headers=list(headers))
         bob = messages_of(run.owners_specs("bob", 2, 5), 5)
         expected = sealed_expected(bob, run.keys_dir)
-        produce(prod, run.topics, alice_msgs[half:] + bob[1:])
+        produce(prod, run.topics, bob[1:])
         wait_until(lambda: {m.value() for m in run.window_messages()}
                    >= set(expected.values()), timeout_s=180, what="bob's windows")
-        wait_until(lambda: "erased" in worker.log_path.read_text(), timeout_s=60,
-                   what="a counter line with the erasure")
+        wait_until(lambda: "owner_erased" in worker.log_path.read_text(), timeout_s=60,
+                   what="a counter line with the erased owner's quarantined records")
     finally:
         status = worker.stop()
     log = worker.log_path.read_text()
     assert status != 70 and "crashed" not in log, log[-3000:]
     owners = {codec.decode(m.value())[1]["owner"] for m in run.window_messages()}
     assert owners == {run.bob}
-    sealing = {k: v for k, v in _last_counters(log).items() if k.startswith("sealing/")}
-    print("sealing counters after a mid-thread erasure:", sealing)
-    assert sealing.get(f"sealing/{CAPTURE_TABLE}_erased_tombstones", 0) >= 1, sealing
+    counters = _last_counters(log)
+    print("counters after a mid-thread erasure:",
+          {k: v for k, v in counters.items() if "erased" in k})
+    assert counters.get("quarantine/owner_erased", 0) == len(late), counters
     last: dict[bytes, bytes | None] = {}
     for msg in read_topic(run.bootstrap, run.changelogs[0]):
         last[msg.key() or b""] = msg.value()
     alice = {k: v for k, v in last.items() if run.alice.encode() in k}
-    # her header was rewritten after the erasure: a tombstone; values never rewritten stay
-    # sealed under the destroyed key (unreadable; `flywheel erase` tombstones them too)
-    assert [v for k, v in alice.items() if k.startswith(b'"h')] == [None]
-    assert all(v is None or v.startswith(b'{"$sealed"') for v in alice.values()), alice
+    # values never rewritten stay sealed under the destroyed key (unreadable;
+    # `flywheel erase` tombstones them too)
+    assert alice and all(v is None or v.startswith(b'{"$sealed"') for v in alice.values()), alice
