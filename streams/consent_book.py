@@ -12,10 +12,11 @@ role may read the topic (``streams.acls``); a missing topic or a refused read ra
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from hebrus_flywheel.core import kafka
-from hebrus_flywheel.streams.consent import CONSENT_TOPIC, Consent, ConsentLedger
+from hebrus_flywheel.streams.consent import CONSENT_TOPIC, Consent, ConsentCheck, ConsentLedger
 from hebrus_flywheel.streams.exceptions import ConsentError
 
 log = logging.getLogger(__name__)
@@ -95,3 +96,40 @@ def write_entries(target: kafka.KafkaTarget, entries: list[Consent], *,
 
 def _where(target: kafka.KafkaTarget) -> str:
     return target if isinstance(target, str) else target.bootstrap_servers
+
+
+class CaptureGate:
+    """The runtime publisher's consent check: thread-safe and fail closed. A ledger that
+    cannot be read refuses every record, and is retried after ``retry_s`` (so a broker
+    outage does not block every publish call for the read timeout)."""
+
+    def __init__(self, consent: ConsentCheck, *, retry_s: float = 5.0) -> None:
+        self.consent = consent
+        self.retry_s = retry_s
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+
+    def allows(self, owner: str, at_ms: int) -> bool:
+        with self._lock:
+            if time.monotonic() < self._down_until:
+                return False
+            try:
+                return self.consent.allows(owner, "capture", at_ms)
+            except ConsentError as exc:
+                self._down_until = time.monotonic() + self.retry_s
+                log.warning("consent ledger unreadable, refusing capture for %.0fs: %s",
+                            self.retry_s, exc)
+                return False
+
+
+def capture_gate(consent: ConsentCheck | None, *, enabled: bool, bootstrap: kafka.KafkaTarget,
+                 topic: str, who: str) -> CaptureGate | None:
+    """The gate of a publisher: ``consent`` or a :class:`ConsentBook` over ``topic``;
+    None, with a loud warning, when ``enabled`` is False (tests and benchmarks only)."""
+    if not enabled:
+        log.warning("%s runs WITHOUT the consent check (consent_check=False): records are "
+                    "published whatever the consent ledger says; tests and benchmarks only",
+                    who)
+        return None
+    return CaptureGate(consent if consent is not None else
+                       ConsentBook(bootstrap=bootstrap, topic=topic))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,15 @@ from hebrus_flywheel.core.settings import BOOTSTRAP_ENV, KAFKA_CONFIG_ENV
 from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker, probe_metadata
 from hebrus_flywheel.streams.exceptions import BrokerError
-from hebrus_flywheel.streams.topics import TopicSpec, catalogue, create_topics, delete_topics
+from hebrus_flywheel.streams.consent import CONSENT_TOPIC
+from hebrus_flywheel.streams.topics import (
+    TopicSpec,
+    catalogue,
+    create_topics,
+    delete_topics,
+    spec_for,
+)
+from tests.support.consent import grant_owners
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +81,15 @@ class TopicFactory:
         self.create(specs)
         grant_catalogue(self.bootstrap, self.prefix)  # the roles' ACLs for this copy
         return specs
+
+    def grant_consent(self, owners: Iterable[str], **kwargs: Any) -> str:
+        """Grant consent (every scope unless ``scopes=``) to ``owners`` on this prefix's
+        consent ledger, creating the ledger topic if needed; returns its name. Every test
+        that captures data calls this (or ``tests.support.consent``) first."""
+        spec = spec_for(self.prefix + CONSENT_TOPIC, catalogue(self.prefix))
+        self.create([spec])
+        grant_owners(self.bootstrap, owners, prefix=self.prefix, **kwargs)
+        return spec.name
 
     def create(self, specs: Sequence[TopicSpec]) -> dict[str, str]:
         """Create ``specs`` (tracked for deletion); returns name -> created|exists."""
