@@ -21,8 +21,8 @@ from hebrus_flywheel.core.kafka.security import insecure_marker, role_properties
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV, KAFKA_CONFIG_ENV
 from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker, probe_metadata
-from hebrus_flywheel.streams.exceptions import BrokerError
 from hebrus_flywheel.streams.consent import CONSENT_TOPIC
+from hebrus_flywheel.streams.exceptions import BrokerError
 from hebrus_flywheel.streams.topics import (
     TopicSpec,
     catalogue,
