@@ -56,6 +56,7 @@ from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits, quarantine
+from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
 from hebrus_flywheel.streams.processors.crash import crash_only_agent, crash_only_timer, on_crash
 from hebrus_flywheel.streams.processors.dedup import DedupStage
@@ -162,6 +163,9 @@ class StreamsWorker:
         on_crash(self._on_crash)
         self.identities = IdentityBook(bootstrap=config.bootstrap, topic=self.topics.identities)
         self.identities.load()
+        # Fail closed: no readable ledger, no worker; no live capture grant, no window.
+        self.consent = ConsentBook(bootstrap=config.bootstrap, topic=self.topics.consent)
+        self.consent.load()
         self.app = self._make_app()
         self._declare()
 
@@ -214,6 +218,7 @@ class StreamsWorker:
             dedup_config=p.dedup,
             resolve_identity=self.identities.resolve,
             counters=self.counters,
+            capture_consent=lambda owner, at_ms: self.consent.allows(owner, "capture", at_ms),
         )
         self.dedup = DedupStage(
             split_config=p.split, dedup_config=p.dedup, store=dedup_table, counters=self.counters

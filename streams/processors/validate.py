@@ -46,6 +46,8 @@ PROCESSOR_REASONS: dict[str, str] = {
     "processing_error": "the processor raised on this record (a bug); the record is kept here "
     "and the worker goes on",
     "window_exceeds_context": "replay: the window has more tokens than the teacher's context",
+    "no_consent": "the record's owner had no live capture grant in the consent ledger at the "
+    "record's wall time; kept by reference only (no value bytes, no owner or thread)",
     "poison": "the record crashed the streams worker N times in a row (--poison-after-crashes); "
     "quarantined by reference on the next start so its partition goes on",
 }
