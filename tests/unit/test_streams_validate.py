@@ -507,6 +507,16 @@ def test_replay_refuses_windows_beyond_the_teachers_limits() -> None:
     assert wrong is not None and wrong[0] == "layer_count_mismatch" and "5 layers" in wrong[1]
 
 
+def test_owner_without_capture_consent_is_quarantined_metadata_only() -> None:
+    sc = Scenario(LocalPipeline(ProcessorConfig(),
+                                capture_consent=lambda owner, at_ms: owner != "owner-a"))
+    sc.publish_identity()
+    sc.send_thread(spec())
+    assert set(reasons(sc)) == {"no_consent"}
+    assert all(q["reference_only"] and not q["value"] for q in sc.pipeline.quarantined)
+    assert not sc.pipeline.windows
+
+
 def test_every_reason_is_documented_and_tested() -> None:
     source = Path(__file__).read_text(encoding="utf-8")
     tested = source.split("def test_every_reason")[0]
