@@ -29,9 +29,11 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from hebrus_flywheel.core.files import append_file, make_dirs
+from hebrus_flywheel.streams.consent import ConsentCheck
 from hebrus_flywheel.train import ddp
 from hebrus_flywheel.train.checkpoint import HISTORY_FILE, code_version, save_checkpoint
 from hebrus_flywheel.train.config import TrainConfig, config_to_dict
+from hebrus_flywheel.train.consent import check_ledger
 from hebrus_flywheel.train.data import (
     Snapshot,
     SnapshotDataset,
@@ -269,13 +271,21 @@ class Trainer:
 
 
 def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
-          expected_id: str | None = None) -> TrainResult:
-    """Train on ``snapshot`` into ``out_dir`` (single process, or a torchrun rank)."""
+          expected_id: str | None = None, consent: ConsentCheck | None = None) -> TrainResult:
+    """Train on ``snapshot`` into ``out_dir`` (single process, or a torchrun rank).
+
+    Rows the seal refused for lack of consent are always skipped; with ``consent`` (the
+    CLI passes the consent ledger) every owner of the train and validation splits is
+    checked again now and those without a live grant are skipped too; the counts go
+    into the checkpoint's lineage (``snapshot.consent``)."""
     if config.threads:
         torch.set_num_threads(config.threads)
     ctx = ddp.init_distributed(config.device)
     try:
         opened = Snapshot(snapshot, expected_id=expected_id, verify=config.data.verify)
+        if consent is not None:
+            check_ledger(opened, (config.data.train_split, config.data.validation_split),
+                         consent)
         out_dir = Path(out_dir)
         if ctx.is_main:
             make_dirs(out_dir)
