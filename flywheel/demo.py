@@ -79,6 +79,39 @@ def _stage_teacher(ctx: DemoContext) -> None:
     ctx.results["teacher_digest"] = artifact_digest(ctx.teacher_dir)
 
 
+DEMO_POLICY = "demo-synthetic-v1"
+WITHHELD_OWNER = 11
+"""The synthetic owner the demo grants nothing: its records are refused at capture."""
+
+
+def demo_owner(index: int) -> str:
+    """The id capture records carry for synthetic owner ``index`` (``replay.synthetic``).
+
+    The ledger is keyed by what records carry in ``owner``: once the runtime publisher
+    pseudonymizes owners, this must return
+    ``Pseudonymizer(LocalOwnerKeyStore(create=True)).owner(raw)``."""
+    return f"owner-{index:04d}"
+
+
+def _stage_consent(ctx: DemoContext) -> None:
+    from hebrus_flywheel.replay.synthetic import SyntheticConfig
+    from hebrus_flywheel.streams.consent import SCOPES, grant, now_ms
+    from hebrus_flywheel.streams.consent_book import write_entries
+
+    owners = [demo_owner(i) for i in range(SyntheticConfig().n_owners) if i != WITHHELD_OWNER]
+    start = now_ms()
+    write_entries(ctx.bootstrap, [grant(owner, SCOPES, granted_at_ms=start,
+                                        expires_at_ms=start + 365 * 86_400_000,
+                                        policy_version=DEMO_POLICY, granted_by="make demo")
+                                  for owner in owners])
+    ctx.results["consent"] = {"granted_owners": len(owners), "scopes": list(SCOPES),
+                              "policy_version": DEMO_POLICY,
+                              "withheld_owner": demo_owner(WITHHELD_OWNER)}
+    print(f"[consent] granted {', '.join(SCOPES)} to {len(owners)} synthetic owners "
+          f"(policy {DEMO_POLICY}); {demo_owner(WITHHELD_OWNER)} gets none: its records "
+          "must be refused")
+
+
 def _stage_capture(ctx: DemoContext) -> None:
     from hebrus_flywheel.replay.capture import CaptureConfig, load_threads
     from hebrus_flywheel.replay.capture_cli import _print_summary, run_capture
@@ -95,6 +128,8 @@ def _stage_capture(ctx: DemoContext) -> None:
     # published in the last fifth of this capture.
     ctx.temporal_cut_ms = int(started_ms + 0.8 * (time.time() * 1000 - started_ms))
     ctx.results["capture"] = summary
+    if "consent" in ctx.results:
+        ctx.results["consent"]["refused_at_capture"] = summary["refused_no_consent"]
     print("[capture]", end=" ")
     _print_summary(summary)
 
@@ -215,11 +250,11 @@ def _stage_evaluate(ctx: DemoContext) -> None:
 
 QUALIFY_CONFIG = """\
 # The demo's threads are generated offline by replay.synthetic: no production transcript.
+# Whether the rows are authorized is measured from the consent ledger (Gate 2), not
+# declared here.
 [authorization]
 policy = "synthetic-threads"
-approved = true
 production_transcripts = false
-deletion_supported = true
 """
 
 
@@ -239,6 +274,7 @@ def _stage_qualify(ctx: DemoContext) -> None:
 STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("broker", _stage_broker),
     ("teacher", _stage_teacher),
+    ("consent", _stage_consent),
     ("capture", _stage_capture),
     ("streams", _stage_streams),
     ("replay", _stage_replay),
@@ -252,7 +288,7 @@ STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
 # Each stage runs as its own Kafka role (least privilege, see streams/acls.py): the
 # in-process stages set it here; a stage that starts `flywheel` commands sets none, so
 # each command declares its own (streams, replay, sealer, trainer).
-STAGE_ROLES: dict[str, str] = {"broker": "admin", "capture": "runtime"}
+STAGE_ROLES: dict[str, str] = {"broker": "admin", "consent": "admin", "capture": "runtime"}
 
 
 @contextlib.contextmanager

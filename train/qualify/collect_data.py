@@ -416,6 +416,5 @@ def authorization_evidence(info: SnapshotInfo,
         except TypeError as exc:
             raise InputError(f"[authorization] in the config: {exc}") from exc
     if info.identity.get("runtime_name") in SYNTHETIC_RUNTIMES:
-        return Authorization(policy="synthetic-threads", approved=True,
-                             production_transcripts=False)
+        return Authorization(policy="synthetic-threads", production_transcripts=False)
     return None

@@ -241,8 +241,9 @@ class Authorization:
 
     policy: str
     """Name or reference of the policy."""
-    approved: bool
-    """Whether replay of these transcripts is authorized."""
+    approved: bool | None = None
+    """A declared approval, kept for the record only: Gate 2 measures authorization from
+    the consent ledger (:class:`ConsentMeasure`), never from this."""
     production_transcripts: bool
     """True for real production traffic (False: synthetic or internal data)."""
     deletion_supported: bool | None = None
@@ -252,7 +253,7 @@ class Authorization:
 
     def __post_init__(self) -> None:
         v.text("integrity.authorization.policy", self.policy)
-        v.flag("integrity.authorization.approved", self.approved)
+        v.flag("integrity.authorization.approved", self.approved, optional=True)
         v.flag("integrity.authorization.production_transcripts", self.production_transcripts)
         v.flag("integrity.authorization.deletion_supported", self.deletion_supported,
                optional=True)

@@ -211,9 +211,14 @@ def f8_privacy(inputs: QualificationInputs, config: QualificationConfig) -> Outc
         return outcome(NOT_MEASURABLE, f"this run replayed non-production data ({a.policy}); "
                        "it says nothing about production transcript replay", figures,
                        measured=figure, threshold=threshold)
-    if not a.approved:
-        return outcome(FALSIFIED, f"production transcript replay is not authorized under "
-                       f"{a.policy}", figures, measured=figure, threshold=threshold)
+    consent = inputs.integrity.consent if inputs.integrity is not None else None
+    if consent is None or consent.rows_granted < consent.rows:
+        # authorization is measured from the consent ledger, never taken from a declaration
+        missing = ("not measured" if consent is None
+                   else f"{consent.rows - consent.rows_granted} rows")
+        return outcome(FALSIFIED, "production transcript rows without a measured live consent "
+                       f"grant ({missing}) under {a.policy}", figures, measured=figure,
+                       threshold=threshold)
     return outcome(NOT_FALSIFIED, f"production transcript replay authorized under {a.policy}"
                    f" (deletion supported: {a.deletion_supported})", figures,
                    measured=figure, threshold=threshold)
