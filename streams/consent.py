@@ -149,7 +149,7 @@ class Consent:
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Consent:
-        fields_ = {k: record.get(k) for k in (
+        fields_: dict[str, Any] = {k: record.get(k) for k in (
             "owner", "action", "recorded_at_ms", "granted_at_ms", "expires_at_ms",
             "policy_version", "granted_by", "revoked_at_ms", "reason")}
         return cls(**fields_, scopes=tuple(record.get("scopes") or ()))

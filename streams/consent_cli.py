@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import getpass
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -158,5 +158,5 @@ def consent_list(
                    "entries and allow nothing")
 
 
-def _row(entry: Consent, now: int) -> dict[str, object]:
+def _row(entry: Consent, now: int) -> dict[str, Any]:
     return {**entry.to_record(), "status": entry.status(now)}
