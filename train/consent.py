@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from hebrus_flywheel.streams.consent import ConsentCheck, now_ms, scope_for_split
+from hebrus_flywheel.train.exceptions import SnapshotError
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,13 @@ def check_ledger(snapshot: Snapshot, splits: Sequence[str], consent: ConsentChec
             excluded[split].add(owner)
     snapshot.exclude({s: frozenset(o) for s, o in excluded.items()})
     report = summary(snapshot, rows, source="ledger", at_ms=at)
+    emptied = [s for s in splits if report["rows_checked_by_split"].get(s, 0)
+               and report["rows_excluded_by_split"].get(s, 0) == report["rows_checked_by_split"][s]]
+    if emptied:
+        raise SnapshotError(
+            f"every row of {', '.join(emptied)} belongs to owners without a live grant of the "
+            "split's scope in the consent ledger, so nothing is left to read; check `flywheel "
+            "consent list` (and the ledger topic the snapshot's prefix names)")
     if report["rows_excluded"]:
         log.warning("consent: %d of %d rows (%d owners) excluded from %s: no live grant of "
                     "the split's scope", report["rows_excluded"], report["rows_checked"],
@@ -89,13 +97,16 @@ def summary(snapshot: Snapshot, rows: Mapping[tuple[str, str], int], *, source: 
             at_ms: int | None) -> dict[str, Any]:
     """Counts of checked and excluded rows per split; stored on ``snapshot.consent``."""
     by_split: Counter[str] = Counter()
+    checked: Counter[str] = Counter()
     owners: set[str] = set()
     for (split, owner), n in rows.items():
+        checked[split] += n
         if owner in snapshot.excluded.get(split, ()):
             by_split[split] += n
             owners.add(owner)
     report = {"source": source, "checked_at_ms": at_ms,
               "rows_checked": sum(rows.values()), "rows_excluded": sum(by_split.values()),
+              "rows_checked_by_split": dict(sorted(checked.items())),
               "rows_excluded_by_split": dict(sorted(by_split.items())),
               "owners_excluded": len(owners)}
     snapshot.consent = report

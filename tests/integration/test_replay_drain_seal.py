@@ -115,5 +115,10 @@ def test_seal_refuses_rows_of_an_owner_who_revoked_after_replay(
     owners = {o for unit in snapshot.units(["train"])
               for o in snapshot.read(unit, ["owner"]).column("owner").to_pylist()}
     assert owners == {"r0"}
+    # `flywheel train|evaluate` ask the ledger the snapshot's prefix names, again
+    from hebrus_flywheel.train.cli import consent_source
+    from hebrus_flywheel.train.consent import check_ledger
+    report = check_ledger(snapshot, ["train"], consent_source(root / "epoch=0", bootstrap, False))
+    assert report["source"] == "ledger" and report["rows_excluded"] == rows // 2
     for dirpath, _, _ in os.walk(root):  # sealed epochs are read-only
         os.chmod(dirpath, 0o755)

@@ -62,3 +62,12 @@ def test_readers_skip_owners_without_a_live_grant(small: PlantedSnapshot) -> Non
             assert kept.column_names == ["owner", "token_ordinal"]
             assert "owner" not in snapshot.read(unit, ["token_ordinal"]).column_names
     assert snapshot.lineage()["consent"]["rows_excluded"] == report["rows_excluded"]
+
+
+def test_a_split_left_without_any_consented_row_is_a_clear_error(
+        small: PlantedSnapshot) -> None:
+    from hebrus_flywheel.train.exceptions import SnapshotError
+
+    snapshot = Snapshot(small.directory)
+    with pytest.raises(SnapshotError, match="flywheel consent list"):
+        check_ledger(snapshot, ["train"], ConsentLedger(), at_ms=T0)
