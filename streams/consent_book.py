@@ -38,10 +38,32 @@ class ConsentBook:
         self._next: dict[tuple[str, int], int] = {}
         self._loaded_at = -1e18
         self._misses: dict[str, float] = {}
+        self._load_lock = threading.Lock()  # one reader at a time: records apply in order
+        self._stop = threading.Event()
 
     def load(self) -> int:
         """Read the topic from where this book stopped to its current end; returns how
         many records were read."""
+        with self._load_lock:
+            return self._load()
+
+    def start_refresher(self) -> None:
+        """Refresh from a daemon thread every ``max_age_s / 2``, so that :meth:`allows`
+        on a hot path (the runtime publisher) rarely waits for a read; a failed refresh
+        is logged and leaves the view stale, so the next :meth:`allows` reads (or fails)
+        itself. :meth:`close` stops it."""
+        def run() -> None:
+            while not self._stop.wait(self.max_age_s / 2):
+                try:
+                    self.load()
+                except ConsentError as exc:
+                    log.warning("consent ledger refresh failed: %s", exc)
+        threading.Thread(target=run, name="consent-refresh", daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _load(self) -> int:
         config = kafka.client_config(self.bootstrap)
         try:
             ends = kafka.end_watermarks(config, [self.topic], timeout_s=self.timeout_s,
@@ -108,6 +130,12 @@ class CaptureGate:
         self.retry_s = retry_s
         self._lock = threading.Lock()
         self._down_until = 0.0
+        if isinstance(consent, ConsentBook):
+            consent.start_refresher()
+
+    def close(self) -> None:
+        if isinstance(self.consent, ConsentBook):
+            self.consent.close()
 
     def allows(self, owner: str, at_ms: int) -> bool:
         with self._lock:

@@ -332,6 +332,8 @@ class RuntimePublisher:
         remaining = self.flush(timeout)
         self._abort.set()
         self._thread.join()
+        if self._consent is not None:
+            self._consent.close()
         if remaining:
             self._producer.purge()
             self._producer.flush(0)
