@@ -80,47 +80,53 @@ def _stage_teacher(ctx: DemoContext) -> None:
 
 
 DEMO_POLICY = "demo-synthetic-v1"
-WITHHELD_OWNER = 11
-"""The synthetic owner the demo grants nothing: its records are refused at capture."""
 
 
-def demo_owner(index: int) -> str:
-    """The id capture records carry for synthetic owner ``index`` (``replay.synthetic``).
+def demo_owner(raw: str) -> str:
+    """The id capture records carry for the synthetic owner ``raw``.
 
     The ledger is keyed by what records carry in ``owner``: once the runtime publisher
     pseudonymizes owners, this must return
     ``Pseudonymizer(LocalOwnerKeyStore(create=True)).owner(raw)``."""
-    return f"owner-{index:04d}"
+    return raw
+
+
+def _epoch_threads(ctx: DemoContext) -> Iterator[Any]:
+    from hebrus_flywheel.replay.capture import load_threads
+
+    # Each epoch captures new threads of the same owners: thread ids carry the epoch so
+    # they never collide with (already closed) threads of earlier epochs.
+    return (dataclasses.replace(t, thread_id=f"e{ctx.epoch:03d}-{t.thread_id}")
+            for t in load_threads(None, ctx.threads, seed=ctx.epoch))
 
 
 def _stage_consent(ctx: DemoContext) -> None:
-    from hebrus_flywheel.replay.synthetic import SyntheticConfig
+    """Grant every scope to the owners of this epoch's threads but the last one, whose
+    records must then be refused at capture (counted in the capture summary)."""
     from hebrus_flywheel.streams.consent import SCOPES, grant, now_ms
     from hebrus_flywheel.streams.consent_book import write_entries
 
-    owners = [demo_owner(i) for i in range(SyntheticConfig().n_owners) if i != WITHHELD_OWNER]
+    raw_owners = sorted({t.owner for t in _epoch_threads(ctx)})
+    withheld = raw_owners.pop() if len(raw_owners) > 1 else None
+    owners = [demo_owner(raw) for raw in raw_owners]
     start = now_ms()
     write_entries(ctx.bootstrap, [grant(owner, SCOPES, granted_at_ms=start,
                                         expires_at_ms=start + 365 * 86_400_000,
                                         policy_version=DEMO_POLICY, granted_by="make demo")
                                   for owner in owners])
     ctx.results["consent"] = {"granted_owners": len(owners), "scopes": list(SCOPES),
-                              "policy_version": DEMO_POLICY,
-                              "withheld_owner": demo_owner(WITHHELD_OWNER)}
+                              "policy_version": DEMO_POLICY, "withheld_owner": withheld}
     print(f"[consent] granted {', '.join(SCOPES)} to {len(owners)} synthetic owners "
-          f"(policy {DEMO_POLICY}); {demo_owner(WITHHELD_OWNER)} gets none: its records "
-          "must be refused")
+          f"(policy {DEMO_POLICY}); {withheld} gets none unless an earlier run granted it: "
+          "its records are refused at capture")
 
 
 def _stage_capture(ctx: DemoContext) -> None:
-    from hebrus_flywheel.replay.capture import CaptureConfig, load_threads
+    from hebrus_flywheel.replay.capture import CaptureConfig
     from hebrus_flywheel.replay.capture_cli import _print_summary, run_capture
 
     config = CaptureConfig(mode="forced", seed=ctx.epoch, interleave=4)
-    # Each epoch captures new threads of the same owners: thread ids carry the epoch so
-    # they never collide with (already closed) threads of earlier epochs.
-    threads = (dataclasses.replace(t, thread_id=f"e{ctx.epoch:03d}-{t.thread_id}")
-               for t in load_threads(None, ctx.threads, seed=ctx.epoch))
+    threads = _epoch_threads(ctx)
     started_ms = time.time() * 1000
     summary = run_capture(teacher_dir=ctx.teacher_dir, threads=threads, config=config,
                           bootstrap=ctx.bootstrap, expected=ctx.threads)
