@@ -22,12 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+# Run by path, sys.path[0] is bench/: the repository root makes tests.support importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -38,6 +41,7 @@ from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.routes import pack_routes
 from hebrus_flywheel.streams.topics import TopicSpec, create_topics, delete_topics
+from tests.support.consent import grant_owners, ledger_allowing
 
 LAYERS, TOP_K, EXPERTS = 48, 10, 512
 DESIGN_NOTE_BYTES_PER_TOKEN = 3840  # 10 × (4 B id + 4 B weight) × 48 layers
@@ -84,8 +88,12 @@ def bench_publisher(bootstrap: str, records: int) -> None:
     config = PublisherConfig(bootstrap_servers=bootstrap, observations_topic=topic,
                              identities_topic=topic, queue_capacity=records + 10,
                              full_policy="block_then_raise", max_block_ms=10_000)
+    # the consent check runs on every record (from memory: this measures its cost, not a
+    # ledger read)
+    owners = {obs["owner"] for obs in observations}
     try:
-        with RuntimePublisher(config, identity=identity) as publisher:
+        with RuntimePublisher(config, identity=identity,
+                              consent=ledger_allowing(owners)) as publisher:
             start = time.perf_counter()
             for obs in observations:
                 publisher.publish_observation(obs)
@@ -118,9 +126,12 @@ def bench_capture(bootstrap: str, preset: str, threads: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         teacher_dir = Path(tmp) / preset
         init_teacher(teacher_dir, preset=preset, seed=0)
+        source = list(generate_threads(threads, seed=3))
         try:
+            create_topics(bootstrap, [s for s in catalogue(prefix) if "consent" in s.name])
+            grant_owners(bootstrap, {t.owner for t in source}, prefix=prefix)
             summary = run_capture(
-                teacher_dir=teacher_dir, threads=list(generate_threads(threads, seed=3)),
+                teacher_dir=teacher_dir, threads=source,
                 config=CaptureConfig(mode="forced", interleave=2), bootstrap=bootstrap,
                 topic_prefix=prefix,
             )

@@ -142,8 +142,10 @@ def _source(boundary: EpochBoundary, splits_by_topic: Mapping[str, str],
 def build_manifest(*, epoch: int, dataset: Mapping[str, Any], boundary: EpochBoundary,
                    splits_by_topic: Mapping[str, str], shards: Sequence[Mapping[str, Any]],
                    parity: Mapping[str, Any] | None, parity_override: str | None,
-                   previous_snapshot: str | None) -> dict[str, Any]:
-    """The manifest of one epoch, ``snapshot_id`` included."""
+                   previous_snapshot: str | None,
+                   consent: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest of one epoch, ``snapshot_id`` included; ``consent`` is the seal's
+    consent measurement (:mod:`consumers.consent_seal`), absent from a rebuild's."""
     geometry = _geometry(shards)
     encryption = _encryption(shards)
     identity = dict(dataset["identity"])
@@ -169,6 +171,8 @@ def build_manifest(*, epoch: int, dataset: Mapping[str, Any], boundary: EpochBou
         "parity_override": None if parity_override is None else {"reason": parity_override},
         "encryption": encryption,
     }
+    if consent is not None:
+        manifest["consent"] = dict(consent)
     manifest["content_id"] = content_digest(manifest)
     manifest["snapshot_id"] = manifest_digest(manifest)
     return manifest

@@ -63,6 +63,8 @@ from hebrus_flywheel.consumers.shards import ShardConfig, epoch_dir
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.snapshot import load_manifest
+from hebrus_flywheel.streams.consent import CONSENT_TOPIC, now_ms, scope_for_split
+from hebrus_flywheel.streams.consent_book import ConsentBook
 
 log = logging.getLogger(__name__)
 
@@ -220,10 +222,16 @@ def _policy(config: RebuildConfig, det: Mapping[str, Any], bundle: Any) -> Conte
 
 
 def _intake(plog: PartitionLog, offset: int, verdict: Any, policy: ContentPolicy | None,
-            stats: Counters) -> None:
-    """What the worker does with one record past the block base (see worker._handle)."""
+            stats: Counters, consent: ConsentBook) -> None:
+    """What the worker does with one record past the block base (see worker._handle).
+    Consent is asked now: a rebuild matches while the ledger says what it said at replay
+    time; an owner who revoked since is left out, and the rebuild reports the difference."""
     if not verdict.accepted:
         stats.inc("quarantine", str(verdict.reason))
+        plog.skip(offset)
+    elif not consent.allows(str((verdict.window or {}).get("owner")),
+                            scope_for_split(plog.split), now_ms()):
+        stats.inc("quarantine", "no_consent")
         plog.skip(offset)
     elif policy is not None and (found := policy.screen(verdict.window or {})) is not None:
         stats.inc("policy_dropped", found.reason)
@@ -248,6 +256,9 @@ def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: 
     ranges = {tp: (0, boundary.end_of(*tp)) for tp in logs}
     check = window_check(bundle)
     policy = _policy(config, det, bundle)
+    consent = ConsentBook(bootstrap=config.bootstrap,
+                          topic=str(manifest["source"].get("prefix") or "") + CONSENT_TOPIC)
+    consent.load()
     for msg in read_ranges(config.bootstrap, ranges, timeout_s=config.timeout_s,
                            error=RebuildError):
         plog = logs[(msg.topic(), msg.partition())]
@@ -257,7 +268,7 @@ def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: 
                 plog.written_ids.add(verdict.window["window_id"])
             stats.inc("prime", "records")
             continue
-        _intake(plog, msg.offset(), verdict, policy, stats)
+        _intake(plog, msg.offset(), verdict, policy, stats, consent)
         while (block := plog.next_block(plan)) is not None:
             close_block(bundle.engine, settings, block, plog.split, plog.take(block), stats)
 

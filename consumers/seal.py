@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hebrus_flywheel.consumers import consent_seal
 from hebrus_flywheel.consumers.control import (
     ControlChannel,
     ControlState,
@@ -52,6 +53,8 @@ from hebrus_flywheel.consumers.manifest import (
 from hebrus_flywheel.consumers.shards import epoch_dir
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.snapshot import MANIFEST_FILE, load_manifest
+from hebrus_flywheel.streams.consent import CONSENT_TOPIC, now_ms
+from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.processors.pipeline import capture_topics
 from hebrus_flywheel.streams.processors.runs import StreamsRunError, read_runs
 from hebrus_flywheel.streams.topics import CONTROL_TOPIC, SPLITS, STREAMS_RUNS_TOPIC, window_topic
@@ -224,6 +227,21 @@ def _previous_snapshot(root: Path, epoch: int) -> str | None:
         return None
 
 
+def check_consent(config: SealConfig, root: Path, prefix: str) -> dict[str, Any]:
+    """Every row of the epoch against the consent ledger now (:mod:`.consent_seal`)."""
+    ledger = prefix + CONSENT_TOPIC
+    book = ConsentBook(bootstrap=config.bootstrap, topic=ledger)
+    book.load()
+    block = consent_seal.measure(consent_seal.owner_rows(root, config.epoch), book,
+                                 at_ms=now_ms(), ledger=ledger)
+    if block["rows_refused"]:
+        log.warning("epoch %d: %d of %d rows (%d owners) have no live grant of their split's "
+                    "scope now; refused (readers exclude them, Gate 2 fails until a "
+                    "superseding snapshot drops them)", config.epoch, block["rows_refused"],
+                    block["rows"], block["owners_refused"])
+    return block
+
+
 def seal_epoch(config: SealConfig) -> SealResult:
     """Seal one epoch (see the module doc); idempotent."""
     root = Path(config.dataset).resolve()
@@ -243,7 +261,9 @@ def seal_epoch(config: SealConfig) -> SealResult:
         parity = resolve_parity(config, root, boundary, dataset)
         check_policy(parity, config.override_parity, dataset["identity"]["identity_id"])
         source = {**dataset["source"], "capture": capture_source(config, prefix, boundary)}
+        consent = check_consent(config, root, prefix)
         manifest = build_manifest(
+            consent=consent,
             epoch=config.epoch, dataset={**dataset, "source": source}, boundary=boundary,
             splits_by_topic=_topics(prefix),
             shards=describe_shards(root, config.epoch), parity=parity,

@@ -54,6 +54,8 @@ from hebrus_flywheel.core.progress import DRAINED, WatchdogConfig
 from hebrus_flywheel.core.progress import Verdict as WatchdogVerdict
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.streams import limits, quarantine
+from hebrus_flywheel.streams.consent import CONSENT_TOPIC, now_ms, scope_for_split
+from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.topics import CONTROL_TOPIC, QUARANTINE_TOPIC, SPLITS, window_topic
 
 log = logging.getLogger(__name__)
@@ -183,6 +185,9 @@ class ReplayWorker:
         self.splits = config.window_topics()
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self.kafka = kafka.client_config(config.bootstrap)
+        # fail closed: no readable ledger, no worker; no live grant, no replay
+        self.consent = ConsentBook(bootstrap=self.kafka, topic=config.prefix + CONSENT_TOPIC)
+        self.consent.load()
         self.control = ControlChannel(self.kafka, config.prefix + CONTROL_TOPIC)
         self.plan = EpochPlan(config.shard.offsets_per_shard, self.control.sync().ordered())
         self._last_sync = self._control_ok = time.monotonic()
@@ -259,6 +264,8 @@ class ReplayWorker:
         if not verdict.accepted:
             self._quarantine(verdict, source, msg)
             plog.skip(msg.offset())
+        elif not self._consented(verdict.window or {}, plog.split, source, msg):
+            plog.skip(msg.offset())
         elif (finding := self._screen(verdict.window or {})) is not None:
             self._drop(finding, source)
             plog.skip(msg.offset())
@@ -266,6 +273,19 @@ class ReplayWorker:
             self.stats.inc("intake", "accepted")
         else:
             self.stats.inc("intake", "duplicate")
+
+    def _consented(self, window: Mapping[str, Any], split: str, source: SourceRef,
+                   msg: Any) -> bool:
+        """Whether the window's owner has a live grant of its split's scope now (train
+        split: ``train``; the others: ``evaluate``); else it is quarantined
+        ``no_consent`` by reference (no value bytes, owner or thread)."""
+        scope = scope_for_split(split)
+        if self.consent.allows(str(window.get("owner")), scope, now_ms()):
+            return True
+        verdict = Verdict(window=None, reason="no_consent",
+                          detail=f"no live {scope} grant at replay time")
+        self._quarantine(verdict, source, msg, metadata_only=True)
+        return False
 
     def _screen(self, window: Mapping[str, Any]) -> Finding | None:
         with self.stats.timer("policy"):
@@ -278,10 +298,13 @@ class ReplayWorker:
         log.info("dropped by the content policy %s[%d]@%d: %s", source.topic,
                  source.partition, source.offset, finding.reason)
 
-    def _quarantine(self, verdict: Verdict, source: SourceRef, msg: Any) -> None:
+    def _quarantine(self, verdict: Verdict, source: SourceRef, msg: Any, *,
+                    metadata_only: bool = False) -> None:
         record = quarantine_record(verdict, source, value=msg.value(), key=msg.key(),
                                    headers=msg.headers(),
                                    max_value_bytes=self.config.max_quarantine_value_bytes)
+        if metadata_only:
+            record = quarantine.reference(record, f"{verdict.reason}: metadata only")
         out = quarantine.encode(record)  # size-checked: a reference record if it won't fit
         key = (f"{out.record['owner']}/{out.record['thread']}" if out.record["owner"]
                else "replay").encode()

@@ -79,15 +79,53 @@ def _stage_teacher(ctx: DemoContext) -> None:
     ctx.results["teacher_digest"] = artifact_digest(ctx.teacher_dir)
 
 
+DEMO_POLICY = "demo-synthetic-v1"
+
+
+def demo_owner(raw: str) -> str:
+    """The id capture records carry for the synthetic owner ``raw``: its pseudonym in
+    the local owner key store (the runtime publisher pseudonymizes every owner)."""
+    from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, Pseudonymizer
+
+    return Pseudonymizer(LocalOwnerKeyStore(create=True)).owner(raw)
+
+
+def _epoch_threads(ctx: DemoContext) -> Iterator[Any]:
+    from hebrus_flywheel.replay.capture import load_threads
+
+    # Each epoch captures new threads of the same owners: thread ids carry the epoch so
+    # they never collide with (already closed) threads of earlier epochs.
+    return (dataclasses.replace(t, thread_id=f"e{ctx.epoch:03d}-{t.thread_id}")
+            for t in load_threads(None, ctx.threads, seed=ctx.epoch))
+
+
+def _stage_consent(ctx: DemoContext) -> None:
+    """Grant every scope to the owners of this epoch's threads but the last one, whose
+    records must then be refused at capture (counted in the capture summary)."""
+    from hebrus_flywheel.streams.consent import SCOPES, grant, now_ms
+    from hebrus_flywheel.streams.consent_book import write_entries
+
+    raw_owners = sorted({t.owner for t in _epoch_threads(ctx)})
+    withheld = raw_owners.pop() if len(raw_owners) > 1 else None
+    owners = [demo_owner(raw) for raw in raw_owners]
+    start = now_ms()
+    write_entries(ctx.bootstrap, [grant(owner, SCOPES, granted_at_ms=start,
+                                        expires_at_ms=start + 365 * 86_400_000,
+                                        policy_version=DEMO_POLICY, granted_by="make demo")
+                                  for owner in owners])
+    ctx.results["consent"] = {"granted_owners": len(owners), "scopes": list(SCOPES),
+                              "policy_version": DEMO_POLICY, "withheld_owner": withheld}
+    print(f"[consent] granted {', '.join(SCOPES)} to {len(owners)} synthetic owners "
+          f"(policy {DEMO_POLICY}); {withheld} gets none unless an earlier run granted it: "
+          "its records are refused at capture")
+
+
 def _stage_capture(ctx: DemoContext) -> None:
-    from hebrus_flywheel.replay.capture import CaptureConfig, load_threads
+    from hebrus_flywheel.replay.capture import CaptureConfig
     from hebrus_flywheel.replay.capture_cli import _print_summary, run_capture
 
     config = CaptureConfig(mode="forced", seed=ctx.epoch, interleave=4)
-    # Each epoch captures new threads of the same owners: thread ids carry the epoch so
-    # they never collide with (already closed) threads of earlier epochs.
-    threads = (dataclasses.replace(t, thread_id=f"e{ctx.epoch:03d}-{t.thread_id}")
-               for t in load_threads(None, ctx.threads, seed=ctx.epoch))
+    threads = _epoch_threads(ctx)
     started_ms = time.time() * 1000
     summary = run_capture(teacher_dir=ctx.teacher_dir, threads=threads, config=config,
                           bootstrap=ctx.bootstrap, expected=ctx.threads)
@@ -95,6 +133,8 @@ def _stage_capture(ctx: DemoContext) -> None:
     # published in the last fifth of this capture.
     ctx.temporal_cut_ms = int(started_ms + 0.8 * (time.time() * 1000 - started_ms))
     ctx.results["capture"] = summary
+    if "consent" in ctx.results:
+        ctx.results["consent"]["refused_at_capture"] = summary["refused_no_consent"]
     print("[capture]", end=" ")
     _print_summary(summary)
 
@@ -216,9 +256,10 @@ def _stage_evaluate(ctx: DemoContext) -> None:
 QUALIFY_CONFIG = """\
 # The demo's threads are generated offline by replay.synthetic: no production transcript.
 # Deletion support is not declared: the erasure drill measures it (--erasure-receipt).
+# Whether the rows are authorized is measured from the consent ledger (Gate 2), not
+# declared here.
 [authorization]
 policy = "synthetic-threads"
-approved = true
 production_transcripts = false
 """
 
@@ -262,6 +303,7 @@ def _stage_qualify(ctx: DemoContext) -> None:
 STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("broker", _stage_broker),
     ("teacher", _stage_teacher),
+    ("consent", _stage_consent),
     ("capture", _stage_capture),
     ("streams", _stage_streams),
     ("replay", _stage_replay),
@@ -276,7 +318,7 @@ STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
 # Each stage runs as its own Kafka role (least privilege, see streams/acls.py): the
 # in-process stages set it here; a stage that starts `flywheel` commands sets none, so
 # each command declares its own (streams, replay, sealer, trainer).
-STAGE_ROLES: dict[str, str] = {"broker": "admin", "capture": "runtime"}
+STAGE_ROLES: dict[str, str] = {"broker": "admin", "consent": "admin", "capture": "runtime"}
 
 
 @contextlib.contextmanager

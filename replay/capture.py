@@ -98,6 +98,7 @@ class CaptureSummary:
     delivered: int = 0
     failed: int = 0
     dropped: int = 0
+    refused_no_consent: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     bytes_on_wire: dict[str, int] = field(default_factory=dict)
 

@@ -73,6 +73,7 @@ def run_capture(
         identities_topic=topic_prefix + topics.IDENTITIES_TOPIC,
         transcripts_topic=topic_prefix + topics.TRANSCRIPTS_TOPIC,
         observations_topic=topic_prefix + topics.OBSERVATIONS_TOPIC,
+        consent_topic=topic_prefix + topics.CONSENT_TOPIC,
         full_policy="block_then_raise", max_block_ms=60_000,
         vocab_size=teacher.vocab_size,
     )
@@ -87,6 +88,7 @@ def run_capture(
     stats = publisher.stats()
     summary.delivered, summary.failed = stats.delivered, stats.failed
     summary.dropped = stats.dropped_queue_full + stats.dropped_on_close
+    summary.refused_no_consent = stats.refused_no_consent
     summary.rejected = dict(stats.rejected_invalid)
     summary.bytes_on_wire = dict(stats.bytes_on_wire)
     return summary.as_dict()
@@ -112,5 +114,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"  delivered  {summary['delivered']} records, {wire} bytes on the wire "
         f"({wire / tokens:.0f} bytes per decoded token)\n"
         f"  dropped    {summary['dropped']}   failed {summary['failed']}   "
-        f"rejected {sum(summary['rejected'].values())}"
+        f"rejected {sum(summary['rejected'].values())}   "
+        f"refused (no consent) {summary['refused_no_consent']}"
     )
+    if summary["refused_no_consent"]:
+        typer.echo("  some owners have no live capture grant: their records were not published "
+                   "(`flywheel consent list`; grant with `flywheel consent grant`)")

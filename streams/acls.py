@@ -9,7 +9,7 @@ grants them (:func:`grant_catalogue`). The broker denies everything else
 =========  ==============================================================================
 role       may
 =========  ==============================================================================
-runtime    write + describe (and describe configs of) the capture topics
+runtime    write + describe (and describe configs of) the capture topics; read consent
 streams    read the capture topics; write + read windows, quarantine and streams runs
            (and describe their configs, checked against the catalogue at start);
            everything on its own internal topics and group (``<P>flywheel-streams*``)
@@ -22,10 +22,12 @@ trainer    read windows, quarantine and the streams decisions and crash-ledger t
            describe capture
            (``flywheel qualify --bootstrap-servers`` reads the streams summary); nothing
            else
-admin      super user: creates topics, grants these bindings, manages credentials
+admin      super user: creates topics, grants these bindings, manages credentials,
+           writes the consent ledger (``flywheel consent``)
 =========  ==============================================================================
 
-Every reading role may also use private reader groups (``flywheel-reader-*``, see
+Every role but admin reads the consent ledger (``flywheel.consent.*``) and only admin
+writes it. Every reading role may also use private reader groups (``flywheel-reader-*``, see
 ``core.kafka.make_consumer``).
 """
 
@@ -64,6 +66,7 @@ WINDOWS = "flywheel.windows."
 QUARANTINE = "flywheel.quarantine."
 CONTROL = "flywheel.control."
 STREAMS_RUNS = "flywheel.streams."
+CONSENT = "flywheel.consent."
 REPLAY_GROUP = "flywheel-replay"
 READER_GROUP = "flywheel-reader-"
 SCRAM_ITERATIONS = 8192
@@ -95,22 +98,25 @@ def role_grants(role: str, prefix: str = "") -> tuple[Grant, ...]:
     # their configs against the catalogue: DESCRIBE_CONFIGS, read-only.
     checks = ("DESCRIBE_CONFIGS",)
     table: dict[str, tuple[Grant, ...]] = {
-        "runtime": (topic(CAPTURE, WRITE + checks),),
+        # The consent ledger: the admin writes it (`flywheel consent`); every stage that
+        # handles an owner's data reads it and fails closed without a live grant.
+        "runtime": (topic(CAPTURE, WRITE + checks), topic(CONSENT, READ), reader),
         "streams": (topic(CAPTURE, READ + checks), topic(WINDOWS, READ_WRITE + checks),
                     topic(QUARANTINE, READ_WRITE + checks),
                     topic(STREAMS_RUNS, READ_WRITE + checks),
                     topic(DEFAULT_APP_ID, ("ALL",)), group(prefix + DEFAULT_APP_ID, ("ALL",)),
-                    reader),
+                    topic(CONSENT, READ), reader),
         # The replay worker quarantines windows the teacher cannot replay.
         "replay": (topic(WINDOWS, READ), topic(CONTROL, READ_WRITE), topic(QUARANTINE, WRITE),
-                   group(prefix + REPLAY_GROUP, ("READ", "DESCRIBE")), reader),
+                   group(prefix + REPLAY_GROUP, ("READ", "DESCRIBE")), topic(CONSENT, READ),
+                   reader),
         "sealer": (topic(CONTROL, READ_WRITE), topic(CAPTURE, READ), topic(WINDOWS, READ),
                    topic(STREAMS_RUNS, READ), topic(f"{DEFAULT_APP_ID}-threads-", READ),
-                   group(prefix + REPLAY_GROUP, ("DESCRIBE",)), reader),
+                   group(prefix + REPLAY_GROUP, ("DESCRIBE",)), topic(CONSENT, READ), reader),
         "trainer": (topic(WINDOWS, READ), topic(QUARANTINE, READ),
                     topic(f"{DEFAULT_APP_ID}-decisions-", READ),
                     topic(f"{DEFAULT_APP_ID}-crashes-", READ),
-                    topic(CAPTURE, ("DESCRIBE",)), reader),
+                    topic(CAPTURE, ("DESCRIBE",)), topic(CONSENT, READ), reader),
         "admin": (),
     }
     return table[role]

@@ -44,3 +44,7 @@ class PublisherClosedError(StreamsError):
 class QueueFullError(StreamsError):
     """The publisher's queue stayed full for longer than ``max_block_ms`` under the
     ``block_then_raise`` policy; the record was not enqueued."""
+
+
+class ConsentError(StreamsError):
+    """A consent ledger entry is invalid, or the ledger cannot be read or written."""

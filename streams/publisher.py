@@ -51,6 +51,8 @@ from hebrus_flywheel.schemas.codec import encode_entry, kafka_headers
 from hebrus_flywheel.schemas.exceptions import RecordEncodeError
 from hebrus_flywheel.schemas.registry import SchemaRegistry, default_registry
 from hebrus_flywheel.streams import routes, validation
+from hebrus_flywheel.streams.consent import CONSENT_TOPIC, ConsentCheck
+from hebrus_flywheel.streams.consent_book import capture_gate
 from hebrus_flywheel.streams.exceptions import (
     PublisherClosedError,
     PublishValidationError,
@@ -108,6 +110,12 @@ class PublisherConfig:
         close_timeout_s: how long ``close()`` waits for outstanding deliveries.
         producer_overrides: extra librdkafka settings (cannot change idempotence, acks,
             bootstrap or callbacks).
+        consent_topic: the consent ledger (:mod:`streams.consent`).
+        consent_check: refuse (not publish, count ``refused_no_consent``) every turn and
+            observation whose owner has no live ``capture`` grant at its
+            ``wall_time_ms``. False is for tests and benchmarks only: the publisher
+            then logs a warning at start and every stats snapshot says so
+            (``consent_checked=False``).
     """
 
     bootstrap_servers: str = field(default_factory=lambda: bootstrap_servers(None))
@@ -124,10 +132,12 @@ class PublisherConfig:
     vocab_size: int | None = None
     close_timeout_s: float = 30.0
     producer_overrides: Mapping[str, Any] = field(default_factory=dict)
+    consent_topic: str = CONSENT_TOPIC
+    consent_check: bool = True
 
     def __post_init__(self) -> None:
         for name in ("bootstrap_servers", "identities_topic", "transcripts_topic",
-                     "observations_topic", "producer_id"):
+                     "observations_topic", "producer_id", "consent_topic"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(f"PublisherConfig.{name} must be a non-empty string")
         for name, low in (("queue_capacity", 1), ("max_block_ms", 0), ("linger_ms", 0),
@@ -182,6 +192,9 @@ class PublisherStats:
         queue_depth: records waiting in the in-process queue now.
         in_flight: records inside librdkafka awaiting delivery now.
         first_error: the first delivery / produce / fatal error, if any.
+        refused_no_consent: turns and observations not published because their owner
+            had no live ``capture`` grant (or the consent ledger could not be read).
+        consent_checked: False when the publisher runs with ``consent_check=False``.
     """
 
     enqueued: int
@@ -196,6 +209,8 @@ class PublisherStats:
     queue_depth: int
     in_flight: int
     first_error: str | None
+    refused_no_consent: int = 0
+    consent_checked: bool = True
 
 
 class _Item(NamedTuple):
@@ -213,15 +228,23 @@ class RuntimePublisher:
     too, which also registers further identities. ``keys`` is the owner key store that
     pseudonymizes and seals (default ``LocalOwnerKeyStore(create=True)``). Use as a
     context manager, or call :meth:`close`.
+
+    ``consent`` answers whether an owner may be captured (default: a
+    :class:`~streams.consent_book.ConsentBook` over ``config.consent_topic``); it is
+    consulted for every turn and observation unless ``config.consent_check`` is False.
     """
 
     def __init__(self, config: PublisherConfig | None = None, *,
                  identity: Mapping[str, Any] | None = None,
                  registry: SchemaRegistry | None = None,
-                 keys: OwnerKeyStore | None = None) -> None:
+                 keys: OwnerKeyStore | None = None,
+                 consent: ConsentCheck | None = None) -> None:
         self.config = config if config is not None else PublisherConfig()
         self._sealer = CaptureSealer(keys if keys is not None
                                      else LocalOwnerKeyStore(create=True))
+        self._consent = capture_gate(
+            consent, enabled=self.config.consent_check, bootstrap=self.config.bootstrap_servers,
+            topic=self.config.consent_topic, who=f"publisher {self.config.producer_id}")
         reg = registry if registry is not None else default_registry()
         self._entries = {name: reg.get(name) for name in
                          (IDENTITY_SCHEMA, TURN_SCHEMA, OBSERVATION_SCHEMA)}
@@ -275,10 +298,13 @@ class RuntimePublisher:
 
     def publish_turn(self, turn: Mapping[str, Any]) -> bool:
         """Validate, pseudonymize, seal and enqueue a ``TranscriptTurn`` (v1 fields, raw
-        ids); False if dropped on a full queue."""
+        ids); False if its owner has no live capture grant or it was dropped on a full
+        queue."""
         record, stamp = self._stamped(turn)
         self._guarded(lambda: validation.validate_turn(
             record, validation.resolve_geometry(record, self._geometries)))
+        if not self._consented(record):
+            return False
         key = (record["owner"], record["thread"], record["generation"])
         sealed = self._sealer.turn(record)
         return self._enqueue(
@@ -287,11 +313,13 @@ class RuntimePublisher:
 
     def publish_observation(self, obs: Mapping[str, Any]) -> bool:
         """Validate, pseudonymize, seal and enqueue a ``RouteObservation`` (packed v2
-        routes, or v1 per-layer routes that are packed here; raw ids); False if dropped
-        on a full queue."""
+        routes, or v1 per-layer routes that are packed here; raw ids); False if its owner
+        has no live capture grant or it was dropped on a full queue."""
         stamped, stamp = self._stamped(obs)
         self._guarded(lambda: validation.validate_observation(
             stamped, validation.resolve_geometry(stamped, self._geometries)))
+        if not self._consented(stamped):
+            return False
         record = stamped if routes.is_packed(stamped) else self._guarded(
             lambda: routes.to_v2(stamped))
         key = validation.observation_ordinal_key(record)
@@ -321,6 +349,8 @@ class RuntimePublisher:
         remaining = self.flush(timeout)
         self._abort.set()
         self._thread.join()
+        if self._consent is not None:
+            self._consent.close()
         if remaining:
             self._producer.purge()
             self._producer.flush(0)
@@ -343,7 +373,9 @@ class RuntimePublisher:
                 failed_by_topic=self._topic_counts("failed"),
                 bytes_on_wire=self._topic_counts("bytes"),
                 queue_depth=self._queue.qsize(), in_flight=len(self._producer),
-                first_error=self._first_error)
+                first_error=self._first_error,
+                refused_no_consent=self._counts["refused_no_consent"],
+                consent_checked=self._consent is not None)
 
     def __enter__(self) -> RuntimePublisher:
         return self
@@ -356,6 +388,22 @@ class RuntimePublisher:
     def _register(self, identity: Mapping[str, Any]) -> None:
         geometry = validation.validate_identity(identity, vocab_size=self.config.vocab_size)
         self._geometries[geometry.identity_id] = geometry
+
+    def _consented(self, record: Mapping[str, Any]) -> bool:
+        """The consent hook: False (counted, warned) when the record's owner has no live
+        ``capture`` grant at its wall time."""
+        if self._consent is None:
+            return True
+        self._check_open()
+        # the ledger is keyed by pseudonyms; the raw id is never logged
+        owner = self._sealer.owner_pseudonym(str(record["owner"]))
+        if self._consent.allows(owner, record["wall_time_ms"]):
+            return True
+        self._bump("refused_no_consent")
+        self._warn_throttled("owner %s has no live capture grant at %d: record not published "
+                             "(grant with `flywheel consent grant`)", owner,
+                             record["wall_time_ms"])
+        return False
 
     def _stamped(self, record: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """A copy with producer fields filled in; True when ``counter`` is ours to assign

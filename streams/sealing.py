@@ -127,6 +127,16 @@ class CaptureSealer:
         self.keys = keys
         self.names = Pseudonymizer(keys)
         self._ids: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+        self._owners: dict[str, str] = {}
+
+    def owner_pseudonym(self, raw_owner: str) -> str:
+        """The pseudonym of a raw owner id (what the consent ledger is keyed by)."""
+        named = self._owners.get(raw_owner)
+        if named is None:
+            if len(self._owners) >= self.CACHE_SIZE:
+                self._owners.clear()
+            named = self._owners[raw_owner] = self.names.owner(raw_owner)
+        return named
 
     def turn(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """A ``TranscriptTurn.v2`` dict from a v1-shaped dict with raw ids."""

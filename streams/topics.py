@@ -54,6 +54,7 @@ OBSERVATIONS_TOPIC = "flywheel.capture.observations.v1"
 QUARANTINE_TOPIC = "flywheel.quarantine.records.v1"
 CONTROL_TOPIC = "flywheel.control.epochs.v1"
 STREAMS_RUNS_TOPIC = "flywheel.streams.runs.v1"
+CONSENT_TOPIC = "flywheel.consent.ledger.v1"
 SPLITS: tuple[str, ...] = (
     "train",
     "validation",
@@ -219,6 +220,13 @@ _BASE_CATALOGUE: tuple[TopicSpec, ...] = (
         partitions=1,
         key="streams app id",
         doc="One record per streams worker start: its full config and capture start offsets.",
+    ),
+    TopicSpec(
+        name=CONSENT_TOPIC,
+        partitions=1,
+        cleanup_policy="compact",
+        key="owner pseudonym",
+        doc="The consent ledger: the latest grant or revocation per owner (streams.consent).",
     ),
 )
 

@@ -47,6 +47,40 @@ def _overrides(config: Any, **flags: Any) -> Any:
     return dataclasses.replace(config, **top)
 
 
+_BOOTSTRAP = typer.Option(None, "--bootstrap-servers",
+                          help="Kafka bootstrap of the consent ledger [default: env or the "
+                          "embedded broker].")
+_NO_LEDGER = typer.Option(False, "--no-consent-ledger",
+                          help="Do not re-check owners against the consent ledger (offline); "
+                          "only the rows the seal refused are excluded. Reported loudly.")
+
+
+def consent_source(snapshot: Path, bootstrap: str | None, skip: bool) -> Any:
+    """The consent ledger the snapshot's pipeline used (its topic prefix is in the
+    manifest), or None with a warning when ``skip``."""
+    if skip:
+        typer.secho("warning: --no-consent-ledger: owners are not re-checked against the "
+                    "consent ledger; only rows the seal refused are excluded", fg="red",
+                    err=True)
+        return None
+    from hebrus_flywheel.core.settings import bootstrap_servers
+    from hebrus_flywheel.core.snapshot import load_manifest
+    from hebrus_flywheel.streams.consent import CONSENT_TOPIC
+    from hebrus_flywheel.streams.consent_book import ConsentBook
+
+    directory = snapshot.parent if snapshot.name == "manifest.json" else snapshot
+    prefix = str((load_manifest(directory).get("source") or {}).get("prefix") or "")
+    book = ConsentBook(bootstrap=bootstrap_servers(bootstrap), topic=prefix + CONSENT_TOPIC)
+    book.load()  # fail closed: an unreadable ledger stops here, naming the topic
+    return book
+
+
+def _print_consent(report: dict[str, Any]) -> None:
+    typer.echo(f"consent ({report.get('source')}): {report.get('rows_excluded', 0)} of "
+               f"{report.get('rows_checked', '?')} rows excluded "
+               f"({report.get('owners_excluded', 0)} owners without a live grant)")
+
+
 def train_command(
     snapshot: Path = typer.Option(..., "--snapshot", help="Sealed epoch directory (or its "
                                   "manifest.json)."),
@@ -65,6 +99,8 @@ def train_command(
                                          help="Progress bar (default: the config's)."),
     resume: Path | None = typer.Option(None, "--resume", help="Start from this checkpoint's "
                                        "parameters (refused when an erasure tainted it)."),
+    bootstrap: str | None = _BOOTSTRAP,
+    no_consent_ledger: bool = _NO_LEDGER,
 ) -> None:
     """Train a route sidecar on a snapshot's train split (DDP under torchrun)."""
     declare_role("trainer")
@@ -74,8 +110,11 @@ def train_command(
     settings = _overrides(load_config(config), seed=seed, device=device, threads=threads,
                           optim__max_steps=max_steps, data__batch_size=batch_size,
                           data__num_workers=workers, schedule__progress=progress)
-    result = train(snapshot, out, settings, expected_id=snapshot_id, resume=resume)
+    consent = consent_source(snapshot, bootstrap, no_consent_ledger)
+    result = train(snapshot, out, settings, expected_id=snapshot_id, resume=resume,
+                   consent=consent)
     if int(os.environ.get("RANK", "0")) == 0:
+        _print_consent(result.lineage.get("snapshot", {}).get("consent") or {})
         outcome = result.lineage.get("training", {})
         typer.echo(f"checkpoint {result.lineage.get('checkpoint_id')} in {result.checkpoint_dir}"
                    f": best step {outcome.get('best_step')}, validation "
@@ -95,6 +134,8 @@ def evaluate_command(
     snapshot_id: str | None = typer.Option(None, "--snapshot-id",
                                            help="Refuse unless the snapshot has this id."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar."),
+    bootstrap: str | None = _BOOTSTRAP,
+    no_consent_ledger: bool = _NO_LEDGER,
 ) -> None:
     """Score every control and the checkpoint on the evaluation splits; print a table."""
     declare_role("trainer")
@@ -103,8 +144,10 @@ def evaluate_command(
     settings = EvaluateConfig(splits=tuple(split), batch_size=batch_size, seed=seed,
                               progress=progress)
     report = evaluate(snapshot, checkpoint, settings, teacher_dir=teacher,
-                      expected_id=snapshot_id)
+                      expected_id=snapshot_id,
+                      consent=consent_source(snapshot, bootstrap, no_consent_ledger))
     print_report(report)
+    _print_consent(report["snapshot"]["consent"])
     if out is not None:
         write_report(report, out)
         typer.echo(f"report written to {out}")

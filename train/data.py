@@ -33,13 +33,14 @@ A batch (dict) holds ``B`` (token, layer) rows, O layer offsets:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -50,6 +51,7 @@ from hebrus_flywheel.core.snapshot import (
     manifest_path,
     open_snapshot,
 )
+from hebrus_flywheel.train.consent import sealed_refusals, sealed_summary
 from hebrus_flywheel.train.exceptions import SnapshotError
 from hebrus_flywheel.train.metrics import NO_DOMAIN, SPLITS
 
@@ -88,6 +90,9 @@ class Snapshot:
         self.geometry = dict(self.manifest["geometry"])
         self.expert_count = self.layout.route.expert_count
         self.row_group_rows = self.manifest.row_group_rows
+        # fail closed: rows the seal refused for lack of consent are never read
+        self.excluded: dict[str, frozenset[str]] = sealed_refusals(self.manifest)
+        self.consent: dict[str, Any] = sealed_summary(self.manifest)
 
     @property
     def snapshot_id(self) -> str:
@@ -118,14 +123,25 @@ class Snapshot:
                 "identity_id": self.manifest.identity.get("identity_id"),
                 "geometry": {**self.geometry, "expert_count": self.expert_count},
                 "feature_contract": self.feature_contract,
-                "splits": self.manifest.get("splits")}
+                "splits": self.manifest.get("splits"), "consent": dict(self.consent)}
 
-    def read(self, unit: Unit, columns: Sequence[str]) -> pa.Table:
-        """Rows of one unit (verifying its shard first, once per process)."""
+    def exclude(self, owners: Mapping[str, frozenset[str]]) -> None:
+        """Skip the rows of ``owners`` per split in every later :meth:`read`."""
+        self.excluded = {**self.excluded, **{s: frozenset(o) for s, o in owners.items()}}
+
+    def read(self, unit: Unit, columns: Sequence[str], *, filtered: bool = True) -> pa.Table:
+        """Rows of one unit (verifying its shard first, once per process), without the
+        rows of excluded owners (:mod:`train.consent`) unless ``filtered`` is False."""
+        excluded = self.excluded.get(self.manifest.shards[unit.shard].split) if filtered else None
+        wanted = list(columns) if not excluded or "owner" in columns else [*columns, "owner"]
         try:
-            return self._sealed.read_shard(unit.shard, columns, unit.row_group)
+            table = self._sealed.read_shard(unit.shard, wanted, unit.row_group)
         except SnapshotContractError as exc:
             raise SnapshotError(str(exc)) from exc
+        if excluded:
+            keep = pc.invert(pc.is_in(table.column("owner"), value_set=pa.array(sorted(excluded))))
+            table = table.filter(keep).select(list(columns))
+        return table
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import atomic_write_json, make_dirs
+from hebrus_flywheel.streams.consent import ConsentCheck
 from hebrus_flywheel.train.baselines import (
     BaselineConfig,
     FrequencyTable,
@@ -41,6 +42,7 @@ from hebrus_flywheel.train.baselines import (
     frequency_scores,
 )
 from hebrus_flywheel.train.checkpoint import LoadedCheckpoint, load_checkpoint
+from hebrus_flywheel.train.consent import check_ledger
 from hebrus_flywheel.train.data import Snapshot, SnapshotDataset, StreamConfig, batch_splits
 from hebrus_flywheel.train.exceptions import BaselineError, CheckpointError, SnapshotError
 from hebrus_flywheel.train.metrics import (
@@ -295,12 +297,16 @@ def _batches(snapshot: Snapshot, splits: tuple[str, ...], config: EvaluateConfig
 
 def evaluate(snapshot_path: Path, checkpoint_path: Path, config: EvaluateConfig, *,
              teacher_dir: Path | None = None, router: RouterWeights | None = None,
-             expected_id: str | None = None) -> dict[str, Any]:
-    """The full report (see the module doc); ``router`` overrides ``teacher_dir``."""
+             expected_id: str | None = None,
+             consent: ConsentCheck | None = None) -> dict[str, Any]:
+    """The full report (see the module doc); ``router`` overrides ``teacher_dir``.
+    ``consent``: re-check every owner against the consent ledger (train.consent)."""
     snapshot = Snapshot(snapshot_path, expected_id=expected_id)
     checkpoint = load_checkpoint(checkpoint_path)
     check_compatible(checkpoint, snapshot)
     splits = evaluation_splits(snapshot, config)
+    if consent is not None:
+        check_ledger(snapshot, sorted({*splits, TRAIN_SPLIT}), consent)
     if router is None and teacher_dir is not None:
         router = teacher_router(teacher_dir, snapshot)
     run = Evaluation(snapshot, checkpoint, config, router)
@@ -312,7 +318,7 @@ def evaluate(snapshot_path: Path, checkpoint_path: Path, config: EvaluateConfig,
     return {
         "schema": REPORT_SCHEMA,
         "snapshot": {"snapshot_id": snapshot.snapshot_id, "path": str(snapshot.directory),
-                     "splits": list(splits)},
+                     "splits": list(splits), "consent": dict(snapshot.consent)},
         "checkpoint": {"checkpoint_id": checkpoint.lineage.get("checkpoint_id"),
                        "path": str(checkpoint.path), "method": method,
                        "trained_on_snapshot": trained_on,

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from hebrus_flywheel.core.files import append_file, make_dirs
 from hebrus_flywheel.core.taint import refuse_tainted
+from hebrus_flywheel.streams.consent import ConsentCheck
 from hebrus_flywheel.train import ddp
 from hebrus_flywheel.train.checkpoint import (
     HISTORY_FILE,
@@ -38,6 +39,7 @@ from hebrus_flywheel.train.checkpoint import (
     save_checkpoint,
 )
 from hebrus_flywheel.train.config import TrainConfig, config_to_dict
+from hebrus_flywheel.train.consent import check_ledger
 from hebrus_flywheel.train.data import (
     Snapshot,
     SnapshotDataset,
@@ -288,9 +290,15 @@ def _resume(trainer: Trainer, resume: Path) -> None:
 
 
 def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
-          expected_id: str | None = None, resume: Path | None = None) -> TrainResult:
+          expected_id: str | None = None, resume: Path | None = None,
+          consent: ConsentCheck | None = None) -> TrainResult:
     """Train on ``snapshot`` into ``out_dir`` (single process, or a torchrun rank),
-    starting from the checkpoint ``resume`` if given (never from a tainted one)."""
+    starting from the checkpoint ``resume`` if given (never from a tainted one).
+
+    Rows the seal refused for lack of consent are always skipped; with ``consent`` (the
+    CLI passes the consent ledger) every owner of the train and validation splits is
+    checked again now and those without a live grant are skipped too; the counts go
+    into the checkpoint's lineage (``snapshot.consent``)."""
     if resume is not None:
         refuse_tainted(resume, action="resume from")
     refuse_tainted(Path(out_dir), action="write over")
@@ -299,6 +307,9 @@ def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
     ctx = ddp.init_distributed(config.device)
     try:
         opened = Snapshot(snapshot, expected_id=expected_id, verify=config.data.verify)
+        if consent is not None:
+            check_ledger(opened, (config.data.train_split, config.data.validation_split),
+                         consent)
         out_dir = Path(out_dir)
         if ctx.is_main:
             make_dirs(out_dir)

@@ -58,6 +58,7 @@ from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits, quarantine
+from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.owner_seal import Erased, OwnerSealer, open_fields, seal_fields
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
 from hebrus_flywheel.streams.processors.crash import crash_only_agent, crash_only_timer, on_crash
@@ -173,6 +174,9 @@ class StreamsWorker:
         on_crash(self._on_crash)
         self.identities = IdentityBook(bootstrap=config.bootstrap, topic=self.topics.identities)
         self.identities.load()
+        # Fail closed: no readable ledger, no worker; no live capture grant, no window.
+        self.consent = ConsentBook(bootstrap=config.bootstrap, topic=self.topics.consent)
+        self.consent.load()
         self.app = self._make_app()
         self._declare()
 
@@ -226,6 +230,7 @@ class StreamsWorker:
             dedup_config=p.dedup,
             resolve_identity=self.identities.resolve,
             counters=self.counters,
+            capture_consent=lambda owner, at_ms: self.consent.allows(owner, "capture", at_ms),
         )
         self.dedup = DedupStage(
             split_config=p.split, dedup_config=p.dedup, store=dedup_table, counters=self.counters

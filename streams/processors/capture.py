@@ -32,6 +32,8 @@ from hebrus_flywheel.core.privacy import (
     is_pseudonym,
 )
 from hebrus_flywheel.core.privacy.pseudonyms import OWNER, THREAD
+from hebrus_flywheel.streams import quarantine
+from hebrus_flywheel.streams.exceptions import ConsentError
 from hebrus_flywheel.streams.processors import assemble as asm
 from hebrus_flywheel.streams.processors.common import (
     counter_key,
@@ -86,7 +88,12 @@ class CaptureStage:
         resolve_identity: Callable[[str], None] | None = None,
         counters: Counters | None = None,
         keys: OwnerKeyStore | None = None,
+        capture_consent: Callable[[str, int], bool] | None = None,
     ) -> None:
+        """``capture_consent(owner, at_ms)``: whether the owner had a live ``capture``
+        grant at the record's wall time (the worker passes its consent ledger); a
+        record without one is quarantined ``no_consent`` by reference. None checks
+        nothing (in-process reference pipelines of the tests)."""
         self.kinds = {name: kind for kind, name in topics.items()}
         self.topics = dict(topics)
         self.store = store
@@ -98,6 +105,7 @@ class CaptureStage:
         self.counters = counters or Counters()
         self._keys = keys
         self._opener: CaptureOpener | None = None
+        self.capture_consent = capture_consent
 
     @property
     def opener(self) -> CaptureOpener:
@@ -118,6 +126,8 @@ class CaptureStage:
             return self.process(**message)
         except KeyStoreError:
             raise
+        except ConsentError:
+            raise  # an unreadable consent ledger is an outage, not a bad record: crash
         except Exception as exc:
             log.exception(
                 "processing %s:%s:%s failed",
@@ -173,6 +183,8 @@ class CaptureStage:
             problem = self._check_counter(source, record)
         if problem is not None:
             return [self._quarantine(source, problem, value, key, headers, record, schema)]
+        if not self._consented(record):
+            return [self._no_consent(source, record, value)]
         self.counters.inc("validate", "passed")
         return self._assemble(source, kind, record, routes, now_ms, (value, key, headers, schema))
 
@@ -375,6 +387,22 @@ class CaptureStage:
             emit.value.update(value=b"", value_truncated=True, reference_only=True,
                               source_headers=[])
         return emit
+    def _consented(self, record: Mapping[str, Any]) -> bool:
+        if self.capture_consent is None:
+            return True
+        return self.capture_consent(record["owner"], record["wall_time_ms"])
+
+    def _no_consent(self, source: SourceRef, record: Mapping[str, Any],
+                    value: bytes | None) -> Emit:
+        """A metadata-only quarantine record: where the record is, its size and SHA-256;
+        no value bytes, key, headers, owner or thread."""
+        self.counters.inc("quarantine", "no_consent")
+        problem = Rejection("no_consent", f"no live capture grant at wall_time_ms="
+                                          f"{record['wall_time_ms']}")
+        full = quarantine_record(source=source, rejection=problem, value=value,
+                                 config=self.vconf)
+        rec = quarantine.reference(full, "no consent: metadata only")
+        return Emit(QUARANTINE, f"{source.topic}:{source.partition}:{source.offset}", rec)
 
     def _thread_quarantine(self, header: Mapping[str, Any], problem: Rejection | None) -> Emit:
         rejection = problem or Rejection("incomplete_thread", "thread could not be assembled")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,9 +123,11 @@ class LocalPipeline:
     def __init__(
         self, config: ProcessorConfig | None = None, *, prefix: str = "",
         release_order: Sequence[str] | None = None, keys: OwnerKeyStore | None = None,
+        capture_consent: Callable[[str, int], bool] | None = None,
     ) -> None:
         self.keys = keys  # opens sealed capture; None: LocalOwnerKeyStore() on first use
         self.topics = capture_topics(prefix)
+        self.capture_consent = capture_consent
         self.counters = Counters()
         self.capture_store: dict[str, Any] = {}
         self.dedup_store: dict[str, Any] = {}
@@ -152,6 +154,7 @@ class LocalPipeline:
             dedup_config=self.config.dedup,
             counters=self.counters,
             keys=self.keys,
+            capture_consent=self.capture_consent,
         )
         self.dedup = DedupStage(
             split_config=self.config.split,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from hebrus_flywheel.streams.processors.exceptions import WorkerError
 from hebrus_flywheel.streams.retention import RetentionPolicy, load_policy
 from hebrus_flywheel.streams.topics import (
+    CONSENT_TOPIC,
     IDENTITIES_TOPIC,
     OBSERVATIONS_TOPIC,
     QUARANTINE_TOPIC,
@@ -55,6 +56,7 @@ class StreamTopics:
     decisions: str
     ticks: str
     crashes: str
+    consent: str = ""
 
     @classmethod
     def from_prefix(cls, prefix: str = "", app_id: str = DEFAULT_APP_ID) -> StreamTopics:
@@ -71,6 +73,7 @@ class StreamTopics:
             decisions=f"{app}-decisions-v1",
             ticks=f"{app}-ticks-v1",
             crashes=f"{app}-crashes-v1",
+            consent=prefix + CONSENT_TOPIC,
         )
 
     def capture_kinds(self) -> dict[str, str]:

@@ -49,6 +49,8 @@ PROCESSOR_REASONS: dict[str, str] = {
     "window_exceeds_context": "replay: the window has more tokens than the teacher's context",
     "owner_erased": "replay: the window is sealed under an owner data key that an erasure "
     "destroyed; kept as metadata only (reference), its bytes are unreadable for good",
+    "no_consent": "the record's owner had no live capture grant in the consent ledger at the "
+    "record's wall time; kept by reference only (no value bytes, no owner or thread)",
     "poison": "the record crashed the streams worker N times in a row (--poison-after-crashes); "
     "quarantined by reference on the next start so its partition goes on",
     **SEALING_REASONS,

@@ -166,7 +166,10 @@ def integrity(data: dict) -> dict[str, Any]:
     return {"splits": splits, "overlaps": [],
             "near_duplicates": {"found": 3, "removed": 3, "threshold": 0.9, "method": "minhash"},
             "authorization": {"policy": "synthetic-threads", "approved": True,
-                              "production_transcripts": False, "deletion_supported": True}}
+                              "production_transcripts": False, "deletion_supported": True},
+            "consent": {"rows": 640, "rows_granted": 640, "owners": 12, "owners_refused": 0,
+                        "checked_at_ms": 1_767_225_600_000,
+                        "ledger": "flywheel.consent.ledger.v1", "refused_records": 4}}
 
 
 def make() -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import pytest
 
@@ -20,9 +21,17 @@ from hebrus_flywheel.core.kafka.security import insecure_marker, role_properties
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV, KAFKA_CONFIG_ENV
 from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker, probe_metadata
+from hebrus_flywheel.streams.consent import CONSENT_TOPIC
 from hebrus_flywheel.streams.exceptions import BrokerError
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics
-from hebrus_flywheel.streams.topics import TopicSpec, catalogue, create_topics, delete_topics
+from hebrus_flywheel.streams.topics import (
+    TopicSpec,
+    catalogue,
+    create_topics,
+    delete_topics,
+    spec_for,
+)
+from tests.support.consent import grant_owners
 
 # faust's changelog topics of the stream worker's tables (streams.processors.app)
 STREAMS_TABLES = ("capture-state", "dedup-state")
@@ -89,6 +98,15 @@ class TopicFactory:
                     *(f"{full_app}-{table}-changelog" for table in STREAMS_TABLES),
                     f"{full_app}-__assignor-__leader"])
         return prefix, topics
+
+    def grant_consent(self, owners: Iterable[str], **kwargs: Any) -> str:
+        """Grant consent (every scope unless ``scopes=``) to ``owners`` on this prefix's
+        consent ledger, creating the ledger topic if needed; returns its name. Every test
+        that captures data calls this (or ``tests.support.consent``) first."""
+        spec = spec_for(self.prefix + CONSENT_TOPIC, catalogue(self.prefix))
+        self.create([spec])
+        grant_owners(self.bootstrap, owners, prefix=self.prefix, **kwargs)
+        return spec.name
 
     def create(self, specs: Sequence[TopicSpec]) -> dict[str, str]:
         """Create ``specs`` (tracked for deletion); returns name -> created|exists."""

@@ -85,8 +85,10 @@ def _opened(readers: dict[bytes, avro.io.DatumReader], value: bytes) -> dict[str
 def captured(kafka_bootstrap: str, teacher_dir: Path, topic_factory: Any) -> dict[str, Any]:
     topic_factory.catalogue()
     prefix = topic_factory.prefix
+    threads = list(generate_threads(THREADS, seed=7))
+    topic_factory.grant_consent({t.owner for t in threads})
     summary = run_capture(
-        teacher_dir=teacher_dir, threads=list(generate_threads(THREADS, seed=7)),
+        teacher_dir=teacher_dir, threads=threads,
         config=CaptureConfig(mode="forced", interleave=2), bootstrap=kafka_bootstrap,
         topic_prefix=prefix, create_topics=False,
     )
@@ -108,6 +110,7 @@ def test_everything_published_was_delivered(captured: dict[str, Any]) -> None:
     summary = captured["summary"]
     assert summary["threads"] == THREADS
     assert summary["failed"] == 0 and summary["dropped"] == 0
+    assert summary["refused_no_consent"] == 0
     assert summary["decoded_tokens"] == summary["observations"] > 0
     assert len(captured["transcripts"]) == summary["turns"]
     assert len(captured["observations"]) == summary["observations"]

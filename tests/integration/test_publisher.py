@@ -90,10 +90,12 @@ def consume(bootstrap: str, topics: list[str], expected: int, timeout_s: float =
 def test_publish_and_consume_back(kafka_bootstrap: str, topic_factory: Any) -> None:
     topics = {name: topic_factory(name, partitions=3)
               for name in ("identities", "transcripts", "observations")}
+    consent_topic = topic_factory.grant_consent({owner for owner, _ in THREADS})
     config = PublisherConfig(
         bootstrap_servers=kafka_bootstrap, identities_topic=topics["identities"],
         transcripts_topic=topics["transcripts"], observations_topic=topics["observations"],
-        producer_id=f"test-{uuid.uuid4().hex[:8]}", queue_capacity=1000, max_block_ms=1000)
+        producer_id=f"test-{uuid.uuid4().hex[:8]}", queue_capacity=1000, max_block_ms=1000,
+        consent_topic=consent_topic)
     with RuntimePublisher(config, identity=IDENTITY) as pub:
         assert pub.publish_identity(IDENTITY)
         for owner, thread in THREADS:
@@ -113,6 +115,7 @@ def test_publish_and_consume_back(kafka_bootstrap: str, topic_factory: Any) -> N
                                         topics["observations"]: TOKENS * len(THREADS)}
     assert set(stats.bytes_on_wire) == set(topics.values())
     assert stats.first_error is None
+    assert stats.refused_no_consent == 0 and stats.consent_checked
 
     messages = consume(kafka_bootstrap, list(topics.values()), total)
     assert len(messages) == total

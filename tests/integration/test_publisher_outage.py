@@ -21,6 +21,7 @@ from hebrus_flywheel.core.identity import with_identity_id
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker
 from hebrus_flywheel.streams.publisher import PublisherConfig, PublisherStats, RuntimePublisher
+from tests.support.consent import ledger_allowing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(bool(os.environ.get(BOOTSTRAP_ENV)),
@@ -72,7 +73,10 @@ def _outage(bootstrap: str, topic: str, *, delivery_timeout_s: float,
         producer_id=f"outage-{uuid.uuid4().hex[:8]}", max_block_ms=1000,
         delivery_timeout_ms=int(delivery_timeout_s * 1000), linger_ms=5,
         producer_overrides={"request.timeout.ms": int(delivery_timeout_s * 1000) // 2})
-    with RuntimePublisher(config, identity=IDENTITY) as pub:
+    # Consent from memory: the ledger topic is unreadable during the outage (a real
+    # ConsentBook would refuse, fail closed); this test is about delivery.
+    with RuntimePublisher(config, identity=IDENTITY,
+                          consent=ledger_allowing(["outage"])) as pub:
         _publish(pub, 0)
         assert pub.flush(30) == 0 and pub.stats().delivered == PER_BATCH
         broker.down()

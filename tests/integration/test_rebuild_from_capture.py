@@ -36,6 +36,7 @@ from hebrus_flywheel.replay.synthetic import generate_threads
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.runs import group_members, read_runs
 from hebrus_flywheel.streams.topics import OBSERVATIONS_TOPIC, STREAMS_RUNS_TOPIC
+from tests.support.consent import grant_owners
 from tests.support.streams_harness import WorkerProcess, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -72,6 +73,7 @@ def _run_streams(bootstrap: str, prefix: str, tmp: Path, flags: dict[str, Any],
 def _capture(bootstrap: str, prefix: str, teacher_dir: Path, seed: int) -> None:
     threads = [dataclasses.replace(t, thread_id=f"s{seed}-{t.thread_id}")
                for t in generate_threads(4, seed=seed)]
+    grant_owners(bootstrap, {t.owner for t in threads}, prefix=prefix)
     run_capture(teacher_dir=teacher_dir, threads=threads,
                 config=CaptureConfig(mode="forced", interleave=2), bootstrap=bootstrap,
                 topic_prefix=prefix, create_topics=False)

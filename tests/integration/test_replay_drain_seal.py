@@ -21,6 +21,7 @@ from hebrus_flywheel.consumers.shards import iter_shards
 from hebrus_flywheel.core.progress import read_health
 from hebrus_flywheel.core.snapshot import default_kek_path
 from hebrus_flywheel.streams.topics import catalogue, window_topic
+from tests.support.consent import revoke_owners
 from tests.support.windows import (
     WorkerProcess,
     corpus_token_ids,
@@ -73,5 +74,51 @@ def test_drain_waits_for_the_seal_boundary_then_exits_zero(
         (topic, 0): 6}
     assert sealed.manifest["totals"]["windows"] == 6
     assert len(list(iter_shards(root))) == 2
+    for dirpath, _, _ in os.walk(root):  # sealed epochs are read-only
+        os.chmod(dirpath, 0o755)
+
+
+def test_seal_refuses_rows_of_an_owner_who_revoked_after_replay(
+        topic_factory: Any, teacher_dir: Path, tmp_path: Path) -> None:
+    from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
+    from hebrus_flywheel.replay.teacher import load_teacher
+    from hebrus_flywheel.train.data import Snapshot
+
+    ident = str(build_runtime_identity(load_teacher(teacher_dir))["identity_id"])
+    tokens = corpus_token_ids(teacher_dir)
+    bootstrap, prefix = topic_factory.bootstrap, f"{topic_factory.prefix}revoked."
+    topic_factory.create(catalogue(prefix))
+    windows = [w for i in range(2) for w in thread_windows(
+        tokens, identity_id=ident, owner=f"r{i}", thread="t", count=4, start=100 * i)]
+    publish_windows(bootstrap, prefix, windows, partition=0)  # two whole blocks of 4
+    root = tmp_path / "dataset"
+    worker = WorkerProcess(
+        ["--teacher", str(teacher_dir), "--dataset", str(root), "--bootstrap-servers",
+         bootstrap, "--prefix", prefix, "--offsets-per-shard", "4", "--row-group-rows", "4",
+         "--batch-windows", "2", "--torch-threads", "1", "--drain"],
+        log_path=tmp_path / "worker.log", env={"FLYWHEEL_HOME": str(tmp_path / "home"),
+                                               "FLYWHEEL_KEK_FILE": str(default_kek_path())})
+    try:
+        assert worker.wait(240) == 0, worker.output()[-3000:]
+    finally:
+        worker.kill()
+    revoke_owners(bootstrap, ["r1"], prefix=prefix)  # after replay, before the seal
+    sealed = seal_epoch(SealConfig(dataset=root, epoch=0, bootstrap=bootstrap,
+                                   timeout_s=120, override_parity="test: no holdout"))
+    consent = sealed.manifest["consent"]
+    rows = sealed.manifest["totals"]["rows"]
+    assert consent["rows"] == rows and consent["rows_refused"] == rows // 2
+    assert consent["refused"] == {"train": {"r1": rows // 2}}
+    assert consent["authorized_fraction"] == 0.5 and consent["owners_refused"] == 1
+    snapshot = Snapshot(root / "epoch=0")  # every reader skips the refused rows
+    assert snapshot.consent["rows_excluded"] == rows // 2
+    owners = {o for unit in snapshot.units(["train"])
+              for o in snapshot.read(unit, ["owner"]).column("owner").to_pylist()}
+    assert owners == {"r0"}
+    # `flywheel train|evaluate` ask the ledger the snapshot's prefix names, again
+    from hebrus_flywheel.train.cli import consent_source
+    from hebrus_flywheel.train.consent import check_ledger
+    report = check_ledger(snapshot, ["train"], consent_source(root / "epoch=0", bootstrap, False))
+    assert report["source"] == "ledger" and report["rows_excluded"] == rows // 2
     for dirpath, _, _ in os.walk(root):  # sealed epochs are read-only
         os.chmod(dirpath, 0o755)

@@ -26,6 +26,7 @@ from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
 from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.topics import QUARANTINE_TOPIC, catalogue, window_topic
+from tests.support.consent import grant_owners
 from tests.support.plaintext import plaintext_copy
 from tests.support.windows import (
     WorkerProcess,
@@ -187,3 +188,33 @@ def test_a_failed_shard_write_exits_non_zero_without_commit_and_a_restart_writes
     assert not any((root / STAGING_DIR).iterdir())
     assert {r[0] for r in rows} == {w["window_id"] for w in windows}
     assert committed_offsets(bootstrap, group, [(train, 0)]) == {(train, 0): 8}
+
+
+def test_windows_without_a_live_grant_of_their_scope_are_quarantined_metadata_only(
+    topic_factory: Any, teacher_dir: Path, identity_id: str, tokens: list[int], tmp_path: Path,
+) -> None:
+    bootstrap = topic_factory.bootstrap
+    prefix = _prefix(topic_factory, "noconsent")
+    ok = thread_windows(tokens, identity_id=identity_id, owner="ok", thread="t", count=3)
+    evaluate_only = thread_windows(tokens, identity_id=identity_id, owner="eval-only",
+                                   thread="t", count=2)
+    nobody = thread_windows(tokens, identity_id=identity_id, owner="nobody", thread="t",
+                            count=3)  # 8 offsets: two whole blocks of 4
+    grant_owners(bootstrap, ["eval-only"], prefix=prefix, scopes=("capture", "evaluate"))
+    publish_windows(bootstrap, prefix, ok, partition=0)  # grants "ok" every scope
+    publish_windows(bootstrap, prefix, evaluate_only + nobody, partition=0, consent=False)
+    root = tmp_path / "dataset"
+    root.mkdir()
+    worker = WorkerProcess(_args(teacher_dir, root, bootstrap, prefix),
+                           log_path=tmp_path / "worker.log")
+    try:
+        assert worker.wait(timeout_s=240) == 0, worker.output()[-3000:]
+    finally:
+        worker.kill()
+    assert {r[0] for r in _rows(root)} == {w["window_id"] for w in ok}
+    refused = _quarantined(bootstrap, prefix)
+    assert len(refused) == len(evaluate_only) + len(nobody)
+    for rec in refused:  # train windows need a train grant; nothing of them is copied
+        assert rec["reason"] == "no_consent" and rec["stage"] == "replay"
+        assert rec["reference_only"] and rec["value"] == b"" and rec["owner"] is None
+        assert "train grant" in rec["detail"]

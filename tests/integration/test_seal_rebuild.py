@@ -38,6 +38,7 @@ from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.snapshot import dequantize_weights_u8, load_manifest, verify_snapshot
 from hebrus_flywheel.core.snapshot.export import export_plaintext
+from hebrus_flywheel.streams.consent import CONSENT_TOPIC
 from hebrus_flywheel.streams.topics import CONTROL_TOPIC, SPLITS, catalogue, window_topic
 from tests.support.windows import (
     corpus_token_ids,
@@ -128,6 +129,11 @@ def test_seal_records_the_boundary_and_writes_a_full_manifest(scenario: Scenario
         channel.close()
     assert sorted(state.boundaries) == [0, 1] and sorted(state.sealed) == [0, 1]
     assert state.sealed[1]["snapshot_id"] == second.snapshot_id
+    for result in (first, second):  # consent measured at seal time, every row granted
+        consent = result.manifest["consent"]
+        assert consent["rows"] == consent["rows_granted"] == result.manifest["totals"]["rows"]
+        assert consent["authorized_fraction"] == 1.0 and consent["refused"] == {}
+        assert consent["ledger"] == scenario.prefix + CONSENT_TOPIC
     topics = [scenario.prefix + window_topic(s) for s in SPLITS]
     ends = end_offsets(scenario.bootstrap, topics)
     for result, boundary in zip((first, second), (state.boundaries[0], state.boundaries[1]),

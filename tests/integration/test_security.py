@@ -222,6 +222,10 @@ def test_acl_matrix(kafka_bootstrap: str, matrix_topics: tuple[str, dict[str, st
     assert rows["runtime"]["flywheel.capture.observations.v1"] == "-w"
     assert rows["trainer"]["flywheel.control.epochs.v1"] == "--"
     assert rows["replay"]["flywheel.capture.observations.v1"] == "--"
+    # The consent ledger: only the admin writes it; every stage reads it.
+    assert rows["admin"]["flywheel.consent.ledger.v1"] == "rw"
+    for role in ("runtime", "streams", "replay", "sealer", "trainer"):
+        assert rows[role]["flywheel.consent.ledger.v1"] == "r-", role
 
 
 def _print_matrix(rows: Mapping[str, Mapping[str, str]]) -> None:

@@ -24,6 +24,7 @@ from hebrus_flywheel.streams.processors.accounting import account
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.topics import catalogue
+from tests.support.consent import grant_owners
 from tests.support.streams_corpus import INFLATED, ZSTD_CLASSES, hostile_corpus
 from tests.support.streams_harness import (
     WorkerProcess,
@@ -110,6 +111,8 @@ def test_every_hostile_class_is_quarantined_and_the_valid_thread_is_windowed(
     prod = producer(bootstrap)
     try:
         produce(prod, topics, [identity_message(IDENTITY)])
+        # the corpus's owner may be captured: every class is refused for what it is
+        grant_owners(bootstrap, ["bad"], prefix=prefix)
         where = _publish(bootstrap, topics)
         produce(prod, topics, valid)
         expected = window_pairs(expected_pipeline(

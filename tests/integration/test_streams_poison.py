@@ -28,6 +28,7 @@ from hebrus_flywheel.streams.processors.topology import StreamTopics
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
+    grant_for,
     producer,
     read_windows,
     window_pairs,
@@ -78,6 +79,7 @@ def _run(worker: WorkerProcess, timeout_s: float = 180) -> int:
 def _publish(prod: Producer, topics: StreamTopics, messages: list[Message]) -> None:
     """Everything on partition 0, so the valid thread queues behind the poison record."""
     names = topics.capture_kinds()
+    grant_for(prod, topics, messages)
     for kind, key, record in messages:
         value, headers = encode_message(kind, record)
         prod.produce(names[kind], key=key, value=value, headers=list(headers), partition=0)

@@ -27,6 +27,7 @@ from tests.support.sealing import owner_pseudonym
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
+    grant_for,
     produce,
     producer,
     read_windows,
@@ -312,12 +313,14 @@ def test_records_from_the_runtime_publisher_become_the_expected_windows(
     setup = Setup(topic_factory, f"pub{uuid.uuid4().hex[:6]}")
     messages = capture_messages(8, seed=4)
     expected = window_pairs(expected_pipeline(messages, worker_processor_config(FLAGS)).windows)
+    grant_for(producer(setup.bootstrap), setup.topics, messages)
     publisher = RuntimePublisher(
         PublisherConfig(
             bootstrap_servers=setup.bootstrap,
             identities_topic=setup.topics.identities,
             transcripts_topic=setup.topics.transcripts,
             observations_topic=setup.topics.observations,
+            consent_topic=setup.topics.consent,
         )
     )
     assert publisher.publish_identity(messages[0][2])

@@ -52,6 +52,11 @@ def teacher_snapshot(teacher_dir: Path, tmp_path_factory: pytest.TempPathFactory
     make_writable(root)
 
 
+# The planted snapshots name no consent ledger of their own (prefix ""): these tests are
+# about the teacher's routes; the ledger path is tested in test_consent.py and the unit
+# tests of train.consent.
+
+
 def _app() -> typer.Typer:
     app = typer.Typer()
     app.command("train")(train_command)
@@ -70,12 +75,12 @@ def test_evaluate_with_the_teacher_finds_the_native_routes(
     runner = CliRunner()
     done = runner.invoke(_app(), ["train", "--snapshot", str(snapshot.directory), "--out",
                                   str(tmp_path / "ck"), "--config", str(config),
-                                  "--max-steps", "40", "--no-progress"])
+                                  "--max-steps", "40", "--no-progress", "--no-consent-ledger"])
     assert done.exit_code == 0, done.output
     shown = runner.invoke(_app(), ["evaluate", "--snapshot", str(snapshot.directory),
                                    "--checkpoint", str(tmp_path / "ck"), "--teacher",
                                    str(teacher_dir), "--out", str(tmp_path / "r.json"),
-                                   "--no-progress"])
+                                   "--no-progress", "--no-consent-ledger"])
     assert shown.exit_code == 0, shown.output
     assert "native_gate" in shown.output and "temporal_holdout" in shown.output
     report = json.loads((tmp_path / "r.json").read_text())
@@ -97,7 +102,7 @@ def test_evaluate_refuses_a_teacher_that_is_not_the_snapshots(
         runner = CliRunner()
         done = runner.invoke(_app(), ["train", "--snapshot", str(other.directory), "--out",
                                       str(tmp_path / "ck"), "--max-steps", "2", "--threads", "1",
-                                      "--workers", "0", "--no-progress"])
+                                      "--workers", "0", "--no-progress", "--no-consent-ledger"])
         assert done.exit_code == 0, done.output
         with pytest.raises(BaselineError, match="artifact digest"):
             evaluate(other.directory, tmp_path / "ck", EvaluateConfig(progress=False),

@@ -33,6 +33,7 @@ from hebrus_flywheel.streams.processors.exceptions import WorkerError
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
 from hebrus_flywheel.streams.processors.topology import StreamTopics
+from tests.support.consent import consent_entries
 from tests.support.streams_synthetic import Message, encode_message
 
 DEFAULT_FLAGS: dict[str, Any] = {
@@ -152,9 +153,16 @@ def produce(
     *,
     pace_s: float = 0.0,
     every: int = 1,
+    consent: bool = True,
 ) -> int:
-    """Encode and publish capture messages (keyed owner/thread) in order."""
+    """Encode and publish capture messages (keyed owner/thread) in order. With
+    ``consent`` (the default) it first grants every scope to the messages' owners on the
+    prefix's consent ledger, as an operator must before capture; a test of refusals
+    passes ``consent=False``."""
     names = topics.capture_kinds()
+    messages = list(messages)
+    if consent:
+        grant_for(prod, topics, messages)
     count = 0
     for kind, key, record in messages:
         value, headers = encode_message(kind, record)
@@ -165,6 +173,16 @@ def produce(
             time.sleep(pace_s)
     prod.flush(30)
     return count
+
+
+def grant_for(prod: Producer, topics: StreamTopics, messages: Iterable[Message]) -> None:
+    """Grant consent (every scope, from 1970 to 2100) to the owners of ``messages``."""
+    owners = {r["owner"] for kind, _, r in messages
+              if kind != "identities" and isinstance(r.get("owner"), str) and r["owner"]}
+    for entry in consent_entries(owners):
+        prod.produce(topics.consent, key=entry.owner.encode(), value=entry.encode())
+    if prod.flush(30):
+        raise WorkerError(f"consent grants for {sorted(owners)} were not acknowledged")
 
 
 def read_windows(bootstrap: str, topics: StreamTopics) -> list[dict[str, Any]]:

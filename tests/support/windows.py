@@ -25,6 +25,7 @@ from hebrus_flywheel.core import kafka
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.window import content_digest
 from hebrus_flywheel.streams.topics import window_topic
+from tests.support.consent import grant_owners
 
 # The corpus ships inside the package (replay/data), two folders above tests/support.
 DATA_DIR = Path(__file__).resolve().parents[2] / "replay" / "data"
@@ -89,8 +90,14 @@ def thread_windows(tokens: Sequence[int], *, identity_id: str, owner: str, threa
 
 
 def publish_windows(bootstrap: str, prefix: str, windows: Iterable[Mapping[str, Any]],
-                    *, partition: int | None = None) -> list[tuple[str, int, int]]:
-    """Produce windows to their split topics (key owner/thread); their coordinates."""
+                    *, partition: int | None = None,
+                    consent: bool = True) -> list[tuple[str, int, int]]:
+    """Produce windows to their split topics (key owner/thread); their coordinates. With
+    ``consent`` (the default) the windows' owners are first granted every scope on the
+    prefix's consent ledger (a test of refusals passes ``consent=False``)."""
+    windows = list(windows)
+    if consent:
+        grant_owners(bootstrap, {w["owner"] for w in windows}, prefix=prefix)
     entry = codec.default_registry().get("Window.v1")
     producer = kafka.make_producer(
         kafka.client_config(bootstrap),

@@ -25,6 +25,7 @@ from hebrus_flywheel.streams.exceptions import (
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.sealing import CaptureOpener
 from hebrus_flywheel.streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
+from tests.support.consent import ledger_allowing
 from tests.support.sealing import session_keys
 
 UNREACHABLE = "127.0.0.1:1"
@@ -57,7 +58,7 @@ def stalled(**change: Any) -> RuntimePublisher:
     config = PublisherConfig(
         bootstrap_servers=UNREACHABLE, queue_capacity=2, max_block_ms=MAX_BLOCK_MS,
         producer_overrides={"queue.buffering.max.messages": 1}, **change)
-    return RuntimePublisher(config, identity=IDENTITY)
+    return RuntimePublisher(config, identity=IDENTITY, consent=ledger_allowing(["o1"]))
 
 
 @pytest.fixture
@@ -221,7 +222,7 @@ def packed_observation(ordinal: int, **change: Any) -> dict[str, Any]:
 def capturing() -> Iterator[tuple[RuntimePublisher, list[Any]]]:
     """A publisher whose drain thread hands records to a list instead of librdkafka."""
     pub = RuntimePublisher(PublisherConfig(bootstrap_servers=UNREACHABLE, close_timeout_s=0.1),
-                           identity=IDENTITY)
+                           identity=IDENTITY, consent=ledger_allowing(["o1"]))
     sent: list[Any] = []
     pub._send = sent.append  # type: ignore[method-assign]
     yield pub, sent

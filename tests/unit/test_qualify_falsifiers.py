@@ -153,10 +153,13 @@ def test_7_drift_on_the_temporal_holdout() -> None:
 
 def test_8_privacy() -> None:
     data = _raw()
-    data["integrity"]["authorization"].update(production_transcripts=True, approved=False)
-    assert _verdicts(data)[8].status == FALSIFIED
-    data["integrity"]["authorization"]["approved"] = True
+    data["integrity"]["authorization"].update(production_transcripts=True, approved=True)
+    data["integrity"]["consent"]["rows_granted"] -= 1  # measured: one row without a grant
+    assert _verdicts(data)[8].status == FALSIFIED  # whatever the declaration says
+    data["integrity"]["consent"]["rows_granted"] += 1
     assert _verdicts(data)[8].status == NOT_FALSIFIED
+    data["integrity"]["consent"] = None  # authorization not measured
+    assert _verdicts(data)[8].status == FALSIFIED
     data["integrity"]["authorization"] = None
     assert _verdicts(data)[8].status == NOT_MEASURABLE
 

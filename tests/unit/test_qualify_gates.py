@@ -219,21 +219,28 @@ def test_gate2_missing_dedup_is_not_measurable_and_missing_coverage_optional() -
     assert any("coverage by language not reported for train" in r for r in verdict.reasons)
 
 
-def test_gate2_authorization() -> None:
-    def refuse(i: dict[str, Any]) -> None:
-        i["authorization"]["approved"] = False
-    assert gate2_integrity(_integrity(refuse), CFG.integrity).status == FAIL
+def test_gate2_authorization_is_measured_from_the_consent_ledger() -> None:
+    verdict = gate2_integrity(_integrity(lambda i: None), CFG.integrity)
+    assert verdict.status == PASS
+    assert verdict.figures["consent"]["authorized_fraction"] == 1.0
+    assert verdict.figures["consent"]["refused_records"] == 4
+
+    def revoked(i: dict[str, Any]) -> None:
+        i["consent"].update(rows_granted=600, owners_refused=1)
+    failed = gate2_integrity(_integrity(revoked), CFG.integrity)
+    assert failed.status == FAIL and any("40 rows have no live grant" in r
+                                         for r in failed.reasons)
+
+    def declared_only(i: dict[str, Any]) -> None:  # a declaration is not a measurement
+        i["consent"] = None
+    inputs = _integrity(declared_only)
+    assert gate2_integrity(inputs, CFG.integrity).status == NOT_MEASURABLE
+    lenient = IntegrityGateConfig(require_authorization=False)
+    assert gate2_integrity(inputs, lenient).status == PASS
 
     def production(i: dict[str, Any]) -> None:
         i["authorization"].update(production_transcripts=True, deletion_supported=None)
     assert gate2_integrity(_integrity(production), CFG.integrity).status == FAIL
-
-    def absent(i: dict[str, Any]) -> None:
-        i["authorization"] = None
-    inputs = _integrity(absent)
-    assert gate2_integrity(inputs, CFG.integrity).status == PASS
-    strict = IntegrityGateConfig(require_authorization=True)
-    assert gate2_integrity(inputs, strict).status == NOT_MEASURABLE
 
 
 def test_gate2_reports_coverage() -> None:

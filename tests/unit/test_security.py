@@ -117,7 +117,13 @@ def test_role_table_is_least_privilege() -> None:
     assert acls.role_grants("admin") == ()
     runtime = acls.role_grants("runtime")
     assert [(g.kind, g.prefix, g.operations) for g in runtime] == [
-        ("topic", "flywheel.capture.", ("WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"))]
+        ("topic", "flywheel.capture.", ("WRITE", "DESCRIBE", "DESCRIBE_CONFIGS")),
+        # the consent ledger: read (the publisher refuses owners without a live grant)
+        ("topic", "flywheel.consent.", ("READ", "DESCRIBE")),
+        ("group", "flywheel-reader-", ("READ",))]
+    for role in ("runtime", "streams", "replay", "sealer", "trainer"):  # nobody else writes
+        consent = [g for g in acls.role_grants(role) if g.prefix == "flywheel.consent."]
+        assert [g.operations for g in consent] == [("READ", "DESCRIBE")], role
     for role in roles.ROLES:
         for grant in acls.role_grants(role, "t-1."):
             # every topic grant is inside the prefixed catalogue; no cluster-wide grant

@@ -24,7 +24,7 @@ from hebrus_flywheel.streams.processors.validate import (
     decode_capture,
 )
 from hebrus_flywheel.streams.routes import pack_routes, route_arrays, to_v1
-from tests.support.sealing import thread_key
+from tests.support.sealing import owner_pseudonym, thread_key
 from tests.support.streams_synthetic import (
     Scenario,
     ThreadSpec,
@@ -525,6 +525,17 @@ def test_replay_keeps_a_window_of_an_erased_owner_as_a_reference_only() -> None:
     assert rec["reason"] == "owner_erased" and rec["reference_only"] is True
     assert rec["value"] == b"" and rec["source_key"] is None and rec["source_headers"] == []
     assert rec["value_size"] == len(b"sealed bytes")
+
+
+def test_owner_without_capture_consent_is_quarantined_metadata_only() -> None:
+    refused = owner_pseudonym("owner-a")
+    sc = Scenario(LocalPipeline(ProcessorConfig(),
+                                capture_consent=lambda owner, at_ms: owner != refused))
+    sc.publish_identity()
+    sc.send_thread(spec())
+    assert set(reasons(sc)) == {"no_consent"}
+    assert all(q["reference_only"] and not q["value"] for q in sc.pipeline.quarantined)
+    assert not sc.pipeline.windows
 
 
 def test_every_reason_is_documented_and_tested() -> None:

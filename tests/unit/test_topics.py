@@ -10,6 +10,7 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.streams.exceptions import StreamsError, TopicError
 from hebrus_flywheel.streams.topics import (
     CATALOGUE,
+    CONSENT_TOPIC,
     CONTROL_TOPIC,
     IDENTITIES_TOPIC,
     OBSERVATIONS_TOPIC,
@@ -70,6 +71,7 @@ def test_catalogue_contents() -> None:
         QUARANTINE_TOPIC,
         CONTROL_TOPIC,
         STREAMS_RUNS_TOPIC,
+        CONSENT_TOPIC,
         *(window_topic(split) for split in SPLITS),
     }
     assert spec_for(STREAMS_RUNS_TOPIC).partitions == 1
@@ -91,13 +93,21 @@ def test_identities_topic_is_compacted_single_partition() -> None:
     assert spec.key == "identity id"
 
 
+def test_consent_ledger_is_compacted_and_never_expires_by_time() -> None:
+    spec = spec_for(CONSENT_TOPIC)
+    assert spec.topic_configs()["cleanup.policy"] == "compact"
+    assert spec.topic_configs()["retention.ms"] == "-1"
+    assert spec.partitions == 1
+    assert spec.key == "owner pseudonym"
+
+
 def test_data_topics_follow_the_default_retention_policy() -> None:
     week, day = str(7 * 86_400_000), str(86_400_000)
     want = {TRANSCRIPTS_TOPIC: week, OBSERVATIONS_TOPIC: week, QUARANTINE_TOPIC: day,
             CONTROL_TOPIC: "-1", STREAMS_RUNS_TOPIC: "-1",
             **{window_topic(s): week for s in SPLITS}}
     for spec in CATALOGUE:
-        if spec.name == IDENTITIES_TOPIC:
+        if spec.name in (IDENTITIES_TOPIC, CONSENT_TOPIC):
             continue
         assert spec.cleanup_policy == "delete", spec.name
         assert spec.topic_configs()["retention.ms"] == want[spec.name], spec.name

@@ -254,11 +254,13 @@ def test_the_cli_trains_and_prints_the_evaluation_table(small: PlantedSnapshot,
     runner = CliRunner()
     done = runner.invoke(app, ["train", "--snapshot", str(small.directory), "--out",
                                str(tmp_path / "ck"), "--config", str(config), "--max-steps", "20",
-                               "--no-progress", "--snapshot-id", small.snapshot_id])
+                               "--no-progress", "--snapshot-id", small.snapshot_id,
+                               "--no-consent-ledger"])  # no broker in unit tests
     assert done.exit_code == 0, done.output
+    assert "--no-consent-ledger" in done.output and "consent (none): 0 of" in done.output
     shown = runner.invoke(app, ["evaluate", "--snapshot", str(small.directory), "--checkpoint",
                                 str(tmp_path / "ck"), "--out", str(tmp_path / "r.json"),
-                                "--no-progress"])
+                                "--no-progress", "--no-consent-ledger"])
     assert shown.exit_code == 0, shown.output
     for word in ("previous_token", "adjacent_layer", "sidecar", "R@32", "ECE", "exact@10"):
         assert word in shown.output

@@ -42,6 +42,7 @@ from hebrus_flywheel.train.qualify.gates import (
 )
 from hebrus_flywheel.train.qualify.inputs import (
     Authorization,
+    ConsentMeasure,
     DecodeEvidence,
     DeterminismEvidence,
     EconomicsEvidence,
@@ -131,6 +132,7 @@ __all__ = [
     "STATEMENTS",
     "Authorization",
     "Check",
+    "ConsentMeasure",
     "DecodeEvidence",
     "DecodeGateConfig",
     "DeterminismEvidence",

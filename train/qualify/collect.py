@@ -258,8 +258,9 @@ def _data_pieces(request: CollectRequest, info: data.SnapshotInfo,
     notes["coverage"] = "; ".join(f"{k}: {v}" for k, v in data.COVERAGE_MEANING.items())
     return {"parity": data.parity_evidence(info), "determinism": determinism,
             "fail_closed": fail_closed, "opaque_ids": collect_ids.opaque_id_evidence(info),
-            "integrity": data.integrity_evidence(info, near_duplicates=near,
-                                                 authorization=authorization)}
+            "integrity": data.integrity_evidence(
+                info, near_duplicates=near, authorization=authorization,
+                consent=data.consent_evidence(info, summary))}
 
 
 def _shadow(request: CollectRequest, info: data.SnapshotInfo, loaded: Any,

@@ -36,6 +36,7 @@ from hebrus_flywheel.core.snapshot import (
 from hebrus_flywheel.train.metrics import SPLITS
 from hebrus_flywheel.train.qualify.data_evidence import (
     Authorization,
+    ConsentMeasure,
     DeterminismEvidence,
     FailClosedEvidence,
     IntegrityEvidence,
@@ -367,8 +368,29 @@ def overlaps(splits: Mapping[str, SplitIntegrity]) -> tuple[Overlap, ...]:
     return tuple(found)
 
 
+def consent_evidence(info: SnapshotInfo,
+                     summary: Mapping[str, Any] | None) -> ConsentMeasure | None:
+    """The seal's consent measurement (manifest ``consent``), with the records refused
+    upstream (``no_consent`` in the streams summary's quarantine counts) when known."""
+    block = info.manifest.get("consent")
+    if not isinstance(block, Mapping):
+        return None
+    refused = None
+    if summary is not None and isinstance(summary.get("quarantine"), Mapping):
+        refused = int(_counts(summary["quarantine"], "quarantine").get("no_consent", 0))
+    try:
+        return ConsentMeasure(rows=block["rows"], rows_granted=block["rows_granted"],
+                              owners=block["owners"], owners_refused=block["owners_refused"],
+                              checked_at_ms=block["checked_at_ms"], ledger=block["ledger"],
+                              refused_records=refused)
+    except KeyError as exc:
+        raise InputError(f"snapshot {info.snapshot_id}: the manifest's consent block lacks "
+                         f"{exc}; re-seal it") from exc
+
+
 def integrity_evidence(info: SnapshotInfo, *, near_duplicates: NearDuplicates | None,
-                       authorization: Authorization | None) -> IntegrityEvidence:
+                       authorization: Authorization | None,
+                       consent: ConsentMeasure | None = None) -> IntegrityEvidence:
     """Per-split owners, threads, windows, identity digests and coverage from the
     shards; overlaps between splits; near duplicates and authorization as given."""
     lineage = _lineage(info)
@@ -379,7 +401,8 @@ def integrity_evidence(info: SnapshotInfo, *, near_duplicates: NearDuplicates | 
     if not splits:
         raise InputError(f"snapshot {info.snapshot_id} holds no rows; nothing to qualify")
     return IntegrityEvidence(splits=splits, overlaps=overlaps(splits),
-                             near_duplicates=near_duplicates, authorization=authorization)
+                             near_duplicates=near_duplicates, authorization=authorization,
+                             consent=consent)
 
 
 def deletion_evidence(drill: Mapping[str, Any] | None
@@ -426,7 +449,6 @@ def authorization_evidence(info: SnapshotInfo, declared: Mapping[str, Any] | Non
         except TypeError as exc:
             raise InputError(f"[authorization] in the config: {exc}") from exc
     if info.identity.get("runtime_name") in SYNTHETIC_RUNTIMES:
-        return Authorization(policy="synthetic-threads", approved=True,
-                             production_transcripts=False, deletion_supported=deletion,
-                             erasure_drill=figures)
+        return Authorization(policy="synthetic-threads", production_transcripts=False,
+                             deletion_supported=deletion, erasure_drill=figures)
     return None

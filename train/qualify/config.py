@@ -72,8 +72,9 @@ class IntegrityGateConfig:
     coverage_dimensions: tuple[str, ...] = ("domain", "language", "prompt_length", "tool_calls")
     """Coverage dimensions every split should report; a missing one is listed as not
     measured (it does not block the gate)."""
-    require_authorization: bool = False
-    """Block the gate when no authorization/deletion-policy evidence is given."""
+    require_authorization: bool = True
+    """Block the gate (not measurable) when the snapshot has no consent measurement (a
+    manifest sealed before the consent ledger)."""
 
     def __post_init__(self) -> None:
         _flag("IntegrityGateConfig", "allow_owner_overlap", self.allow_owner_overlap)

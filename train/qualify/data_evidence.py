@@ -241,8 +241,9 @@ class Authorization:
 
     policy: str
     """Name or reference of the policy."""
-    approved: bool
-    """Whether replay of these transcripts is authorized."""
+    approved: bool | None = None
+    """A declared approval, kept for the record only: Gate 2 measures authorization from
+    the consent ledger (:class:`ConsentMeasure`), never from this."""
     production_transcripts: bool
     """True for real production traffic (False: synthetic or internal data)."""
     deletion_supported: bool | None = None
@@ -259,11 +260,43 @@ class Authorization:
             raise InputError("integrity.authorization.erasure_drill must be an object or null, "
                              f"got {type(self.erasure_drill).__name__}")
         v.text("integrity.authorization.policy", self.policy)
-        v.flag("integrity.authorization.approved", self.approved)
+        v.flag("integrity.authorization.approved", self.approved, optional=True)
         v.flag("integrity.authorization.production_transcripts", self.production_transcripts)
         v.flag("integrity.authorization.deletion_supported", self.deletion_supported,
                optional=True)
         v.count("integrity.authorization.retention_days", self.retention_days, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsentMeasure:
+    """Authorization measured from the consent ledger, never declared: the seal checked
+    every row's owner for a live grant of its split's scope (the manifest's ``consent``
+    block, :mod:`consumers.consent_seal`)."""
+
+    rows: int
+    """Rows of the snapshot checked."""
+    rows_granted: int
+    """Rows whose owner had a live grant of the split's scope at seal time."""
+    owners: int
+    owners_refused: int
+    checked_at_ms: int
+    ledger: str
+    """The consent topic read."""
+    refused_records: int | None = None
+    """Records quarantined ``no_consent`` upstream (streams and replay; from the streams
+    summary), None when not available."""
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "rows_granted", "owners", "owners_refused", "checked_at_ms"):
+            v.count(f"integrity.consent.{name}", getattr(self, name))
+        v.count("integrity.consent.refused_records", self.refused_records, optional=True)
+        v.text("integrity.consent.ledger", self.ledger)
+        if self.rows_granted > self.rows:
+            raise InputError("integrity.consent.rows_granted exceeds rows")
+
+    @property
+    def authorized_fraction(self) -> float:
+        return 1.0 if self.rows == 0 else self.rows_granted / self.rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,7 +310,10 @@ class IntegrityEvidence:
     near_duplicates: NearDuplicates | None = None
     """Cross-split near duplicates (None: not measured)."""
     authorization: Authorization | None = None
-    """Authorization and deletion policy (None: not given)."""
+    """Declared policy facts (production transcripts, deletion, retention); whether the
+    rows are authorized is :attr:`consent`, measured."""
+    consent: ConsentMeasure | None = None
+    """The consent ledger's verdict on every row at seal time (None: not measured)."""
 
     def __post_init__(self) -> None:
         v.freeze(self, "overlaps", tuple)
@@ -292,6 +328,7 @@ class IntegrityEvidence:
             v.instance("integrity.overlaps[]", overlap, Overlap, optional=False)
         v.instance("integrity.near_duplicates", self.near_duplicates, NearDuplicates)
         v.instance("integrity.authorization", self.authorization, Authorization)
+        v.instance("integrity.consent", self.consent, ConsentMeasure)
 
     def all_overlaps(self) -> list[Overlap]:
         """Upstream overlaps, plus any found here from explicit id sets (largest kept

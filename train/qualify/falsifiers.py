@@ -197,30 +197,44 @@ def f7_drift(inputs: QualificationInputs, config: QualificationConfig) -> Outcom
 
 
 def f8_privacy(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
-    a = None if inputs.integrity is None else inputs.integrity.authorization
-    threshold = "production transcript replay approved by policy"
-    if a is None:
-        return outcome(NOT_MEASURABLE, "privacy acceptability is a policy decision, not a "
-                       "measurement, and no authorization evidence was given; declare it "
-                       "in the [authorization] table", threshold=threshold)
-    figure = (f"{a.policy}: approved {a.approved}, production transcripts "
-              f"{a.production_transcripts}")
-    figures = {"policy": a.policy, "approved": a.approved,
-               "production_transcripts": a.production_transcripts,
-               "deletion_supported": a.deletion_supported, "erasure_drill": a.erasure_drill}
-    deletion = f"deletion supported: {a.deletion_supported}, {drill_summary(a.erasure_drill)}"
-    if not a.production_transcripts:
-        return outcome(NOT_MEASURABLE, f"this run replayed non-production data ({a.policy}); "
-                       f"it says nothing about production transcript replay ({deletion})",
-                       figures, measured=figure, threshold=threshold)
-    if not a.approved:
-        return outcome(FALSIFIED, f"production transcript replay is not authorized under "
-                       f"{a.policy}", figures, measured=figure, threshold=threshold)
+    """Measured, never declared: consent from the seal's ledger check of every row,
+    deletion from the erasure drill's receipt. It does not establish legal approval or
+    production key management; the reason says so."""
+    integrity = inputs.integrity
+    a = None if integrity is None else integrity.authorization
+    consent = None if integrity is None else integrity.consent
+    threshold = ("every row under a live consent grant and an erasure drill that leaves 0 "
+                 "owner rows and 0 plaintext canary hits")
+    figures = {"policy": None if a is None else a.policy,
+               "production_transcripts": None if a is None else a.production_transcripts,
+               "deletion_supported": None if a is None else a.deletion_supported,
+               "erasure_drill": None if a is None else a.erasure_drill,
+               "rows": None if consent is None else consent.rows,
+               "rows_granted": None if consent is None else consent.rows_granted}
+    deletion = ("no erasure drill" if a is None else
+                f"deletion supported: {a.deletion_supported}, {drill_summary(a.erasure_drill)}")
+    granted = ("consent not measured" if consent is None
+               else f"{consent.rows_granted} of {consent.rows} rows granted")
+    measured = f"{granted}; {deletion}"
+    if consent is None or a is None or a.deletion_supported is None:
+        return outcome(NOT_MEASURABLE, "privacy needs both measurements: the seal's consent "
+                       f"check and an erasure drill receipt (--erasure-receipt); {measured}",
+                       figures, measured=measured, threshold=threshold)
+    if consent.rows_granted < consent.rows:
+        return outcome(FALSIFIED, f"{consent.rows - consent.rows_granted} rows have no live "
+                       "consent grant", figures, measured=measured, threshold=threshold)
+    if a.approved is False:
+        return outcome(FALSIFIED, f"replay is not approved under {a.policy}", figures,
+                       measured=measured, threshold=threshold)
     if a.deletion_supported is False:
         return outcome(FALSIFIED, f"an owner cannot be erased: {deletion}", figures,
-                       measured=figure, threshold=threshold)
-    return outcome(NOT_FALSIFIED, f"production transcript replay authorized under {a.policy}"
-                   f" ({deletion})", figures, measured=figure, threshold=threshold)
+                       measured=measured, threshold=threshold)
+    scope = ("production transcripts" if a.production_transcripts
+             else f"this run's data ({a.policy}, not production transcripts)")
+    return outcome(NOT_FALSIFIED, f"privacy constraints are met for {scope}: consent "
+                   "enforced on every row and an owner erased end to end; this does not "
+                   "establish legal approval, nor key management and erasure on production "
+                   "infrastructure", figures, measured=measured, threshold=threshold)
 
 
 JUDGES: dict[int, Judge] = {1: f1_parity, 2: f2_heuristic, 3: f3_dflash, 4: f4_amplification,

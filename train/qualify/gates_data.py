@@ -312,21 +312,28 @@ def _coverage_checks(integrity: IntegrityEvidence, config: IntegrityGateConfig) 
 
 
 def _authorization_check(integrity: IntegrityEvidence, config: IntegrityGateConfig) -> Check:
-    a = integrity.authorization
-    threshold = ("approved, with deletion support for production transcripts"
-                 + ("" if config.require_authorization else " (optional: require_authorization "
-                    "is false)"))
-    if a is None:
-        return unmeasured("authorization", "no authorization/deletion policy evidence given; "
-                          "declare it in the [authorization] table", threshold=threshold,
-                          required=config.require_authorization)
-    figure = (f"policy {a.policy}: approved {_yes(a.approved)}, production transcripts "
-              f"{_yes(a.production_transcripts)}, deletion supported {_yes(a.deletion_supported)}"
-              f" ({drill_summary(a.erasure_drill)})")
-    if not a.approved:
+    """Measured from the consent ledger (the seal's check of every row), never declared;
+    the declared policy only adds its deletion requirement for production transcripts."""
+    c, a = integrity.consent, integrity.authorization
+    threshold = ("every row's owner had a live consent grant of its split's scope at seal "
+                 "time (fraction 1.0)" + ("" if config.require_authorization else
+                                          " (optional: require_authorization is false)"))
+    if c is None:
+        return unmeasured("authorization", "the snapshot's manifest has no consent measurement "
+                          "(sealed before the consent ledger); re-seal it with the ledger",
+                          threshold=threshold, required=config.require_authorization)
+    figure = (f"consent ledger {c.ledger} at seal: {c.rows_granted} of {c.rows} rows granted "
+              f"(fraction {c.authorized_fraction:.4f}), {c.owners_refused} of {c.owners} owners "
+              "refused; records refused upstream (no_consent): "
+              + ("not measured" if c.refused_records is None else str(c.refused_records))
+              + ("" if a is None else f"; deletion supported {_yes(a.deletion_supported)} "
+                 f"({drill_summary(a.erasure_drill)})"))
+    if c.rows_granted < c.rows:
         return judged("authorization", False, figure=figure, threshold=threshold,
-                      reason="replay is not authorized")
-    if a.production_transcripts and a.deletion_supported is not True:
+                      reason=f"{c.rows - c.rows_granted} rows have no live grant: readers "
+                      "exclude them, but the snapshot still holds them; erase the owners "
+                      "(`flywheel erase`) for a superseding snapshot")
+    if a is not None and a.production_transcripts and a.deletion_supported is not True:
         return judged("authorization", False, figure=figure, threshold=threshold,
                       reason="production transcripts without deletion support")
     return judged("authorization", True, figure=figure, threshold=threshold)
@@ -358,6 +365,14 @@ def _gate2_figures(integrity: IntegrityEvidence) -> dict[str, Any]:
             k: getattr(integrity.authorization, k) for k in
             ("policy", "approved", "production_transcripts", "deletion_supported",
              "retention_days", "erasure_drill")},
+        "consent": None if integrity.consent is None else {
+            "rows": integrity.consent.rows, "rows_granted": integrity.consent.rows_granted,
+            "authorized_fraction": integrity.consent.authorized_fraction,
+            "owners": integrity.consent.owners,
+            "owners_refused": integrity.consent.owners_refused,
+            "refused_records": integrity.consent.refused_records,
+            "checked_at_ms": integrity.consent.checked_at_ms,
+            "ledger": integrity.consent.ledger},
     }
 
 

@@ -19,6 +19,7 @@ from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.train.qualify import checks as v
 from hebrus_flywheel.train.qualify.data_evidence import (
     Authorization,
+    ConsentMeasure,
     DeterminismEvidence,
     FailClosedEvidence,
     IntegrityEvidence,
@@ -40,7 +41,7 @@ from hebrus_flywheel.train.qualify.model_evidence import (
 from hebrus_flywheel.train.qualify.objective import ServiceObjective
 
 __all__ = [
-    "Authorization", "DecodeEvidence", "DeterminismEvidence", "EconomicsEvidence",
+    "Authorization", "ConsentMeasure", "DecodeEvidence", "DeterminismEvidence", "EconomicsEvidence",
     "FailClosedEvidence", "Identity", "IntegrityEvidence", "NearDuplicates",
     "OfflineEvidence", "OpaqueIds", "Overlap", "ParityEvidence", "QualificationInputs",
     "RuntimeEvidence", "ShadowEvidence", "SplitIntegrity", "ThroughputEvidence",

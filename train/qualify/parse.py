@@ -17,6 +17,7 @@ from hebrus_flywheel.train.qualify.config import CONTROL_METHODS
 from hebrus_flywheel.train.qualify.errors import InputError
 from hebrus_flywheel.train.qualify.inputs import (
     Authorization,
+    ConsentMeasure,
     DecodeEvidence,
     DeterminismEvidence,
     EconomicsEvidence,
@@ -132,7 +133,8 @@ _NESTED: dict[str, Converter] = {
         "splits": _splits,
         "overlaps": _each(_of(Overlap, {"splits": _tuple, "ids": _tuple})),
         "near_duplicates": _of(NearDuplicates),
-        "authorization": _of(Authorization)}),
+        "authorization": _of(Authorization),
+        "consent": _of(ConsentMeasure)}),
     "offline": _offline,
     "decode": _of(DecodeEvidence),
     "shadow_io": _of(ShadowEvidence, {"sweep": _tuple, "break_even": _tuple}),
