@@ -34,11 +34,19 @@ def fresh_owner() -> str:
 # -- the publisher ------------------------------------------------------------------------
 
 
+class _AllowEveryone:
+    """A consent ledger that grants everyone (consent is tested in test_publisher_consent)."""
+
+    def allows(self, owner: str, scope: str, at_ms: int) -> bool:
+        return True
+
+
 @pytest.fixture
 def capturing() -> Iterator[tuple[RuntimePublisher, list[Any]]]:
     """A publisher whose drain thread hands records to a list instead of librdkafka."""
     pub = RuntimePublisher(PublisherConfig(bootstrap_servers="127.0.0.1:1",
-                                           close_timeout_s=0.1), identity=IDENTITY)
+                                           close_timeout_s=0.1), identity=IDENTITY,
+                           consent=_AllowEveryone())
     sent: list[Any] = []
     pub._send = sent.append  # type: ignore[method-assign]
     yield pub, sent

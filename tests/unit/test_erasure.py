@@ -355,7 +355,8 @@ def test_falsifier_8_falsified_when_the_drill_leaves_data() -> None:
         a = Authorization(policy="p", approved=True, production_transcripts=production,
                           deletion_supported=deletion, erasure_drill=drill)
         status, reason, figures, _, _ = f8_privacy(
-            SimpleNamespace(integrity=SimpleNamespace(authorization=a)),  # type: ignore[arg-type]
+            SimpleNamespace(integrity=SimpleNamespace(  # type: ignore[arg-type]
+                authorization=a, consent=SimpleNamespace(rows=10, rows_granted=10))),
             QualificationConfig())
         assert figures["erasure_drill"] == drill
         return status, reason

@@ -14,6 +14,7 @@ from hebrus_flywheel.streams.consent_book import CaptureGate
 from hebrus_flywheel.streams.exceptions import ConsentError
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from tests.support.consent import ledger_allowing
+from tests.support.sealing import owner_pseudonym as pz
 from tests.unit.test_publisher import IDENTITY, UNREACHABLE, observation
 
 T0 = 1_767_225_600_000
@@ -35,14 +36,15 @@ def test_owner_without_grant_is_not_published(ledger: ConsentLedger) -> None:
     pub = _publisher(ledger)
     try:
         assert not pub.publish_observation(observation(0, wall_time_ms=T0))
-        ledger.entries["o1"] = grant("o1", "train,evaluate", granted_at_ms=0, expires_at_ms=2 * T0,
-                                     policy_version="p", granted_by="t")
+        ledger.entries[pz("o1")] = grant(pz("o1"), "train,evaluate", granted_at_ms=0,
+                                         expires_at_ms=2 * T0, policy_version="p",
+                                         granted_by="t")
         assert not pub.publish_observation(observation(0, wall_time_ms=T0))  # no capture scope
-        ledger.entries["o1"] = grant("o1", "capture", granted_at_ms=0, expires_at_ms=2 * T0,
+        ledger.entries[pz("o1")] = grant(pz("o1"), "capture", granted_at_ms=0, expires_at_ms=2 * T0,
                                      policy_version="p", granted_by="t")
         assert pub.publish_observation(observation(0, wall_time_ms=T0))
         assert not pub.publish_observation(observation(1, wall_time_ms=2 * T0))  # expired
-        ledger.entries["o1"] = revoke("o1", reason="asked", revoked_at_ms=T0)
+        ledger.entries[pz("o1")] = revoke(pz("o1"), reason="asked", revoked_at_ms=T0)
         assert not pub.publish_observation(observation(1, wall_time_ms=T0 + 1))
         stats = pub.stats()
     finally:

@@ -49,7 +49,7 @@ def test_ten_falsifiers_in_order_with_the_note_wording() -> None:
     statuses = {n: v.status for n, v in verdicts.items()}
     assert statuses == {1: NOT_FALSIFIED, 2: NOT_FALSIFIED, 3: NOT_MEASURABLE,
                         4: NOT_FALSIFIED, 5: NOT_FALSIFIED, 6: NOT_MEASURABLE,
-                        7: NOT_FALSIFIED, 8: NOT_MEASURABLE, 9: NOT_FALSIFIED,
+                        7: NOT_FALSIFIED, 8: NOT_FALSIFIED, 9: NOT_FALSIFIED,
                         10: NOT_FALSIFIED}
     assert all(v.reason for v in verdicts.values())
 
@@ -58,7 +58,9 @@ def test_not_measurable_reasons_are_precise() -> None:
     verdicts = _verdicts()
     assert "DFlash candidate-position feature" in verdicts[3].reason
     assert "deployment token volume" in verdicts[6].reason
-    assert "non-production data" in verdicts[8].reason
+    # privacy is measured even on synthetic data, and the reason says what it is not
+    assert "not production transcripts" in verdicts[8].reason
+    assert "does not establish legal approval" in verdicts[8].reason
 
 
 def test_1_parity() -> None:
@@ -158,6 +160,12 @@ def test_8_privacy() -> None:
     assert _verdicts(data)[8].status == FALSIFIED  # whatever the declaration says
     data["integrity"]["consent"]["rows_granted"] += 1
     assert _verdicts(data)[8].status == NOT_FALSIFIED
+    data["integrity"]["authorization"]["deletion_supported"] = None  # no erasure drill
+    assert _verdicts(data)[8].status == FALSIFIED  # production data fail closed
+    data["integrity"]["authorization"]["production_transcripts"] = False
+    assert _verdicts(data)[8].status == NOT_MEASURABLE
+    data["integrity"]["authorization"].update(production_transcripts=True,
+                                              deletion_supported=True)
     data["integrity"]["consent"] = None  # authorization not measured
     assert _verdicts(data)[8].status == FALSIFIED
     data["integrity"]["authorization"] = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hebrus_flywheel.streams import quarantine
 from hebrus_flywheel.streams.consent import ConsentLedger, grant, revoke
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
+from tests.support.sealing import owner_pseudonym as pz
 from tests.support.streams_synthetic import Scenario, ThreadSpec
 
 T0 = 1_767_225_600_000
@@ -19,14 +20,14 @@ def _pipeline(ledger: ConsentLedger) -> Scenario:
 
 def test_records_without_a_live_capture_grant_are_quarantined_by_reference() -> None:
     ledger = ConsentLedger()
-    ledger.entries["ok"] = grant("ok", "capture", granted_at_ms=0, expires_at_ms=2 * T0,
+    ledger.entries[pz("ok")] = grant(pz("ok"), "capture", granted_at_ms=0, expires_at_ms=2 * T0,
                                  policy_version="p", granted_by="t")
-    ledger.entries["train-only"] = grant("train-only", "train", granted_at_ms=0,
+    ledger.entries[pz("train-only")] = grant(pz("train-only"), "train", granted_at_ms=0,
                                          expires_at_ms=2 * T0, policy_version="p",
                                          granted_by="t")
-    ledger.entries["late"] = grant("late", "capture", granted_at_ms=T0 + 3_600_000,
+    ledger.entries[pz("late")] = grant(pz("late"), "capture", granted_at_ms=T0 + 3_600_000,
                                    expires_at_ms=2 * T0, policy_version="p", granted_by="t")
-    ledger.entries["gone"] = revoke("gone", reason="asked", revoked_at_ms=T0)
+    ledger.entries[pz("gone")] = revoke(pz("gone"), reason="asked", revoked_at_ms=T0)
     sc = _pipeline(ledger)
     sc.publish_identity()
     for owner in ("ok", "nobody", "train-only", "late", "gone"):
@@ -40,5 +41,5 @@ def test_records_without_a_live_capture_grant_are_quarantined_by_reference() -> 
         assert q["owner"] is None and q["thread"] is None and q["source_key"] is None
         assert q["source_headers"] == [] and "wall_time_ms=" in q["detail"]
         assert quarantine.encode(q).key.count(b":") == 2  # topic:partition:offset, no owner
-    assert {w["owner"] for w in sc.pipeline.windows} == {"ok"}
+    assert {w["owner"] for w in sc.pipeline.windows} == {pz("ok")}
     assert sc.pipeline.counters.get("quarantine", "no_consent") == len(refused)

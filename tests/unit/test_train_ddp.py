@@ -69,7 +69,9 @@ def test_two_ranks_reach_the_metrics_of_one_process(planted: PlantedSnapshot,
                                                     tmp_path: Path) -> None:
     config = tmp_path / "train.toml"
     config.write_text(CONFIG)
-    common = ["train", "--snapshot", str(planted.directory), "--config", str(config)]
+    # no broker in unit tests: the consent re-check is covered by tests/integration
+    common = ["train", "--snapshot", str(planted.directory), "--config", str(config),
+              "--no-consent-ledger"]
     cli = "hebrus_flywheel.train.cli"
     _run(["-m", cli, *common, "--out", str(tmp_path / "one"), "--batch-size", "256"], tmp_path)
     _run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",

@@ -216,19 +216,23 @@ def f8_privacy(inputs: QualificationInputs, config: QualificationConfig) -> Outc
     granted = ("consent not measured" if consent is None
                else f"{consent.rows_granted} of {consent.rows} rows granted")
     measured = f"{granted}; {deletion}"
-    if consent is None or a is None or a.deletion_supported is None:
-        return outcome(NOT_MEASURABLE, "privacy needs both measurements: the seal's consent "
-                       f"check and an erasure drill receipt (--erasure-receipt); {measured}",
-                       figures, measured=measured, threshold=threshold)
-    if consent.rows_granted < consent.rows:
+    production = a is not None and a.production_transcripts
+    if consent is not None and consent.rows_granted < consent.rows:
         return outcome(FALSIFIED, f"{consent.rows - consent.rows_granted} rows have no live "
                        "consent grant", figures, measured=measured, threshold=threshold)
-    if a.approved is False:
-        return outcome(FALSIFIED, f"replay is not approved under {a.policy}", figures,
-                       measured=measured, threshold=threshold)
-    if a.deletion_supported is False:
+    if a is not None and a.deletion_supported is False:
         return outcome(FALSIFIED, f"an owner cannot be erased: {deletion}", figures,
                        measured=measured, threshold=threshold)
+    if a is not None and a.approved is False:
+        return outcome(FALSIFIED, f"replay is not approved under {a.policy}", figures,
+                       measured=measured, threshold=threshold)
+    if consent is None or a is None or a.deletion_supported is None:
+        # production transcripts fail closed on a missing measurement
+        return outcome(FALSIFIED if production else NOT_MEASURABLE, "privacy needs both "
+                       "measurements: the seal's consent check and an erasure drill receipt "
+                       f"(--erasure-receipt); {measured}", figures, measured=measured,
+                       threshold=threshold)
+    assert a is not None
     scope = ("production transcripts" if a.production_transcripts
              else f"this run's data ({a.policy}, not production transcripts)")
     return outcome(NOT_FALSIFIED, f"privacy constraints are met for {scope}: consent "
