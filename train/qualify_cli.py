@@ -52,6 +52,9 @@ def qualify_command(
     prefix: str | None = typer.Option(None, "--prefix", help="Topic prefix (default: the "
                                       "snapshot's recorded source prefix)."),
     progress: bool = typer.Option(False, "--progress/--no-progress", help="Progress bars."),
+    predictor_figures: Path | None = typer.Option(None, "--predictor-figures", help="The "
+                                                  "predictor-figures.jsonl of `flywheel "
+                                                  "predictors`: Gate 3 also judges it."),
 ) -> None:
     """Qualify a checkpoint on a snapshot: six gates, ten falsifiers, a report."""
     declare_role("trainer")
@@ -59,7 +62,8 @@ def qualify_command(
         outcome, seconds = _run(
             snapshot=snapshot, checkpoint=checkpoint, out=out, teacher=teacher, config=config,
             rebuild_report=rebuild_report, streams_summary=streams_summary,
-            bootstrap=bootstrap, prefix=prefix, progress=progress)
+            bootstrap=bootstrap, prefix=prefix, progress=progress,
+            predictor_figures=predictor_figures)
     except FlywheelError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
@@ -70,7 +74,8 @@ def qualify_command(
 
 def _run(*, snapshot: Path, checkpoint: Path, out: Path, teacher: Path | None,
          config: Path | None, rebuild_report: Path | None, streams_summary: Path | None,
-         bootstrap: str | None, prefix: str | None, progress: bool) -> tuple[Any, float]:
+         bootstrap: str | None, prefix: str | None, progress: bool,
+         predictor_figures: Path | None = None) -> tuple[Any, float]:
     from hebrus_flywheel.train.qualify import qualify
     from hebrus_flywheel.train.qualify.collect import CollectRequest, collect_inputs, load_settings
     from hebrus_flywheel.train.qualify.errors import InputError
@@ -82,7 +87,8 @@ def _run(*, snapshot: Path, checkpoint: Path, out: Path, teacher: Path | None,
     collected = collect_inputs(CollectRequest(
         snapshot=snapshot, checkpoint=checkpoint, teacher=teacher,
         rebuild_report=rebuild_report, streams_summary=streams_summary, bootstrap=bootstrap,
-        prefix=prefix, settings=settings, progress=progress))
+        prefix=prefix, settings=settings, progress=progress,
+        predictor_figures=predictor_figures))
     report_started = time.perf_counter()
     outcome = qualify(collected.inputs, out, settings.thresholds,
                       date=datetime.datetime.now(datetime.UTC).date().isoformat())
