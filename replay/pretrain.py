@@ -142,7 +142,8 @@ def sample_corpus(config: PretrainConfig, roots: list[Path] | None = None
     ranked = sorted(_candidates(chosen, config.max_file_bytes), key=lambda item: (
         hashlib.sha256(f"{config.seed}|{item[0]}".encode()).hexdigest(), item[0]))
     listing: list[dict[str, Any]] = []
-    train, held = [], []
+    train: list[str] = []
+    held: list[str] = []
     total = 0
     for name, path in ranked:
         text = _read_text(path)

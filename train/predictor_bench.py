@@ -194,12 +194,12 @@ def score_split(board: Scoreboard, rows: Rows, controls: Controls, trained: list
                   layer_N=source.layer_N + 1)
     for item in trained:
         src, targets, prior = _inputs(rows, item.spec, gate)
-        scores = _scores(item.model, src, prior)
+        learned_NE = _scores(item.model, src, prior)
         board.add(item.spec.name, kind="learned",
                   target="next_layer" if item.spec.target_offset else "same_layer",
-                  features=item.spec.features, rows=src, scores_NE=scores.double(),
+                  features=item.spec.features, rows=src, scores_NE=learned_NE.double(),
                   target_NK=targets, layer_N=src.layer_N + item.spec.target_offset,
-                  probabilities_NE=item.calibration.probabilities(scores))
+                  probabilities_NE=item.calibration.probabilities(learned_NE))
 
 
 def _overall(result: dict[str, Any], split: str) -> dict[str, Any] | None:
