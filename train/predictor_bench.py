@@ -15,6 +15,7 @@ and >= 0.02 exact-match@k on validation and runtime holdout, with ECE <= 0.05.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -65,6 +66,10 @@ class BenchConfig:
     """Rows per step."""
     lr: float = 3e-3
     """Peak AdamW learning rate (cosine decay to lr/10)."""
+    prior_lr_factor: float = 0.3
+    """Learning-rate factor of gate-prior models (they start at the control)."""
+    eval_every: int = 25
+    """Steps between validation checks of the best-state selection."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
     seed: int = 0
@@ -78,14 +83,16 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "specs", tuple(self.specs))
-        for name in ("steps", "batch_size", "union_max_window", "expert_bytes"):
+        for name in ("steps", "batch_size", "union_max_window", "expert_bytes", "eval_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"BenchConfig.{name} must be a positive integer, got {value!r}")
         if not self.specs or len({s.name for s in self.specs}) != len(self.specs):
             raise ConfigError("BenchConfig.specs must be non-empty without repeated names")
-        if not (math.isfinite(self.lr) and self.lr > 0) or self.weight_decay < 0:
-            raise ConfigError("BenchConfig.lr must be > 0 and .weight_decay >= 0")
+        if not (math.isfinite(self.lr) and self.lr > 0) or self.weight_decay < 0 or not (
+                0 < self.prior_lr_factor <= 1):
+            raise ConfigError("BenchConfig.lr must be > 0, .weight_decay >= 0 and "
+                              ".prior_lr_factor in (0, 1]")
 
 
 @dataclass(eq=False)
@@ -94,6 +101,7 @@ class Trained:
     model: Predictor
     calibration: PlattCalibration
     seconds: float
+    best_step: int = 0
 
 
 def _inputs(rows: Rows, spec: PredictorSpec, gate: GateWeights | None
@@ -125,36 +133,51 @@ def _scores(model: Predictor, source: Rows, prior: np.ndarray | None,
     return torch.cat(out)
 
 
+def _recall(scores_NE: torch.Tensor, targets_NK: np.ndarray) -> float:
+    """Recall@K of scores against native top-K sets (model selection on validation)."""
+    picked = scores_NE.topk(targets_NK.shape[1], dim=1).indices.numpy()
+    return float((picked[:, :, None] == targets_NK[:, None, :]).any(-1).mean())
+
+
 def train_one(spec: PredictorSpec, train: Rows, validation: Rows, gate: GateWeights | None,
               config: BenchConfig, *, layer_count: int, expert_count: int) -> Trained:
-    """Train one predictor on ``train`` and fit its calibration on ``validation``."""
+    """Train one predictor on ``train``; keep the state with the best validation recall@K
+    (checked every ``eval_every`` steps and before the first, which for a gate-prior model
+    is the control itself); fit its calibration on ``validation``."""
     started = time.perf_counter()
     source, targets, prior = _inputs(train, spec, gate)
+    v_source, v_targets, v_prior = _inputs(validation, spec, gate)
     torch.manual_seed(config.seed)
     model = Predictor(spec, feature_dim=source.feature_ND.shape[1], layer_count=layer_count,
                       expert_count=expert_count)
     loss_fn = SidecarLoss(LossConfig(calibration_weight=0.0))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
-                                  weight_decay=config.weight_decay)
+    lr = config.lr * (config.prior_lr_factor if spec.gate_prior else 1.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
     rng = np.random.default_rng(config.seed)
     x, layer = torch.from_numpy(source.feature_ND), torch.from_numpy(source.layer_N)
     y = torch.from_numpy(targets)
     p = None if prior is None else torch.from_numpy(prior)
-    model.train()
+    best = (_recall(_scores(model, v_source, v_prior), v_targets), 0,
+            copy.deepcopy(model.state_dict()))
     for step in range(config.steps):
+        model.train()
         ratio = step / max(config.steps - 1, 1)
         for group in optimizer.param_groups:
-            group["lr"] = config.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * ratio)))
+            group["lr"] = lr * (0.1 + 0.45 * (1 + math.cos(math.pi * ratio)))
         pick = torch.from_numpy(rng.integers(0, len(source), config.batch_size))
         scores = model(x[pick], layer[pick], None if p is None else p[pick])
         loss = loss_fn(scores, y[pick], layer_B=layer[pick] + spec.target_offset)["total"]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    v_source, v_targets, v_prior = _inputs(validation, spec, gate)
+        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+            recall = _recall(_scores(model, v_source, v_prior), v_targets)
+            if recall > best[0]:
+                best = (recall, step + 1, copy.deepcopy(model.state_dict()))
+    model.load_state_dict(best[2])
     calibration = fit_platt(_scores(model, v_source, v_prior), torch.from_numpy(v_targets))
     return Trained(spec=spec, model=model, calibration=calibration,
-                   seconds=round(time.perf_counter() - started, 2))
+                   seconds=round(time.perf_counter() - started, 2), best_step=best[1])
 
 
 class Scoreboard:
@@ -260,8 +283,8 @@ def run_bench(snapshot: Snapshot, rows: dict[str, Rows], gate: GateWeights | Non
     for spec in config.specs:
         item = train_one(spec, rows["train"], rows["validation"], gate, config,
                          layer_count=L, expert_count=E)
-        log.info("trained %s in %.1f s (calibration %s)", spec.name, item.seconds,
-                 item.calibration)
+        log.info("trained %s in %.1f s (best validation step %d, calibration %s)",
+                 spec.name, item.seconds, item.best_step, item.calibration)
         trained.append(item)
     board = Scoreboard(MetricsConfig(expert_count=E, top_k=K, budgets=literature_budgets(K),
                                      union_max_window=config.union_max_window))
@@ -277,6 +300,7 @@ def run_bench(snapshot: Snapshot, rows: dict[str, Rows], gate: GateWeights | Non
             "expert_bytes": config.expert_bytes, "results": results, "kinds": board.kinds,
             "lines": lines,
             "training": {t.spec.name: {"seconds": t.seconds, "features": t.spec.features,
+                                       "best_step": t.best_step,
                                        "calibration": vars(t.calibration)} for t in trained},
             "goal": {t: goal_summary(results, board.kinds, K, t)
                      for t in ("same_layer", "next_layer")}}
