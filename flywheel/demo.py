@@ -79,7 +79,7 @@ def _pretrain_teacher(ctx: DemoContext) -> None:
     from hebrus_flywheel.replay.pretrain import PretrainConfig, pretrain_teacher
     from hebrus_flywheel.replay.teacher import artifact_digest
 
-    steps = int(os.environ.get("FLYWHEEL_DEMO_TEACHER_STEPS", "120"))
+    steps = int(os.environ.get("FLYWHEEL_DEMO_TEACHER_STEPS", "100"))
     _, record, reused = pretrain_teacher(ctx.teacher_dir, PretrainConfig(
         preset=DEFAULT_PRESET, steps=steps))
     before, after = record["held_out_before"], record["held_out_after"]

@@ -58,9 +58,9 @@ class PretrainConfig:
     """Teacher preset (geometry) to initialise and train."""
     seed: int = 0
     """Initialisation, corpus-sampling and batch-order seed."""
-    steps: int = 120
+    steps: int = 100
     """Optimiser steps: the deterministic budget."""
-    max_seconds: float = 280.0
+    max_seconds: float = 240.0
     """Safety cap on training wall time (the run stops early and says so)."""
     batch_size: int = 8
     """Sequences per step."""
