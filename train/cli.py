@@ -142,7 +142,7 @@ def predictors_command(
         expert_bytes = round(load_teacher(teacher).geometry.expert_bytes(2.0))
     specs = default_specs(tuple(width))
     if teacher is None:
-        specs = tuple(s for s in specs if not s.gate_prior)
+        specs = tuple(s for s in specs if not s.gate_prior and s.architecture != "gate_adapter")
     config = BenchConfig(specs=specs, steps=steps, seed=seed, expert_bytes=expert_bytes or 1)
     report = bench_snapshot(snapshot, out, config, teacher_dir=teacher)
     for line in goal_lines(report):

@@ -49,9 +49,11 @@ GOAL_SPLITS = ("validation", "runtime_holdout")
 def default_specs(widths: tuple[int, ...] = (64,)) -> tuple[PredictorSpec, ...]:
     """The ablation: {per-layer MLP, shared low-rank} x {feature, feature + gate logits}
     x {own layer, P1 next layer}, at every width."""
-    return tuple(PredictorSpec(architecture=a, gate_prior=g, target_offset=t, width=w)
-                 for t in (0, 1) for a in ("per_layer_mlp", "shared_lowrank")
-                 for g in (False, True) for w in widths)
+    return tuple([PredictorSpec(architecture=a, gate_prior=g, target_offset=t, width=w)
+                  for t in (0, 1) for a in ("per_layer_mlp", "shared_lowrank")
+                  for g in (False, True) for w in widths]
+                 + [PredictorSpec(architecture="gate_adapter", target_offset=t,
+                                  width=widths[0]) for t in (0, 1)])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,10 +150,12 @@ def train_one(spec: PredictorSpec, train: Rows, validation: Rows, gate: GateWeig
     source, targets, prior = _inputs(train, spec, gate)
     v_source, v_targets, v_prior = _inputs(validation, spec, gate)
     torch.manual_seed(config.seed)
+    arrays = None if gate is None else (gate.router_LEH, gate.lift_DH, gate.norm_gain_LH)
     model = Predictor(spec, feature_dim=source.feature_ND.shape[1], layer_count=layer_count,
-                      expert_count=expert_count)
+                      expert_count=expert_count, gate=arrays)
     loss_fn = SidecarLoss(LossConfig(calibration_weight=0.0))
-    lr = config.lr * (config.prior_lr_factor if spec.gate_prior else 1.0)
+    starts_at_control = spec.gate_prior or spec.architecture == "gate_adapter"
+    lr = config.lr * (config.prior_lr_factor if starts_at_control else 1.0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
     rng = np.random.default_rng(config.seed)
     x, layer = torch.from_numpy(source.feature_ND), torch.from_numpy(source.layer_N)

@@ -31,7 +31,9 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.train.losses import native_mask
 from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig
 
-ARCHITECTURES = ("per_layer_mlp", "shared_lowrank")
+ARCHITECTURES = ("per_layer_mlp", "shared_lowrank", "gate_adapter")
+GateArrays = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
+"""(router ``(L, E, H)``, feature lift ``(D, H)`` or None, RMSNorm gain ``(L, H)`` or None)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +56,8 @@ class PredictorSpec:
         if self.target_offset not in (0, 1):
             raise ConfigError("PredictorSpec.target_offset must be 0 (own layer) or 1 (P1), "
                               f"got {self.target_offset!r}")
+        if self.architecture == "gate_adapter" and self.gate_prior:
+            raise ConfigError("PredictorSpec.gate_prior: a gate_adapter is the gate already")
         if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
             raise ConfigError(f"PredictorSpec.width must be a positive integer, got {self.width!r}")
 
@@ -64,6 +68,8 @@ class PredictorSpec:
 
     @property
     def features(self) -> str:
+        if self.architecture == "gate_adapter":
+            return "pre_attention+router_weights"
         return "pre_attention" + ("+gate_logits" if self.gate_prior else "")
 
 
@@ -104,15 +110,50 @@ class SharedLowRank(nn.Module):
         return self.sidecar(feature_BD, layer_B)[:, 0]
 
 
+class GateAdapter(nn.Module):
+    """The native router of the target layer on an adapted state:
+    ``router_t(gain_t * rms_norm(lift(x) + x @ delta_l))``, ``delta`` per source layer
+    and zero at init, so it starts exactly at the native-gate control and learns a
+    linear stand-in for what attention adds before the router reads the state."""
+
+    def __init__(self, gate: GateArrays, *, feature_dim: int, target_offset: int) -> None:
+        super().__init__()
+        router, lift, gain = gate
+        L, _, H = router.shape
+        self.offset = target_offset
+        self.register_buffer("router_LEH", torch.from_numpy(router).float())
+        self.register_buffer("lift_DH", torch.eye(feature_dim, H) if lift is None
+                             else torch.from_numpy(lift).float())
+        self.register_buffer("gain_LH", torch.ones(L, H) if gain is None
+                             else torch.from_numpy(gain).float())
+        self.delta_LDH = nn.Parameter(torch.zeros(L, feature_dim, H))
+
+    def forward(self, feature_BD: torch.Tensor, layer_B: torch.Tensor) -> torch.Tensor:
+        out_BE = feature_BD.new_empty(feature_BD.shape[0], self.router_LEH.shape[1])
+        for layer in torch.unique(layer_B).tolist():
+            rows = layer_B == layer
+            x_BD = feature_BD[rows]
+            h_BH = x_BD @ self.lift_DH + x_BD @ self.delta_LDH[layer]
+            h_BH = h_BH * torch.rsqrt(h_BH.pow(2).mean(dim=1, keepdim=True) + 1e-6)
+            target = layer + self.offset
+            out_BE[rows] = (h_BH * self.gain_LH[target]) @ self.router_LEH[target].T
+        return out_BE
+
+
 class Predictor(nn.Module):
     """A network plus, optionally, the scaled gate prior: ``scores (B, E)``."""
 
     def __init__(self, spec: PredictorSpec, *, feature_dim: int, layer_count: int,
-                 expert_count: int) -> None:
+                 expert_count: int, gate: GateArrays | None = None) -> None:
         super().__init__()
         self.spec = spec
         self.net: nn.Module
-        if spec.architecture == "per_layer_mlp":
+        if spec.architecture == "gate_adapter":
+            if gate is None:
+                raise ConfigError(f"{spec.name} needs the teacher's routers; pass --teacher")
+            self.net = GateAdapter(gate, feature_dim=feature_dim,
+                                   target_offset=spec.target_offset)
+        elif spec.architecture == "per_layer_mlp":
             self.net = PerLayerMLP(feature_dim=feature_dim, width=spec.width,
                                    layer_count=layer_count, expert_count=expert_count)
         else:

@@ -108,3 +108,21 @@ def test_tiny_ablation_learns_and_goal_summary_chooses_on_validation() -> None:
     summary = goal_summary(results, kinds, K, "same_layer")
     assert summary["best_learned"] == "a" and summary["goal_met"]
     assert summary["splits"]["validation"]["delta_recall"] == pytest.approx(0.05)
+
+
+def test_gate_adapter_starts_at_the_native_gate() -> None:
+    rng = np.random.default_rng(0)
+    router = rng.normal(size=(L, E, D))
+    gain = rng.uniform(0.5, 1.5, size=(L, D))
+    feature = rng.normal(size=(6, D)).astype(np.float32)
+    layer = np.array([0, 0, 0, 1, 1, 0])
+    spec = PredictorSpec(architecture="gate_adapter", width=4)
+    model = Predictor(spec, feature_dim=D, layer_count=L, expert_count=E,
+                      gate=(router, None, gain))
+    with torch.no_grad():
+        scores = model(torch.from_numpy(feature), torch.from_numpy(layer)).numpy()
+    expected = gate_logits(feature, layer, router_LEH=router, lift_DH=None,
+                           norm_gain_LH=gain)
+    assert np.allclose(scores, expected, atol=1e-3)
+    with pytest.raises(ConfigError, match="routers"):
+        Predictor(spec, feature_dim=D, layer_count=L, expert_count=E)
