@@ -58,7 +58,7 @@ def test_predictors_writes_figures_for_every_model(planted: PlantedSnapshot, tea
     assert "best learned (chosen on validation)" in done.output
     lines = read_figures(tmp_path / "predictor-figures.jsonl")
     learned = {x["model"] for x in lines if x["kind"] == "learned"}
-    assert len(learned) == 8 and "p1_per_layer_mlp+gate_prior@8" in learned
+    assert len(learned) == 10 and "p1_per_layer_mlp+gate_prior@8" in learned
     assert {x["budget"] for x in lines if x["figure"] == "recall_at_budget"} == {10, 20, 30, 40}
     for model in learned:
         for split in ("validation", "runtime_holdout"):
