@@ -72,6 +72,8 @@ class BenchConfig:
     """Learning-rate factor of gate-prior models (they start at the control)."""
     eval_every: int = 25
     """Steps between validation checks of the best-state selection."""
+    select_on: str = "recall"
+    """Validation criterion of the best state: ``recall`` (recall@k) or ``recall+exact``."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
     seed: int = 0
@@ -89,6 +91,9 @@ class BenchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"BenchConfig.{name} must be a positive integer, got {value!r}")
+        if self.select_on not in ("recall", "recall+exact"):
+            raise ConfigError(f"BenchConfig.select_on must be recall or recall+exact, got "
+                              f"{self.select_on!r}")
         if not self.specs or len({s.name for s in self.specs}) != len(self.specs):
             raise ConfigError("BenchConfig.specs must be non-empty without repeated names")
         if not (math.isfinite(self.lr) and self.lr > 0) or self.weight_decay < 0 or not (
@@ -135,17 +140,20 @@ def _scores(model: Predictor, source: Rows, prior: np.ndarray | None,
     return torch.cat(out)
 
 
-def _recall(scores_NE: torch.Tensor, targets_NK: np.ndarray) -> float:
-    """Recall@K of scores against native top-K sets (model selection on validation)."""
+def _selection_score(scores_NE: torch.Tensor, targets_NK: np.ndarray, select_on: str) -> float:
+    """Recall@K (plus exact-match@K for ``recall+exact``) against native top-K sets:
+    the model-selection criterion on validation."""
     picked = scores_NE.topk(targets_NK.shape[1], dim=1).indices.numpy()
-    return float((picked[:, :, None] == targets_NK[:, None, :]).any(-1).mean())
+    hit_NK = (picked[:, :, None] == targets_NK[:, None, :]).any(-1)
+    recall = float(hit_NK.mean())
+    return recall + float(hit_NK.all(1).mean()) if select_on == "recall+exact" else recall
 
 
 def train_one(spec: PredictorSpec, train: Rows, validation: Rows, gate: GateWeights | None,
               config: BenchConfig, *, layer_count: int, expert_count: int) -> Trained:
-    """Train one predictor on ``train``; keep the state with the best validation recall@K
-    (checked every ``eval_every`` steps and before the first, which for a gate-prior model
-    is the control itself); fit its calibration on ``validation``."""
+    """Train one predictor on ``train``; keep the state with the best validation
+    ``select_on`` score (checked every ``eval_every`` steps and before the first, which
+    for a gate-prior model is the control itself); fit its calibration on validation."""
     started = time.perf_counter()
     source, targets, prior = _inputs(train, spec, gate)
     v_source, v_targets, v_prior = _inputs(validation, spec, gate)
@@ -161,7 +169,8 @@ def train_one(spec: PredictorSpec, train: Rows, validation: Rows, gate: GateWeig
     x, layer = torch.from_numpy(source.feature_ND), torch.from_numpy(source.layer_N)
     y = torch.from_numpy(targets)
     p = None if prior is None else torch.from_numpy(prior)
-    best = (_recall(_scores(model, v_source, v_prior), v_targets), 0,
+    best = (_selection_score(_scores(model, v_source, v_prior), v_targets,
+                                    config.select_on), 0,
             copy.deepcopy(model.state_dict()))
     for step in range(config.steps):
         model.train()
@@ -175,9 +184,10 @@ def train_one(spec: PredictorSpec, train: Rows, validation: Rows, gate: GateWeig
         loss.backward()
         optimizer.step()
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
-            recall = _recall(_scores(model, v_source, v_prior), v_targets)
-            if recall > best[0]:
-                best = (recall, step + 1, copy.deepcopy(model.state_dict()))
+            score = _selection_score(_scores(model, v_source, v_prior), v_targets,
+                                     config.select_on)
+            if score > best[0]:
+                best = (score, step + 1, copy.deepcopy(model.state_dict()))
     model.load_state_dict(best[2])
     calibration = fit_platt(_scores(model, v_source, v_prior), torch.from_numpy(v_targets))
     return Trained(spec=spec, model=model, calibration=calibration,

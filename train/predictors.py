@@ -121,6 +121,9 @@ class GateAdapter(nn.Module):
         router, lift, gain = gate
         L, _, H = router.shape
         self.offset = target_offset
+        self.router_LEH: torch.Tensor
+        self.lift_DH: torch.Tensor
+        self.gain_LH: torch.Tensor
         self.register_buffer("router_LEH", torch.from_numpy(router).float())
         self.register_buffer("lift_DH", torch.eye(feature_dim, H) if lift is None
                              else torch.from_numpy(lift).float())
