@@ -5,9 +5,12 @@ Every learned predictor (:class:`train.predictors.PredictorSpec`: architecture x
 features x target layer) is trained on the ``train`` split with the ranking objective of
 :mod:`train.losses`, calibrated (Platt: temperature and bias) on ``validation`` only,
 and scored on every evaluation split beside the training-free controls of
-:mod:`train.predictor_data`, at budgets k, 2k, 3k and 4k. Nothing is ever chosen on the
-runtime holdout: the best learned model is the one with the highest validation
-recall@k (then exact-match@k), and its runtime-holdout figures are reported as they fall.
+:mod:`train.predictor_data`, at budgets k, 2k, 3k and 4k. Each model keeps, per source
+layer, the training state with the best validation score on that layer's rows (step 0
+included: for gate-prior models that is the native-gate control itself). Nothing is
+ever chosen on the runtime holdout: the best learned model is the one with the highest
+validation recall@k (then exact-match@k), and its runtime-holdout figures are reported
+as they fall.
 
 Goal (issue 17): the best learned predictor beats the best control by >= 0.02 recall@k
 and >= 0.02 exact-match@k on validation and runtime holdout, with ECE <= 0.05.
@@ -105,10 +108,10 @@ class BenchConfig:
 @dataclass(eq=False)
 class Trained:
     spec: PredictorSpec
-    model: Predictor
+    model: torch.nn.Module
     calibration: PlattCalibration
     seconds: float
-    best_step: int = 0
+    best_step: dict[str, int] = field(default_factory=dict)
 
 
 def _inputs(rows: Rows, spec: PredictorSpec, gate: GateWeights | None
@@ -127,7 +130,7 @@ def _inputs(rows: Rows, spec: PredictorSpec, gate: GateWeights | None
     return source, targets, prior
 
 
-def _scores(model: Predictor, source: Rows, prior: np.ndarray | None,
+def _scores(model: torch.nn.Module, source: Rows, prior: np.ndarray | None,
             chunk: int = 8192) -> torch.Tensor:
     model.eval()
     out = []
@@ -149,14 +152,71 @@ def _selection_score(scores_NE: torch.Tensor, targets_NK: np.ndarray, select_on:
     return recall + float(hit_NK.all(1).mean()) if select_on == "recall+exact" else recall
 
 
+class LayerwiseModel(torch.nn.Module):
+    """One trained state per source layer (each chosen on that layer's validation rows)."""
+
+    def __init__(self, models: dict[int, Predictor]) -> None:
+        super().__init__()
+        self.models = torch.nn.ModuleDict({str(k): m for k, m in models.items()})
+        self.fallback = str(min(models))
+
+    def forward(self, feature_BD: torch.Tensor, layer_B: torch.Tensor,
+                prior_BE: torch.Tensor | None = None) -> torch.Tensor:
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for layer in torch.unique(layer_B).tolist():
+            rows = layer_B == layer
+            model = self.models[str(layer) if str(layer) in self.models else self.fallback]
+            parts.append((rows, model(feature_BD[rows], layer_B[rows],
+                                      None if prior_BE is None else prior_BE[rows])))
+        out_BE = parts[0][1].new_empty(feature_BD.shape[0], parts[0][1].shape[1])
+        for rows, scores in parts:
+            out_BE[rows] = scores
+        return out_BE
+
+
+class _BestStates:
+    """Per source layer: the best validation score, its step and the model state."""
+
+    def __init__(self, source: Rows, targets: np.ndarray, prior: np.ndarray | None,
+                 select_on: str) -> None:
+        self.source, self.targets, self.prior, self.select_on = source, targets, prior, select_on
+        self.best: dict[int, tuple[float, int, dict[str, Any]]] = {}
+
+    def offer(self, model: Predictor, step: int) -> None:
+        scores = _scores(model, self.source, self.prior)
+        state: dict[str, Any] | None = None
+        for layer in np.unique(self.source.layer_N).tolist():
+            rows = self.source.layer_N == layer
+            score = _selection_score(scores[torch.from_numpy(rows)], self.targets[rows],
+                                     self.select_on)
+            if layer not in self.best or score > self.best[layer][0]:
+                state = state if state is not None else copy.deepcopy(model.state_dict())
+                self.best[layer] = (score, step, state)
+
+    def steps(self) -> dict[str, int]:
+        return {str(layer): b[1] for layer, b in sorted(self.best.items())}
+
+    def model(self, template: Predictor) -> torch.nn.Module:
+        states = {layer: b[2] for layer, b in self.best.items()}
+        if len({id(s) for s in states.values()}) == 1:
+            template.load_state_dict(next(iter(states.values())))
+            return template
+        models = {}
+        for layer, state in states.items():
+            models[layer] = copy.deepcopy(template)
+            models[layer].load_state_dict(state)
+        return LayerwiseModel(models).eval()
+
+
 def train_one(spec: PredictorSpec, train: Rows, validation: Rows, gate: GateWeights | None,
               config: BenchConfig, *, layer_count: int, expert_count: int) -> Trained:
-    """Train one predictor on ``train``; keep the state with the best validation
-    ``select_on`` score (checked every ``eval_every`` steps and before the first, which
-    for a gate-prior model is the control itself); fit its calibration on validation."""
+    """Train one predictor on ``train``; for every source layer keep the state with the
+    best validation ``select_on`` score on that layer's rows (checked every
+    ``eval_every`` steps and before the first, which for a gate-prior model is the
+    control itself); fit its calibration on validation. Nothing sees the holdouts."""
     started = time.perf_counter()
     source, targets, prior = _inputs(train, spec, gate)
-    v_source, v_targets, v_prior = _inputs(validation, spec, gate)
+    best = _BestStates(*_inputs(validation, spec, gate), config.select_on)
     torch.manual_seed(config.seed)
     arrays = None if gate is None else (gate.router_LEH, gate.lift_DH, gate.norm_gain_LH)
     model = Predictor(spec, feature_dim=source.feature_ND.shape[1], layer_count=layer_count,
@@ -169,9 +229,7 @@ def train_one(spec: PredictorSpec, train: Rows, validation: Rows, gate: GateWeig
     x, layer = torch.from_numpy(source.feature_ND), torch.from_numpy(source.layer_N)
     y = torch.from_numpy(targets)
     p = None if prior is None else torch.from_numpy(prior)
-    best = (_selection_score(_scores(model, v_source, v_prior), v_targets,
-                                    config.select_on), 0,
-            copy.deepcopy(model.state_dict()))
+    best.offer(model, 0)
     for step in range(config.steps):
         model.train()
         ratio = step / max(config.steps - 1, 1)
@@ -184,14 +242,12 @@ def train_one(spec: PredictorSpec, train: Rows, validation: Rows, gate: GateWeig
         loss.backward()
         optimizer.step()
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
-            score = _selection_score(_scores(model, v_source, v_prior), v_targets,
-                                     config.select_on)
-            if score > best[0]:
-                best = (score, step + 1, copy.deepcopy(model.state_dict()))
-    model.load_state_dict(best[2])
-    calibration = fit_platt(_scores(model, v_source, v_prior), torch.from_numpy(v_targets))
-    return Trained(spec=spec, model=model, calibration=calibration,
-                   seconds=round(time.perf_counter() - started, 2), best_step=best[1])
+            best.offer(model, step + 1)
+    chosen = best.model(model)
+    calibration = fit_platt(_scores(chosen, best.source, best.prior),
+                            torch.from_numpy(best.targets))
+    return Trained(spec=spec, model=chosen, calibration=calibration,
+                   seconds=round(time.perf_counter() - started, 2), best_step=best.steps())
 
 
 class Scoreboard:
@@ -297,7 +353,7 @@ def run_bench(snapshot: Snapshot, rows: dict[str, Rows], gate: GateWeights | Non
     for spec in config.specs:
         item = train_one(spec, rows["train"], rows["validation"], gate, config,
                          layer_count=L, expert_count=E)
-        log.info("trained %s in %.1f s (best validation step %d, calibration %s)",
+        log.info("trained %s in %.1f s (best validation step per layer %s, calibration %s)",
                  spec.name, item.seconds, item.best_step, item.calibration)
         trained.append(item)
     board = Scoreboard(MetricsConfig(expert_count=E, top_k=K, budgets=literature_budgets(K),
