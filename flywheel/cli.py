@@ -44,7 +44,7 @@ def _mount_subapps() -> None:
     from hebrus_flywheel.streams.cli import broker_app, topics_app
     from hebrus_flywheel.streams.consent_cli import consent_app
     from hebrus_flywheel.streams.processors.cli import streams_app
-    from hebrus_flywheel.train.cli import evaluate_command, train_command
+    from hebrus_flywheel.train.cli import evaluate_command, predictors_command, train_command
     from hebrus_flywheel.train.qualify_cli import qualify_command
 
     app.add_typer(broker_app, name="broker", help="Run the embedded single-node Kafka (KRaft).")
@@ -63,6 +63,7 @@ def _mount_subapps() -> None:
     app.command("erase")(erase_command)
     app.command("train")(train_command)
     app.command("evaluate")(evaluate_command)
+    app.command("predictors")(predictors_command)
     app.command("qualify")(qualify_command)
 
 

@@ -68,9 +68,36 @@ def _stage_broker(ctx: DemoContext) -> None:
     print(f"[broker] {ctx.bootstrap}: {len(created)} catalogue topics ready")
 
 
+def _teacher_name() -> str:
+    """``tiny-qwen3-next-pretrained`` (issue 17), or the random-weight teacher when
+    ``FLYWHEEL_DEMO_TEACHER=random``; datasets are kept apart per teacher."""
+    random = os.environ.get("FLYWHEEL_DEMO_TEACHER", "pretrained") == "random"
+    return DEFAULT_PRESET if random else f"{DEFAULT_PRESET}-pretrained"
+
+
+def _pretrain_teacher(ctx: DemoContext) -> None:
+    from hebrus_flywheel.replay.pretrain import PretrainConfig, pretrain_teacher
+    from hebrus_flywheel.replay.teacher import artifact_digest
+
+    steps = int(os.environ.get("FLYWHEEL_DEMO_TEACHER_STEPS", "100"))
+    _, record, reused = pretrain_teacher(ctx.teacher_dir, PretrainConfig(
+        preset=DEFAULT_PRESET, steps=steps))
+    before, after = record["held_out_before"], record["held_out_after"]
+    print(f"[teacher] {'reusing' if reused else 'pretrained'} {ctx.teacher_dir.name}: "
+          f"{record['steps_run']} steps ({record['stopped']}), held-out loss "
+          f"{before['loss']:.3f} -> {after['loss']:.3f}, expert-load entropy "
+          f"{after['mean_load_entropy']:.3f}, {record['total_seconds']} s to build")
+    ctx.results["teacher_pretrain"] = {k: record[k] for k in (
+        "held_out_before", "held_out_after", "steps_run", "stopped", "total_seconds")}
+    ctx.results["teacher_digest"] = artifact_digest(ctx.teacher_dir)
+
+
 def _stage_teacher(ctx: DemoContext) -> None:
     from hebrus_flywheel.replay.teacher import artifact_digest, init_teacher
 
+    if ctx.teacher_dir.name != DEFAULT_PRESET:
+        _pretrain_teacher(ctx)
+        return
     if not (ctx.teacher_dir / "config.json").exists():
         init_teacher(ctx.teacher_dir, preset=DEFAULT_PRESET, seed=0)
         print(f"[teacher] created {DEFAULT_PRESET} in {ctx.teacher_dir}")
@@ -253,6 +280,15 @@ def _stage_evaluate(ctx: DemoContext) -> None:
     _print_lines("evaluate", lines)
 
 
+def _stage_predictors(ctx: DemoContext) -> None:
+    steps = os.environ.get("FLYWHEEL_DEMO_PREDICTOR_STEPS", "300")
+    lines = _flywheel("predictors", "--snapshot", str(ctx.snapshot_dir), "--teacher",
+                      str(ctx.teacher_dir), "--out", str(ctx.run_dir), "--steps", steps,
+                      log_name="predictors", ctx=ctx)
+    ctx.results["predictor_figures"] = str(ctx.run_dir / "predictor-figures.jsonl")
+    _print_lines("predictors", lines)
+
+
 QUALIFY_CONFIG = """\
 # The demo's threads are generated offline by replay.synthetic: no production transcript.
 # Deletion support is not declared: the erasure drill measures it (--erasure-receipt).
@@ -286,6 +322,11 @@ def _stage_erasure_drill(ctx: DemoContext) -> None:
           f"checkpoint(s); receipt {ctx.results['erasure_receipt']}")
 
 
+def _figures_args(ctx: DemoContext) -> list[str]:
+    figures = ctx.results.get("predictor_figures")
+    return ["--predictor-figures", figures] if figures else []
+
+
 def _stage_qualify(ctx: DemoContext) -> None:
     config = ctx.run_dir / "qualify.toml"
     atomic_write_text(config, QUALIFY_CONFIG)
@@ -295,7 +336,7 @@ def _stage_qualify(ctx: DemoContext) -> None:
                       str(config), "--bootstrap-servers", ctx.bootstrap, "--out",
                       str(report_dir), "--rebuild-report", str(ctx.rebuild_report),
                       "--erasure-receipt", str(ctx.run_dir / "erasure-receipt.json"),
-                      log_name="qualify", ctx=ctx)
+                      *_figures_args(ctx), log_name="qualify", ctx=ctx)
     ctx.results["report"] = str(report_dir / "report.html")
     _print_lines("qualify", lines)
 
@@ -310,6 +351,7 @@ STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("rebuild", _stage_rebuild),
     ("train", _stage_train),
     ("evaluate", _stage_evaluate),
+    ("predictors", _stage_predictors),
     ("erasure", _stage_erasure_drill),
     ("qualify", _stage_qualify),
 ]
@@ -347,11 +389,11 @@ def _next_epoch(dataset_dir: Path) -> int:
 
 def run_demo(*, threads: int = 32) -> DemoContext:
     home = flywheel_home()
-    dataset_dir = home / "datasets" / DEFAULT_PRESET
+    dataset_dir = home / "datasets" / _teacher_name()
     epoch = _next_epoch(dataset_dir)
     ctx = DemoContext(
         home=home, bootstrap=bootstrap_servers(None),
-        teacher_dir=home / "teachers" / DEFAULT_PRESET,
+        teacher_dir=home / "teachers" / _teacher_name(),
         run_dir=home / "demo" / "runs" / f"epoch-{epoch}", dataset_dir=dataset_dir,
         epoch=epoch, threads=threads,
     )

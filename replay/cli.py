@@ -73,3 +73,43 @@ def describe_command(
         typer.echo(f"{key:26} {value}")
     for key, value in identity.items():
         typer.echo(f"{key:26} {value}")
+
+
+@teacher_app.command("pretrain")
+def pretrain_command(
+    out: Path | None = typer.Option(None, "--out", help="Teacher directory [default: "
+                                    "$FLYWHEEL_HOME/teachers/PRESET-pretrained]."),
+    preset: str = typer.Option("tiny-qwen3-next", "--preset", help="Teacher preset name."),
+    seed: int = typer.Option(0, "--seed", help="Init, corpus-sample and batch-order seed."),
+    steps: int = typer.Option(100, "--steps", help="Optimiser steps (the deterministic budget)."),
+    max_seconds: float = typer.Option(240.0, "--max-seconds",
+                                      help="Safety cap on training time (stops early)."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per step."),
+    seq_len: int = typer.Option(128, "--seq-len", help="Tokens per sequence."),
+    corpus_bytes: int = typer.Option(3_000_000, "--corpus-bytes",
+                                     help="Bytes of local text and code to sample."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Retrain even if cached."),
+    as_json: bool = typer.Option(False, "--json", help="Print the record as JSON."),
+) -> None:
+    """Pretrain the tiny teacher on local text and code (LM + MoE load-balancing loss)."""
+    from hebrus_flywheel.core.settings import flywheel_home
+    from hebrus_flywheel.replay.pretrain import PretrainConfig, pretrain_teacher
+    from hebrus_flywheel.replay.teacher import artifact_digest
+
+    config = PretrainConfig(preset=preset, seed=seed, steps=steps, max_seconds=max_seconds,
+                            batch_size=batch_size, seq_len=seq_len, corpus_bytes=corpus_bytes)
+    target = out or flywheel_home() / "teachers" / f"{preset}-pretrained"
+    path, record, reused = pretrain_teacher(target, config, overwrite=overwrite)
+    if as_json:
+        typer.echo(json.dumps({"path": str(path), "reused": reused, **record}, indent=2))
+        return
+    before, after = record["held_out_before"], record["held_out_after"]
+    typer.echo(f"{'reused' if reused else 'pretrained'} teacher {preset} in {path}: "
+               f"{record['steps_run']} steps ({record['stopped']}) on "
+               f"{record['train_tokens']} tokens of {record['corpus_files']} local files "
+               f"[{record['total_seconds']} s]")
+    typer.echo(f"  held-out loss {before['loss']:.3f} -> {after['loss']:.3f} nats/token; "
+               f"expert-load entropy {before['mean_load_entropy']:.3f} -> "
+               f"{after['mean_load_entropy']:.3f} (1.0 = even), per layer "
+               f"{after['load_entropy']}")
+    typer.echo(f"  model_artifact_digest  {artifact_digest(path)}")

@@ -153,6 +153,49 @@ def evaluate_command(
         typer.echo(f"report written to {out}")
 
 
+def predictors_command(
+    snapshot: Path = typer.Option(..., "--snapshot", help="Sealed epoch directory."),
+    out: Path = typer.Option(..., "--out", help="Directory for predictor-figures.jsonl, "
+                             "predictor-summary.json and predictor-report.md."),
+    teacher: Path | None = typer.Option(None, "--teacher", help="The snapshot's teacher: "
+                                        "enables the native-gate control and gate priors."),
+    steps: int = typer.Option(400, "--steps", help="Optimiser steps per predictor."),
+    width: list[int] = typer.Option([64], "--width", help="Predictor width (repeat to "
+                                    "ablate)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of init, batches and random control."),
+    expert_bytes: int | None = typer.Option(None, "--expert-bytes", help="Bytes of one "
+                                            "expert [default: the teacher's at bf16]."),
+    threads: int = typer.Option(1, "--threads", help="torch threads (0: leave as is; "
+                                "one is fastest on a shared CPU)."),
+) -> None:
+    """Train the predictor ablation; score it and every control at budgets k..4k."""
+    declare_role("trainer")
+    import torch
+
+    from hebrus_flywheel.train.predictor_bench import (
+        BenchConfig,
+        bench_snapshot,
+        default_specs,
+        goal_lines,
+    )
+
+    if threads:
+        torch.set_num_threads(threads)
+    if expert_bytes is None and teacher is not None:
+        from hebrus_flywheel.replay.teacher import load_teacher
+
+        expert_bytes = round(load_teacher(teacher).geometry.expert_bytes(2.0))
+    specs = default_specs(tuple(width))
+    if teacher is None:
+        specs = tuple(s for s in specs if not s.gate_prior and s.architecture != "gate_adapter")
+    config = BenchConfig(specs=specs, steps=steps, seed=seed, expert_bytes=expert_bytes or 1)
+    report = bench_snapshot(snapshot, out, config, teacher_dir=teacher)
+    for line in goal_lines(report):
+        typer.echo(line)
+    typer.echo(f"figures written to {report['outputs']['figures']}; ablation table in "
+               f"{report['outputs']['report']}")
+
+
 def _cell(value: Any) -> str:
     return "—" if value is None else f"{value:.3f}"
 
@@ -197,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
                       pretty_exceptions_enable=False)
     app.command("train")(train_command)
     app.command("evaluate")(evaluate_command)
+    app.command("predictors")(predictors_command)
     run_app(app, argv)
 
 

@@ -55,6 +55,9 @@ def qualify_command(
     erasure_receipt: Path | None = typer.Option(None, "--erasure-receipt", help="The erasure "
                                                 "drill's erasure-receipt.json: measures "
                                                 "deletion support (Gate 2, falsifier 8)."),
+    predictor_figures: Path | None = typer.Option(None, "--predictor-figures", help="The "
+                                                  "predictor-figures.jsonl of `flywheel "
+                                                  "predictors`: Gate 3 also judges it."),
 ) -> None:
     """Qualify a checkpoint on a snapshot: six gates, ten falsifiers, a report."""
     declare_role("trainer")
@@ -63,7 +66,7 @@ def qualify_command(
             snapshot=snapshot, checkpoint=checkpoint, out=out, teacher=teacher, config=config,
             rebuild_report=rebuild_report, streams_summary=streams_summary,
             bootstrap=bootstrap, prefix=prefix, progress=progress,
-            erasure_receipt=erasure_receipt)
+            erasure_receipt=erasure_receipt, predictor_figures=predictor_figures)
     except FlywheelError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
@@ -75,7 +78,8 @@ def qualify_command(
 def _run(*, snapshot: Path, checkpoint: Path, out: Path, teacher: Path | None,
          config: Path | None, rebuild_report: Path | None, streams_summary: Path | None,
          bootstrap: str | None, prefix: str | None, progress: bool,
-         erasure_receipt: Path | None = None) -> tuple[Any, float]:
+         erasure_receipt: Path | None = None,
+         predictor_figures: Path | None = None) -> tuple[Any, float]:
     from hebrus_flywheel.train.qualify import qualify
     from hebrus_flywheel.train.qualify.collect import CollectRequest, collect_inputs, load_settings
     from hebrus_flywheel.train.qualify.errors import InputError
@@ -87,7 +91,8 @@ def _run(*, snapshot: Path, checkpoint: Path, out: Path, teacher: Path | None,
     collected = collect_inputs(CollectRequest(
         snapshot=snapshot, checkpoint=checkpoint, teacher=teacher,
         rebuild_report=rebuild_report, streams_summary=streams_summary, bootstrap=bootstrap,
-        prefix=prefix, settings=settings, progress=progress, erasure_receipt=erasure_receipt))
+        prefix=prefix, settings=settings, progress=progress, erasure_receipt=erasure_receipt,
+        predictor_figures=predictor_figures))
     report_started = time.perf_counter()
     outcome = qualify(collected.inputs, out, settings.thresholds,
                       date=datetime.datetime.now(datetime.UTC).date().isoformat())

@@ -162,6 +162,7 @@ class CollectRequest:
     settings: QualifySettings = field(default_factory=QualifySettings)
     progress: bool = False
     erasure_receipt: Path | None = None
+    predictor_figures: Path | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -315,6 +316,16 @@ def _model_pieces(request: CollectRequest, info: data.SnapshotInfo, parity: Any,
             "lineage": checkpoint_lineage(loaded.lineage)}
 
 
+def _figures(request: CollectRequest, notes: dict[str, str]) -> tuple[dict[str, Any], ...] | None:
+    """The lines of ``predictor-figures.jsonl`` when the request names one."""
+    if request.predictor_figures is None:
+        return None
+    from hebrus_flywheel.train.figures import read_figures
+
+    notes["predictor_figures"] = str(request.predictor_figures)
+    return tuple(read_figures(request.predictor_figures))
+
+
 def collect_inputs(request: CollectRequest) -> Collected:
     """The qualification bundle for ``request`` (see the module doc)."""
     notes: dict[str, str] = {}
@@ -340,5 +351,5 @@ def collect_inputs(request: CollectRequest) -> Collected:
         geometry=data.geometry_evidence(info),
         expert_bytes=s.sim.expert_bytes, offline=found["offline"], decode=found["decode"],
         shadow_io=found["shadow_io"], objective=s.objective, throughput=s.throughput,
-        economics=s.economics, **pieces)
+        economics=s.economics, predictor_figures=_figures(request, notes), **pieces)
     return Collected(inputs=inputs, notes=notes, timings_s=timings)

@@ -8,6 +8,7 @@ from typing import Any
 from hebrus_flywheel.train.metrics import EVALUATION_SPLITS
 from hebrus_flywheel.train.qualify.config import OfflineGateConfig
 from hebrus_flywheel.train.qualify.fmt import fmt_bytes
+from hebrus_flywheel.train.qualify.gates_figures import figures_checks
 from hebrus_flywheel.train.qualify.inputs import QualificationInputs
 from hebrus_flywheel.train.qualify.model_evidence import OfflineEvidence
 from hebrus_flywheel.train.qualify.verdict import (
@@ -154,5 +155,15 @@ def gate3_offline(inputs: QualificationInputs, config: OfflineGateConfig) -> Gat
                            config.required_controls) for split in config.decision_splits]
     if config.max_ece is not None:
         checks += [_ece_check(offline, split, config.max_ece) for split in config.decision_splits]
-    return gate_verdict(3, GATE3_NAME, checks,
-                        _gate3_figures(offline, budget, inputs.expert_bytes))
+    figures = _gate3_figures(offline, budget, inputs.expert_bytes)
+    if inputs.predictor_figures is not None:
+        extra, figures["predictor_figures"] = figures_checks(
+            inputs.predictor_figures, splits=_figure_splits(config), top_k=budget,
+            margin=config.margin, max_ece=config.max_ece)
+        checks += extra
+    return gate_verdict(3, GATE3_NAME, checks, figures)
+
+
+def _figure_splits(config: OfflineGateConfig) -> tuple[str, ...]:
+    """The decision splits and, as issue 17 asks, the runtime holdout."""
+    return tuple(dict.fromkeys((*config.decision_splits, "runtime_holdout")))

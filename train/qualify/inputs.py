@@ -14,6 +14,7 @@ offline results from :meth:`train.metrics.MetricsAccumulator.result`, shadow I/O
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.train.qualify import checks as v
@@ -111,6 +112,8 @@ class QualificationInputs:
     """Falsifier #10."""
     economics: EconomicsEvidence | None = None
     """Falsifier #6."""
+    predictor_figures: tuple[dict[str, Any], ...] | None = None
+    """Gate 3: the lines of ``predictor-figures.jsonl`` (None: not given)."""
 
     def __post_init__(self) -> None:
         v.freeze(self, "checkpoint_lineage", tuple)

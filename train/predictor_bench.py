@@ -1,0 +1,452 @@
+"""``flywheel predictors``: train the predictor ablation on one snapshot, score every learned
+model and every control at equal budgets, write ``predictor-figures.jsonl``.
+
+Every learned predictor (:class:`train.predictors.PredictorSpec`: architecture x
+features x target layer) is trained on the ``train`` split with the ranking objective of
+:mod:`train.losses`, calibrated (Platt: temperature and bias) on ``validation`` only,
+and scored on every evaluation split beside the training-free controls of
+:mod:`train.predictor_data`, at budgets k, 2k, 3k and 4k. Each model keeps, per source
+layer, the training state with the best validation score on that layer's rows (step 0
+included: for gate-prior models that is the native-gate control itself). Nothing is
+ever chosen on the runtime holdout: the best learned model is the one with the highest
+validation recall@k (then exact-match@k), and its runtime-holdout figures are reported
+as they fall.
+
+Goal (issue 17): the best learned predictor beats the best control by >= 0.02 recall@k
+and >= 0.02 exact-match@k on validation and runtime holdout, with ECE <= 0.05.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.baselines import BaselineConfig
+from hebrus_flywheel.train.data import Snapshot
+from hebrus_flywheel.train.figures import literature_budgets, result_lines
+from hebrus_flywheel.train.losses import LossConfig, SidecarLoss
+from hebrus_flywheel.train.metrics import EVALUATION_SPLITS, MetricsAccumulator, MetricsConfig
+from hebrus_flywheel.train.predictor_data import Controls, GateWeights, Rows, fit_frequency_rows
+from hebrus_flywheel.train.predictors import (
+    PlattCalibration,
+    Predictor,
+    PredictorSpec,
+    fit_platt,
+)
+
+log = logging.getLogger(__name__)
+GOAL_MARGIN = 0.02
+GOAL_MAX_ECE = 0.05
+GOAL_SPLITS = ("validation", "runtime_holdout")
+
+
+def default_specs(widths: tuple[int, ...] = (64,)) -> tuple[PredictorSpec, ...]:
+    """The ablation: {per-layer MLP, shared low-rank} x {feature, feature + gate logits}
+    x {own layer, P1 next layer}, at every width."""
+    return tuple([PredictorSpec(architecture=a, gate_prior=g, target_offset=t, width=w)
+                  for t in (0, 1) for a in ("per_layer_mlp", "shared_lowrank")
+                  for g in (False, True) for w in widths]
+                 + [PredictorSpec(architecture="gate_adapter", target_offset=t,
+                                  width=widths[0]) for t in (0, 1)])
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """How the predictor bench trains and scores."""
+
+    specs: tuple[PredictorSpec, ...] = field(default_factory=default_specs)
+    """The learned predictors to train (the ablation grid)."""
+    steps: int = 400
+    """Optimiser steps per predictor."""
+    batch_size: int = 512
+    """Rows per step."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate (cosine decay to lr/10)."""
+    prior_lr_factor: float = 0.3
+    """Learning-rate factor of gate-prior models (they start at the control)."""
+    eval_every: int = 25
+    """Steps between validation checks of the best-state selection."""
+    select_on: str = "recall"
+    """Validation criterion of the best state: ``recall`` (recall@k) or ``recall+exact``."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    seed: int = 0
+    """Seed of initialisation and batch order."""
+    union_max_window: int = 8
+    """Largest token window of route-union growth."""
+    expert_bytes: int = 1
+    """Bytes of one expert: every budget's byte figure is ``budget * expert_bytes``."""
+    layer_groups: bool = True
+    """Also write per-layer and per-domain figure lines."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "specs", tuple(self.specs))
+        for name in ("steps", "batch_size", "union_max_window", "expert_bytes", "eval_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"BenchConfig.{name} must be a positive integer, got {value!r}")
+        if self.select_on not in ("recall", "recall+exact"):
+            raise ConfigError(f"BenchConfig.select_on must be recall or recall+exact, got "
+                              f"{self.select_on!r}")
+        if not self.specs or len({s.name for s in self.specs}) != len(self.specs):
+            raise ConfigError("BenchConfig.specs must be non-empty without repeated names")
+        if not (math.isfinite(self.lr) and self.lr > 0) or self.weight_decay < 0 or not (
+                0 < self.prior_lr_factor <= 1):
+            raise ConfigError("BenchConfig.lr must be > 0, .weight_decay >= 0 and "
+                              ".prior_lr_factor in (0, 1]")
+
+
+@dataclass(eq=False)
+class Trained:
+    spec: PredictorSpec
+    model: torch.nn.Module
+    calibration: PlattCalibration
+    seconds: float
+    best_step: dict[str, int] = field(default_factory=dict)
+
+
+def _inputs(rows: Rows, spec: PredictorSpec, gate: GateWeights | None
+            ) -> tuple[Rows, np.ndarray, np.ndarray | None]:
+    """(source rows, target ids, gate prior logits) of one spec on one split."""
+    if spec.target_offset == 0:
+        source, targets = rows, rows.target_NK
+    else:
+        source, _ = rows.next_rows()
+        targets = source.next_NK
+    prior = None
+    if spec.gate_prior:
+        if gate is None:
+            raise ConfigError(f"{spec.name} needs the teacher's routers; pass --teacher")
+        prior = gate.logits(source.feature_ND, source.layer_N + spec.target_offset)
+    return source, targets, prior
+
+
+def _scores(model: torch.nn.Module, source: Rows, prior: np.ndarray | None,
+            chunk: int = 8192) -> torch.Tensor:
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(source), chunk):
+            stop = start + chunk
+            p = None if prior is None else torch.from_numpy(prior[start:stop])
+            out.append(model(torch.from_numpy(source.feature_ND[start:stop]),
+                             torch.from_numpy(source.layer_N[start:stop]), p))
+    return torch.cat(out)
+
+
+def _selection_score(scores_NE: torch.Tensor, targets_NK: np.ndarray, select_on: str) -> float:
+    """Recall@K (plus exact-match@K for ``recall+exact``) against native top-K sets:
+    the model-selection criterion on validation."""
+    picked = scores_NE.topk(targets_NK.shape[1], dim=1).indices.numpy()
+    hit_NK = (picked[:, :, None] == targets_NK[:, None, :]).any(-1)
+    recall = float(hit_NK.mean())
+    return recall + float(hit_NK.all(1).mean()) if select_on == "recall+exact" else recall
+
+
+class LayerwiseModel(torch.nn.Module):
+    """One trained state per source layer (each chosen on that layer's validation rows)."""
+
+    def __init__(self, models: dict[int, Predictor]) -> None:
+        super().__init__()
+        self.models = torch.nn.ModuleDict({str(k): m for k, m in models.items()})
+        self.fallback = str(min(models))
+
+    def forward(self, feature_BD: torch.Tensor, layer_B: torch.Tensor,
+                prior_BE: torch.Tensor | None = None) -> torch.Tensor:
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for layer in torch.unique(layer_B).tolist():
+            rows = layer_B == layer
+            model = self.models[str(layer) if str(layer) in self.models else self.fallback]
+            parts.append((rows, model(feature_BD[rows], layer_B[rows],
+                                      None if prior_BE is None else prior_BE[rows])))
+        out_BE = parts[0][1].new_empty(feature_BD.shape[0], parts[0][1].shape[1])
+        for rows, scores in parts:
+            out_BE[rows] = scores
+        return out_BE
+
+
+class _BestStates:
+    """Per source layer: the best validation score, its step and the model state."""
+
+    def __init__(self, source: Rows, targets: np.ndarray, prior: np.ndarray | None,
+                 select_on: str) -> None:
+        self.source, self.targets, self.prior, self.select_on = source, targets, prior, select_on
+        self.best: dict[int, tuple[float, int, dict[str, Any]]] = {}
+
+    def offer(self, model: Predictor, step: int) -> None:
+        scores = _scores(model, self.source, self.prior)
+        state: dict[str, Any] | None = None
+        for layer in np.unique(self.source.layer_N).tolist():
+            rows = self.source.layer_N == layer
+            score = _selection_score(scores[torch.from_numpy(rows)], self.targets[rows],
+                                     self.select_on)
+            if layer not in self.best or score > self.best[layer][0]:
+                state = state if state is not None else copy.deepcopy(model.state_dict())
+                self.best[layer] = (score, step, state)
+
+    def steps(self) -> dict[str, int]:
+        return {str(layer): b[1] for layer, b in sorted(self.best.items())}
+
+    def model(self, template: Predictor) -> torch.nn.Module:
+        states = {layer: b[2] for layer, b in self.best.items()}
+        if len({id(s) for s in states.values()}) == 1:
+            template.load_state_dict(next(iter(states.values())))
+            return template
+        models = {}
+        for layer, state in states.items():
+            models[layer] = copy.deepcopy(template)
+            models[layer].load_state_dict(state)
+        return LayerwiseModel(models).eval()
+
+
+def train_one(spec: PredictorSpec, train: Rows, validation: Rows, gate: GateWeights | None,
+              config: BenchConfig, *, layer_count: int, expert_count: int) -> Trained:
+    """Train one predictor on ``train``; for every source layer keep the state with the
+    best validation ``select_on`` score on that layer's rows (checked every
+    ``eval_every`` steps and before the first, which for a gate-prior model is the
+    control itself); fit its calibration on validation. Nothing sees the holdouts."""
+    started = time.perf_counter()
+    source, targets, prior = _inputs(train, spec, gate)
+    best = _BestStates(*_inputs(validation, spec, gate), config.select_on)
+    torch.manual_seed(config.seed)
+    arrays = None if gate is None else (gate.router_LEH, gate.lift_DH, gate.norm_gain_LH)
+    model = Predictor(spec, feature_dim=source.feature_ND.shape[1], layer_count=layer_count,
+                      expert_count=expert_count, gate=arrays)
+    loss_fn = SidecarLoss(LossConfig(calibration_weight=0.0))
+    starts_at_control = spec.gate_prior or spec.architecture == "gate_adapter"
+    lr = config.lr * (config.prior_lr_factor if starts_at_control else 1.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
+    rng = np.random.default_rng(config.seed)
+    x, layer = torch.from_numpy(source.feature_ND), torch.from_numpy(source.layer_N)
+    y = torch.from_numpy(targets)
+    p = None if prior is None else torch.from_numpy(prior)
+    best.offer(model, 0)
+    for step in range(config.steps):
+        model.train()
+        ratio = step / max(config.steps - 1, 1)
+        for group in optimizer.param_groups:
+            group["lr"] = lr * (0.1 + 0.45 * (1 + math.cos(math.pi * ratio)))
+        pick = torch.from_numpy(rng.integers(0, len(source), config.batch_size))
+        scores = model(x[pick], layer[pick], None if p is None else p[pick])
+        loss = loss_fn(scores, y[pick], layer_B=layer[pick] + spec.target_offset)["total"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+            best.offer(model, step + 1)
+    chosen = best.model(model)
+    calibration = fit_platt(_scores(chosen, best.source, best.prior),
+                            torch.from_numpy(best.targets))
+    return Trained(spec=spec, model=chosen, calibration=calibration,
+                   seconds=round(time.perf_counter() - started, 2), best_step=best.steps())
+
+
+class Scoreboard:
+    """One metrics accumulator per model (learned and control), both targets."""
+
+    def __init__(self, metrics: MetricsConfig) -> None:
+        self.metrics = metrics
+        self.accumulators: dict[str, MetricsAccumulator] = {}
+        self.kinds: dict[str, tuple[str, str, str]] = {}
+
+    def add(self, name: str, *, kind: str, target: str, features: str, rows: Rows,
+            scores_NE: Any, target_NK: np.ndarray, layer_N: np.ndarray,
+            probabilities_NE: Any = None) -> None:
+        if name not in self.accumulators:
+            self.accumulators[name] = MetricsAccumulator(self.metrics, method=name)
+            self.kinds[name] = (kind, target, features)
+        self.accumulators[name].update(
+            target_ids_BK=target_NK, layer_B=layer_N, split_B=rows.split, scores_BE=scores_NE,
+            membership_prob_BE=probabilities_NE, domain_B=rows.domain_N,
+            thread_B=rows.thread_N, ordinal_B=rows.ordinal_N)
+
+    def results(self) -> dict[str, dict[str, Any]]:
+        return {name: acc.result() for name, acc in self.accumulators.items()}
+
+
+def score_split(board: Scoreboard, rows: Rows, controls: Controls, trained: list[Trained],
+                gate: GateWeights | None) -> None:
+    """Add every control and learned model on one evaluation split."""
+    same = controls.same_layer(rows)
+    for name, scores in same.items():
+        board.add(name, kind="control", target="same_layer", features="history/router",
+                  rows=rows, scores_NE=scores, target_NK=rows.target_NK, layer_N=rows.layer_N)
+    source, _ = rows.next_rows()
+    for name, scores in controls.next_layer(rows, same).items():
+        board.add(name, kind="control", target="next_layer", features="history/router",
+                  rows=source, scores_NE=scores, target_NK=source.next_NK,
+                  layer_N=source.layer_N + 1)
+    for item in trained:
+        src, targets, prior = _inputs(rows, item.spec, gate)
+        learned_NE = _scores(item.model, src, prior)
+        board.add(item.spec.name, kind="learned",
+                  target="next_layer" if item.spec.target_offset else "same_layer",
+                  features=item.spec.features, rows=src, scores_NE=learned_NE.double(),
+                  target_NK=targets, layer_N=src.layer_N + item.spec.target_offset,
+                  probabilities_NE=item.calibration.probabilities(learned_NE))
+
+
+def _overall(result: dict[str, Any], split: str) -> dict[str, Any] | None:
+    node = result["splits"].get(split)
+    return None if node is None else node["overall"]
+
+
+def goal_summary(results: dict[str, dict[str, Any]], kinds: dict[str, tuple[str, str, str]],
+                 top_k: int, target: str) -> dict[str, Any]:
+    """Best learned (chosen on validation) against the best control per metric and split."""
+    learned = [m for m, (k, t, _) in kinds.items() if k == "learned" and t == target]
+    controls = [m for m, (k, t, _) in kinds.items() if k == "control" and t == target]
+    if not learned or not controls:
+        return {"target": target, "best_learned": None, "splits": {}}
+
+    def figures(method: str, split: str) -> dict[str, float | None]:
+        node = _overall(results[method], split)
+        if node is None:
+            return {"recall": None, "exact": None, "ece": None}
+        cal = node.get("calibration")
+        return {"recall": node["recall"][str(top_k)], "exact": node["exact_match"],
+                "ece": None if cal is None else cal["ece"]}
+
+    best = max(learned, key=lambda m: (figures(m, "validation")["recall"] or -1.0,
+                                       figures(m, "validation")["exact"] or -1.0))
+    out: dict[str, Any] = {"target": target, "best_learned": best, "chosen_on": "validation",
+                           "splits": {}}
+    for split in EVALUATION_SPLITS:
+        mine = figures(best, split)
+        if mine["recall"] is None:
+            continue
+        theirs = {m: figures(m, split) for m in controls}
+        r_ctl = max(theirs, key=lambda m: theirs[m]["recall"] or -1.0)
+        e_ctl = max(theirs, key=lambda m: theirs[m]["exact"] or -1.0)
+        d_recall = mine["recall"] - (theirs[r_ctl]["recall"] or 0.0)
+        d_exact = (mine["exact"] or 0.0) - (theirs[e_ctl]["exact"] or 0.0)
+        met = (d_recall >= GOAL_MARGIN and d_exact >= GOAL_MARGIN
+               and mine["ece"] is not None and mine["ece"] <= GOAL_MAX_ECE)
+        out["splits"][split] = {
+            "learned": mine, "best_recall_control": r_ctl,
+            "control_recall": theirs[r_ctl]["recall"], "best_exact_control": e_ctl,
+            "control_exact": theirs[e_ctl]["exact"], "delta_recall": d_recall,
+            "delta_exact": d_exact, "goal_met": met}
+    out["goal_met"] = all(out["splits"].get(s, {}).get("goal_met", False) for s in GOAL_SPLITS)
+    return out
+
+
+def run_bench(snapshot: Snapshot, rows: dict[str, Rows], gate: GateWeights | None,
+              config: BenchConfig) -> dict[str, Any]:
+    """Train the ablation, score everything; the report with figures lines."""
+    g = snapshot.geometry
+    L, E, K = int(g["layers"]), snapshot.expert_count, int(g["top_k"])
+    base = BaselineConfig(layer_count=L, expert_count=E, seed=config.seed,
+                          lru_capacity=max(64, 4 * K))
+    frequency = fit_frequency_rows(rows["train"], base)
+    controls = Controls(base, frequency, gate)
+    trained = []
+    for spec in config.specs:
+        item = train_one(spec, rows["train"], rows["validation"], gate, config,
+                         layer_count=L, expert_count=E)
+        log.info("trained %s in %.1f s (best validation step per layer %s, calibration %s)",
+                 spec.name, item.seconds, item.best_step, item.calibration)
+        trained.append(item)
+    board = Scoreboard(MetricsConfig(expert_count=E, top_k=K, budgets=literature_budgets(K),
+                                     union_max_window=config.union_max_window))
+    splits = [s for s in EVALUATION_SPLITS if s in rows]
+    for split in splits:
+        score_split(board, rows[split], controls, trained, gate)
+    results = board.results()
+    lines = [line for name, result in results.items() for line in result_lines(
+        result, kind=board.kinds[name][0], target=board.kinds[name][1],
+        features=board.kinds[name][2], expert_bytes=config.expert_bytes,
+        groups=config.layer_groups)]
+    return {"splits": splits, "top_k": K, "budgets": list(literature_budgets(K)),
+            "expert_bytes": config.expert_bytes, "results": results, "kinds": board.kinds,
+            "lines": lines,
+            "training": {t.spec.name: {"seconds": t.seconds, "features": t.spec.features,
+                                       "best_step": t.best_step,
+                                       "calibration": vars(t.calibration)} for t in trained},
+            "goal": {t: goal_summary(results, board.kinds, K, t)
+                     for t in ("same_layer", "next_layer")}}
+
+
+def ablation_table(report: dict[str, Any]) -> list[str]:
+    """Markdown: model x features, recall@k / exact@k / ECE on validation and runtime."""
+    k = report["top_k"]
+    head = (f"| model | kind | target | features | val R@{k} | val exact@{k} | val ECE | "
+            f"rt R@{k} | rt exact@{k} | rt ECE |")
+    out = [head, "|" + "---|" * 10]
+    for name, result in report["results"].items():
+        kind, target, features = report["kinds"][name]
+        cells = []
+        for split in ("validation", "runtime_holdout"):
+            node = _overall(result, split)
+            cal = None if node is None else node.get("calibration")
+            cells += ["—" if node is None else f"{node['recall'][str(k)]:.3f}",
+                      "—" if node is None else f"{node['exact_match']:.3f}",
+                      "—" if cal is None else f"{cal['ece']:.4f}"]
+        out.append(f"| {name} | {kind} | {target} | {features} | " + " | ".join(cells) + " |")
+    return out
+
+
+def write_outputs(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """``predictor-figures.jsonl``, ``predictor-summary.json`` and ``predictor-report.md``."""
+    import json
+
+    from hebrus_flywheel.core.files import atomic_write_text, make_dirs
+    from hebrus_flywheel.train.figures import FIGURES_FILE, write_figures
+
+    make_dirs(out_dir)
+    figures = write_figures(out_dir / FIGURES_FILE, report["lines"])
+    summary = out_dir / "predictor-summary.json"
+    body = {k: v for k, v in report.items() if k not in ("lines", "results")}
+    atomic_write_text(summary, json.dumps(body, indent=2, sort_keys=True, default=str))
+    markdown = out_dir / "predictor-report.md"
+    atomic_write_text(markdown, "\n".join([*ablation_table(report), "", *goal_lines(report)])
+                      + "\n")
+    return {"figures": figures, "summary": summary, "report": markdown}
+
+
+def goal_lines(report: dict[str, Any]) -> list[str]:
+    """The learned-versus-control lines of the closing note."""
+    k, out = report["top_k"], []
+    for target, goal in report["goal"].items():
+        if goal["best_learned"] is None:
+            continue
+        out.append(f"{target}: best learned (chosen on validation) {goal['best_learned']}")
+        for split, row in goal["splits"].items():
+            ece = row["learned"]["ece"]
+            out.append(
+                f"  {split}: R@{k} {row['learned']['recall']:.3f} vs {row['best_recall_control']}"
+                f" {row['control_recall']:.3f} ({row['delta_recall']:+.3f}); exact@{k} "
+                f"{row['learned']['exact']:.3f} vs {row['best_exact_control']} "
+                f"{row['control_exact']:.3f} ({row['delta_exact']:+.3f}); ECE "
+                f"{'—' if ece is None else f'{ece:.4f}'}; goal "
+                f"{'MET' if row['goal_met'] else 'not met'}")
+        out.append(f"  goal (validation and runtime_holdout): "
+                   f"{'MET' if goal['goal_met'] else 'NOT MET'}")
+    return out
+
+
+def bench_snapshot(snapshot_path: Path, out_dir: Path, config: BenchConfig, *,
+                   teacher_dir: Path | None) -> dict[str, Any]:
+    """Load the snapshot's splits (and its teacher's routers), run, write the outputs."""
+    from hebrus_flywheel.train.predictor_data import load_gate, load_rows
+
+    snapshot = Snapshot(snapshot_path)
+    rows = {s: load_rows(snapshot, s) for s in ("train", *EVALUATION_SPLITS)
+            if snapshot.split_rows(s)}
+    if "train" not in rows or "validation" not in rows:
+        raise ConfigError(f"snapshot {snapshot.snapshot_id} needs train and validation rows "
+                          "(training and calibration); capture more threads")
+    gate = None if teacher_dir is None else load_gate(teacher_dir, snapshot)
+    report = run_bench(snapshot, rows, gate, config)
+    report["snapshot_id"] = snapshot.snapshot_id
+    report["outputs"] = {k: str(v) for k, v in write_outputs(report, Path(out_dir)).items()}
+    return report

@@ -1,0 +1,230 @@
+"""Learned route predictors beside the shared sidecar, and their calibration.
+
+* :class:`PerLayerMLP`: the published pre-attention predictor: for every source layer
+  its own two linear layers (``feature -> GELU(hidden) -> E scores``), trained with the
+  ranking loss of :mod:`train.losses`.
+* :class:`SharedLowRank`: the shared low-rank sidecar (:class:`train.models.RouteSidecar`)
+  for one head offset.
+* Both can add a *gate prior*: the native router of the target layer applied to the
+  same pre-attention feature (the native-gate control's raw logits), scaled by a learned
+  per-layer factor. The network then only learns the residual the control misses
+  (what attention adds to the residual stream before the router reads it).
+* ``target_offset`` 0 predicts the row's own layer; 1 is the P1 (next-layer) variant.
+* :class:`PlattCalibration`: ``sigmoid(a * score + b)`` per model, fitted on the
+  validation split only (a temperature ``1/a`` plus a bias); it does not change the
+  ranking, only what the membership probabilities mean.
+
+Legend: B rows, D feature width, L routed layers, E experts, K native top-k, M MLP width.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.losses import native_mask
+from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig
+
+ARCHITECTURES = ("per_layer_mlp", "shared_lowrank", "gate_adapter")
+GateArrays = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
+"""(router ``(L, E, H)``, feature lift ``(D, H)`` or None, RMSNorm gain ``(L, H)`` or None)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictorSpec:
+    """One learned predictor of the ablation: architecture x features x target."""
+
+    architecture: str
+    """``per_layer_mlp`` or ``shared_lowrank``."""
+    gate_prior: bool = False
+    """Add the native gate's logits of the target layer (residual learning)."""
+    target_offset: int = 0
+    """0: the row's own layer; 1: the next layer (P1)."""
+    width: int = 64
+    """MLP width of ``per_layer_mlp``; low-rank width R of ``shared_lowrank``."""
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ConfigError(f"PredictorSpec.architecture must be one of {ARCHITECTURES}, "
+                              f"got {self.architecture!r}")
+        if self.target_offset not in (0, 1):
+            raise ConfigError("PredictorSpec.target_offset must be 0 (own layer) or 1 (P1), "
+                              f"got {self.target_offset!r}")
+        if self.architecture == "gate_adapter" and self.gate_prior:
+            raise ConfigError("PredictorSpec.gate_prior: a gate_adapter is the gate already")
+        if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
+            raise ConfigError(f"PredictorSpec.width must be a positive integer, got {self.width!r}")
+
+    @property
+    def name(self) -> str:
+        base = self.architecture + ("+gate_prior" if self.gate_prior else "")
+        return ("p1_" if self.target_offset else "") + f"{base}@{self.width}"
+
+    @property
+    def features(self) -> str:
+        if self.architecture == "gate_adapter":
+            return "pre_attention+router_weights"
+        return "pre_attention" + ("+gate_logits" if self.gate_prior else "")
+
+
+class PerLayerMLP(nn.Module):
+    """Two linear layers per source layer: ``(B, D) -> (B, E)``."""
+
+    def __init__(self, *, feature_dim: int, width: int, layer_count: int,
+                 expert_count: int) -> None:
+        super().__init__()
+        D, M, L, E = feature_dim, width, layer_count, expert_count
+        self.norm = nn.LayerNorm(D)
+        self.w1_LDM = nn.Parameter(torch.randn(L, D, M) / math.sqrt(D))
+        self.b1_LM = nn.Parameter(torch.zeros(L, M))
+        self.w2_LME = nn.Parameter(torch.randn(L, M, E) / math.sqrt(M))
+        self.b2_LE = nn.Parameter(torch.zeros(L, E))
+
+    def forward(self, feature_BD: torch.Tensor, layer_B: torch.Tensor) -> torch.Tensor:
+        x_BD = self.norm(feature_BD)
+        out_BE = feature_BD.new_empty(feature_BD.shape[0], self.b2_LE.shape[1])
+        for layer in torch.unique(layer_B).tolist():  # one pair of matmuls per layer
+            rows = layer_B == layer
+            h_BM = F.gelu(x_BD[rows] @ self.w1_LDM[layer] + self.b1_LM[layer])
+            out_BE[rows] = h_BM @ self.w2_LME[layer] + self.b2_LE[layer]
+        return out_BE
+
+
+class SharedLowRank(nn.Module):
+    """The shared low-rank sidecar with one head (``(0, 0)`` own layer, ``(0, 1)`` P1)."""
+
+    def __init__(self, *, feature_dim: int, width: int, layer_count: int, expert_count: int,
+                 target_offset: int) -> None:
+        super().__init__()
+        self.sidecar = RouteSidecar(SidecarConfig(
+            feature_dim=feature_dim, rank=width, hidden=4 * width, layer_count=layer_count,
+            expert_count=expert_count, offsets=((0, target_offset),)))
+
+    def forward(self, feature_BD: torch.Tensor, layer_B: torch.Tensor) -> torch.Tensor:
+        return self.sidecar(feature_BD, layer_B)[:, 0]
+
+
+class GateAdapter(nn.Module):
+    """The native router of the target layer on an adapted state:
+    ``router_t(gain_t * rms_norm(lift(x) + x @ delta_l))``, ``delta`` per source layer
+    and zero at init, so it starts exactly at the native-gate control and learns a
+    linear stand-in for what attention adds before the router reads the state."""
+
+    def __init__(self, gate: GateArrays, *, feature_dim: int, target_offset: int) -> None:
+        super().__init__()
+        router, lift, gain = gate
+        L, _, H = router.shape
+        self.offset = target_offset
+        self.router_LEH: torch.Tensor
+        self.lift_DH: torch.Tensor
+        self.gain_LH: torch.Tensor
+        self.register_buffer("router_LEH", torch.from_numpy(router).float())
+        self.register_buffer("lift_DH", torch.eye(feature_dim, H) if lift is None
+                             else torch.from_numpy(lift).float())
+        self.register_buffer("gain_LH", torch.ones(L, H) if gain is None
+                             else torch.from_numpy(gain).float())
+        self.delta_LDH = nn.Parameter(torch.zeros(L, feature_dim, H))
+
+    def forward(self, feature_BD: torch.Tensor, layer_B: torch.Tensor) -> torch.Tensor:
+        out_BE = feature_BD.new_empty(feature_BD.shape[0], self.router_LEH.shape[1])
+        for layer in torch.unique(layer_B).tolist():
+            rows = layer_B == layer
+            x_BD = feature_BD[rows]
+            h_BH = x_BD @ self.lift_DH + x_BD @ self.delta_LDH[layer]
+            h_BH = h_BH * torch.rsqrt(h_BH.pow(2).mean(dim=1, keepdim=True) + 1e-6)
+            target = layer + self.offset
+            out_BE[rows] = (h_BH * self.gain_LH[target]) @ self.router_LEH[target].T
+        return out_BE
+
+
+class Predictor(nn.Module):
+    """A network plus, optionally, the scaled gate prior: ``scores (B, E)``."""
+
+    def __init__(self, spec: PredictorSpec, *, feature_dim: int, layer_count: int,
+                 expert_count: int, gate: GateArrays | None = None) -> None:
+        super().__init__()
+        self.spec = spec
+        self.net: nn.Module
+        if spec.architecture == "gate_adapter":
+            if gate is None:
+                raise ConfigError(f"{spec.name} needs the teacher's routers; pass --teacher")
+            self.net = GateAdapter(gate, feature_dim=feature_dim,
+                                   target_offset=spec.target_offset)
+        elif spec.architecture == "per_layer_mlp":
+            self.net = PerLayerMLP(feature_dim=feature_dim, width=spec.width,
+                                   layer_count=layer_count, expert_count=expert_count)
+        else:
+            self.net = SharedLowRank(feature_dim=feature_dim, width=spec.width,
+                                     layer_count=layer_count, expert_count=expert_count,
+                                     target_offset=spec.target_offset)
+        self.prior_scale_L = nn.Parameter(torch.ones(layer_count)) if spec.gate_prior else None
+        if spec.gate_prior:  # start exactly at the control: the residual starts at zero
+            with torch.no_grad():
+                for name, parameter in self.net.named_parameters():
+                    if name.endswith(("w2_LME", "expert_embedding")):
+                        parameter.mul_(0.01)
+
+    def forward(self, feature_BD: torch.Tensor, layer_B: torch.Tensor,
+                prior_BE: torch.Tensor | None = None) -> torch.Tensor:
+        scores_BE = self.net(feature_BD, layer_B)
+        if self.prior_scale_L is not None:
+            if prior_BE is None:
+                raise ConfigError(f"{self.spec.name} needs the gate prior (native-gate logits)")
+            scores_BE = scores_BE + self.prior_scale_L[layer_B, None] * prior_BE
+        return scores_BE
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlattCalibration:
+    """``p = sigmoid(scale * score + bias)``; identity is ``scale=1, bias=0``."""
+
+    scale: float = 1.0
+    bias: float = 0.0
+
+    def probabilities(self, scores_BE: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.scale * scores_BE.double() + self.bias)
+
+
+def fit_platt(scores_BE: torch.Tensor, target_ids_BK: torch.Tensor, *,
+              iterations: int = 100) -> PlattCalibration:
+    """Scale and bias minimising membership BCE on the given (validation) rows."""
+    scores = scores_BE.detach().double()
+    member_BE = native_mask(target_ids_BK, scores.shape[1]).double()
+    params = torch.tensor([1.0, 0.0], dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([params], max_iter=iterations, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(params[0] * scores + params[1], member_BE)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    scale, bias = (float(v) for v in params.detach())
+    if not (np.isfinite(scale) and np.isfinite(bias)):
+        return PlattCalibration()
+    return PlattCalibration(scale=scale, bias=bias)
+
+
+def gate_logits(feature_BD: np.ndarray, layer_B: np.ndarray, *, router_LEH: np.ndarray,
+                lift_DH: np.ndarray | None, norm_gain_LH: np.ndarray | None) -> np.ndarray:
+    """The native router of ``layer_B`` on RMS-normalised lifted features: ``(B, E)``
+    float32 logits at the router's own scale (the prior of the residual predictors)."""
+    hidden_BH = feature_BD.astype(np.float64)
+    if lift_DH is not None:
+        hidden_BH = hidden_BH @ lift_DH
+    rms_B1 = np.sqrt((hidden_BH**2).mean(axis=1, keepdims=True) + 1e-6)
+    hidden_BH = hidden_BH / rms_B1
+    if norm_gain_LH is not None:
+        hidden_BH = hidden_BH * norm_gain_LH[layer_B]
+    out_BE = np.empty((hidden_BH.shape[0], router_LEH.shape[1]), dtype=np.float32)
+    for layer in np.unique(layer_B):
+        rows = layer_B == layer
+        out_BE[rows] = hidden_BH[rows] @ router_LEH[layer].T
+    return out_BE
