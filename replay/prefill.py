@@ -353,7 +353,7 @@ class PrefillReplayer:
     def _run_batch(self, batch: Sequence[_Prepared]) -> list[WindowLabels]:
         logits_NLE, hidden_NLH, ids_NLK, weights_NLK = self._forward(batch)
         with torch.inference_mode():
-            margins_NL = margin_beside(logits_NLE, ids_NLK)
+            margins_NL = margin_beside(self.teacher.selection_scores(logits_NLE), ids_NLK)
             hidden32_NLH = hidden_NLH.to(torch.float32)
             features_NLD = hidden32_NLH @ self._projection_HD
         features = features_NLD.numpy().astype(FEATURE_DTYPES[self.config.feature_dtype])

@@ -135,8 +135,18 @@ def _field_from_message(message: str) -> str | None:
     return None
 
 
+def _with_defaults(entry: SchemaEntry, record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``record`` plus the schema's default for each top-level field it leaves out (fields
+    added later with a default, e.g. ``RuntimeIdentity.routed_layers``)."""
+    fields = entry.parsed.get("fields", ()) if isinstance(entry.parsed, dict) else ()
+    missing = {f["name"]: f["default"] for f in fields
+               if "default" in f and f["name"] not in record}
+    return {**record, **missing} if missing else record
+
+
 def encode_entry(entry: SchemaEntry, record: Mapping[str, Any], *, validate: bool = True) -> bytes:
     """Single-object bytes of ``record`` written with the already-resolved ``entry``."""
+    record = _with_defaults(entry, record)
     if validate:
         _validate(entry, record)
     buf = io.BytesIO()
