@@ -1,4 +1,4 @@
-"""The RuntimeIdentity record of a loaded teacher (``schemas/RuntimeIdentity.v1.avsc``).
+"""The RuntimeIdentity record of a loaded teacher (``schemas/RuntimeIdentity.v2.avsc``).
 
 Every field is derived from what is actually loaded: the model artifact digest over
 config and weights, the tokenizer and chat-template digests of the tokenizer directory,
