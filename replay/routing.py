@@ -44,6 +44,7 @@ __all__ = [
     "WEIGHT_RULES",
     "WEIGHT_SOFTMAX_TOPK",
     "WEIGHT_SOFTMAX_TOPK_RENORMALIZED",
+    "MASKED_SCORE",
     "RouterRule",
     "all_finite",
     "parse_rule",
