@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
-from hebrus_flywheel.replay.conversations import Message, Thread
+from hebrus_flywheel.replay.chat_template import Piece, TemplateRenderer, template_pieces
+from hebrus_flywheel.replay.conversations import Message, Thread, to_chat_messages
 from hebrus_flywheel.replay.exceptions import RenderError, TokenizerError
 from hebrus_flywheel.replay.tokenizer import (
     CHAT_TEMPLATE,
@@ -119,12 +121,7 @@ class RenderedThread:
         return tuple(t.turn_index for t in self.turns if t.role == "assistant")
 
 
-@dataclass(frozen=True)
-class _Piece:
-    turn: int
-    kind: str
-    generated: bool
-    text: str
+_Piece = Piece
 
 
 def tool_call_json(name: str, arguments: dict) -> str:
@@ -178,15 +175,15 @@ def render_text(thread: Thread) -> str:
     return "".join(p.text for p in _pieces(thread))
 
 
-def _as_tokenizer(tokenizer: Tokenizer | LoadedTokenizer) -> Tokenizer:
+def _renderer(tokenizer: Tokenizer | LoadedTokenizer) -> tuple[Tokenizer, TemplateRenderer,
+                                                                 tuple[str, ...]]:
+    """The tokenizer, the renderer of its chat template and the reserved token texts.
+
+    A :class:`LoadedTokenizer` renders with its own template; a bare ``tokenizers``
+    tokenizer is taken to be the project's (ChatML specials and :data:`CHAT_TEMPLATE`)."""
     if isinstance(tokenizer, LoadedTokenizer):
-        if tokenizer.chat_template != CHAT_TEMPLATE:
-            raise TokenizerError(
-                f"the tokenizer in {tokenizer.directory} has a different chat template; "
-                "render_thread implements only replay.tokenizer.CHAT_TEMPLATE, so "
-                "rebuild the tokenizer with replay.tokenizer.build_tokenizer"
-            )
-        return tokenizer.tokenizer
+        renderer = TemplateRenderer(tokenizer.chat_template, tokenizer.special_tokens)
+        return tokenizer.tokenizer, renderer, tokenizer.reserved_texts()
     if not isinstance(tokenizer, Tokenizer):
         raise TokenizerError(
             f"render_thread needs a tokenizers.Tokenizer or LoadedTokenizer, got "
@@ -194,10 +191,24 @@ def _as_tokenizer(tokenizer: Tokenizer | LoadedTokenizer) -> Tokenizer:
         )
     for token in SPECIAL_TOKENS:
         special_token_id(tokenizer, token)
-    return tokenizer
+    return tokenizer, TemplateRenderer(CHAT_TEMPLATE, {"eos_token": IM_END}), SPECIAL_TOKENS
 
 
-def _piece_of_tokens(pieces: list[_Piece], offsets: list[tuple[int, int]]) -> list[int]:
+def _check_reserved(thread: Thread, reserved: tuple[str, ...]) -> None:
+    for turn, message in enumerate(thread.messages):
+        texts = [("content", message.content)] + [
+            ("tool_call", tool_call_json(c.name, c.arguments)) for c in message.tool_calls]
+        for kind, text in texts:
+            for token in reserved:
+                if token in text:
+                    raise RenderError(
+                        f"message {turn} ({kind}) contains the reserved token text "
+                        f"{token!r}, which would tokenize as a control token and corrupt the "
+                        "turn boundaries; quarantine the thread or escape that text"
+                    )
+
+
+def _piece_of_tokens(pieces: Sequence[Piece], offsets: list[tuple[int, int]]) -> list[int]:
     """For every token, the index of the piece holding its first character."""
     kept: list[int] = []
     starts: list[int] = []
@@ -211,7 +222,7 @@ def _piece_of_tokens(pieces: list[_Piece], offsets: list[tuple[int, int]]) -> li
 
 
 def _build_turns(
-    pieces: list[_Piece], owner: list[int], ids: list[int], thread: Thread
+    pieces: Sequence[Piece], owner: list[int], ids: list[int], thread: Thread
 ) -> tuple[RenderedTurn, ...]:
     turns: list[RenderedTurn] = []
     cursor = 0
@@ -236,9 +247,11 @@ def _build_turns(
 
 
 def render_thread(thread: Thread, tokenizer: Tokenizer | LoadedTokenizer) -> RenderedThread:
-    """Render ``thread`` into its canonical tokens, cut into turns and segments."""
-    tok = _as_tokenizer(tokenizer)
-    pieces = _pieces(thread)
+    """Render ``thread`` with the tokenizer's chat template into its canonical tokens,
+    cut into turns and segments (boundaries derived as in :mod:`replay.chat_template`)."""
+    tok, renderer, reserved = _renderer(tokenizer)
+    _check_reserved(thread, reserved)
+    pieces = template_pieces(renderer, to_chat_messages(thread))
     text = "".join(p.text for p in pieces)
     encoding = tok.encode(text, add_special_tokens=False)
     owner = _piece_of_tokens(pieces, encoding.offsets)
