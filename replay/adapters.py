@@ -63,7 +63,8 @@ class FamilyAdapter:
         return tuple(range(config.num_hidden_layers))
 
     def rule(self, config: Any) -> RouterRule:
-        return RouterRule(scoring="softmax", normalize=bool(getattr(config, "norm_topk_prob", False)))
+        normalize = bool(getattr(config, "norm_topk_prob", False))
+        return RouterRule(scoring="softmax", normalize=normalize)
 
     def weight_rule(self, config: Any) -> str:
         return self.rule(config).name

@@ -48,9 +48,10 @@ class TemplateRenderer:
                ) -> str:
         from transformers.utils.chat_template_utils import render_jinja_template
 
+        render: Any = render_jinja_template
         try:
-            rendered, _ = render_jinja_template(
-                conversations=[list(messages)], chat_template=self.template,
+            rendered, _ = render(
+                conversations=[[dict(m) for m in messages]], chat_template=self.template,
                 add_generation_prompt=generation_prompt, **self.special_tokens,
             )
         except Exception as exc:  # jinja raises TemplateError, raise_exception anything

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -55,7 +55,8 @@ class FamilySpec:
         if not self.name or not self.config_class:
             raise ConfigError("name and config_class must be non-empty")
         if not (self.router_logit_std > 0 and math.isfinite(self.router_logit_std)):
-            raise ConfigError(f"router_logit_std must be positive, got {self.router_logit_std!r}")
+            raise ConfigError(
+                f"router_logit_std must be positive, got {self.router_logit_std!r}")
 
     def config(self, *, vocab_size: int, eos_id: int, pad_id: int) -> Any:
         import transformers
@@ -65,7 +66,8 @@ class FamilySpec:
                             eos_token_id=eos_id, pad_token_id=pad_id)
 
 
-_MLA = {"num_key_value_heads": 2, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+_MLA = {"num_key_value_heads": 2, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16,
         "v_head_dim": 16, "head_dim": 8}
 FAMILIES: dict[str, FamilySpec] = {
     s.name: s
@@ -143,7 +145,7 @@ def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
         with torch.no_grad():
             for index in adapter.geometry(config).routed_layers:
                 gate = adapter.router(layers[index])
-                gate.weight.normal_(0.0, router_std)
+                cast(torch.Tensor, gate.weight).normal_(0.0, router_std)
                 bias = adapter.score_bias(gate)
                 if bias is not None:
                     bias.normal_(0.0, SCORE_BIAS_STD)

@@ -24,10 +24,10 @@ Tensor legend: T tokens, E experts, K top-k.
 
 from __future__ import annotations
 
-import torch
-
 import re
 from dataclasses import dataclass
+
+import torch
 
 from hebrus_flywheel.core.geometry import (
     WEIGHT_RULES,
@@ -40,18 +40,18 @@ from hebrus_flywheel.replay.exceptions import RoutingError
 TIE_BREAK_RULE = TIE_BREAK_SCORE_DESC_ID_ASC
 
 __all__ = [
+    "MASKED_SCORE",
     "TIE_BREAK_RULE",
     "WEIGHT_RULES",
     "WEIGHT_SOFTMAX_TOPK",
     "WEIGHT_SOFTMAX_TOPK_RENORMALIZED",
-    "MASKED_SCORE",
     "RouterRule",
     "all_finite",
-    "parse_rule",
-    "selection_scores",
     "margin_beside",
+    "parse_rule",
     "rank_experts",
     "router_margin",
+    "selection_scores",
     "topk_weights",
     "topk_with_tie_break",
 ]
@@ -92,12 +92,14 @@ class RouterRule:
 
     def __post_init__(self) -> None:
         if self.scoring not in SCORINGS:
-            raise RoutingError(f"RouterRule.scoring must be one of {SCORINGS}, got {self.scoring!r}")
+            raise RoutingError(
+                f"RouterRule.scoring must be one of {SCORINGS}, got {self.scoring!r}")
         if self.group_score not in GROUP_SCORES:
             raise RoutingError(f"RouterRule.group_score must be one of {GROUP_SCORES}, "
                                f"got {self.group_score!r}")
         if not (self.scale > 0 and self.scale < float("inf")):
-            raise RoutingError(f"RouterRule.scale must be a positive finite number, got {self.scale!r}")
+            raise RoutingError(
+                f"RouterRule.scale must be a positive finite number, got {self.scale!r}")
         if not 1 <= self.topk_groups <= self.groups:
             raise RoutingError(f"RouterRule.topk_groups must be in [1, groups={self.groups}], "
                                f"got {self.topk_groups}")

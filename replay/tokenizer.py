@@ -23,9 +23,8 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -362,10 +361,8 @@ def read_special_tokens(directory: str | Path) -> dict[str, str | None]:
     found: dict[str, str | None] = {}
     sources = [_read_config(base)]
     if (base / SPECIAL_TOKENS_MAP_FILE).is_file():
-        try:
+        with suppress(json.JSONDecodeError):
             sources.append(json.loads((base / SPECIAL_TOKENS_MAP_FILE).read_text("utf-8")))
-        except json.JSONDecodeError:
-            pass
     for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
         found[name] = next((t for src in sources if (t := _token_text(src.get(name)))), None)
     return found

@@ -73,7 +73,11 @@ def processor_config(
 @streams_app.command("worker")
 def worker_command(
     bootstrap: str | None = _BOOTSTRAP,
-    prefix: str = _PREFIX,
+    prefix: str | None = typer.Option(
+        None, "--prefix", help="Prefix of every topic and group name: the namespace ('' for "
+        "the shared one) [default: $FLYWHEEL_NAMESPACE, else --teacher's, else shared]."),
+    teacher: Path | None = typer.Option(
+        None, "--teacher", help="Work in the namespace of this teacher checkpoint directory."),
     app_id: str = _APP_ID,
     salt: str = typer.Option("hebrus-flywheel-split-v1", help="Split hash salt."),
     validation_fraction: float = typer.Option(0.1, help="Share of owners in validation."),
@@ -115,9 +119,11 @@ def worker_command(
         context_length=context_length,
         route_context_length=route_context_length,
     )
+    from hebrus_flywheel.core.namespace import resolve_prefix
+
     config = WorkerConfig(
         bootstrap=bootstrap_servers(bootstrap),
-        prefix=prefix,
+        prefix=resolve_prefix(prefix, teacher=teacher),
         app_id=app_id,
         processors=processors,
         tick_interval_s=tick_interval_s,

@@ -97,7 +97,7 @@ def test_assistant_targets_follow_the_generation_prompt(
             assert prefix == hf.encode(prompt, add_special_tokens=False)
             assert targets[-1] == eot and eot not in targets[:-1]
             turn = rendered.turns[index]
-            assert [s.kind for s in turn.segments][0] == "header"
+            assert next(s.kind for s in turn.segments) == "header"
 
 
 def test_the_identity_digest_is_the_template_in_use(llama_dir: Path, tmp_path: Path) -> None:
