@@ -56,7 +56,9 @@ def worker_command(
     offsets_per_shard: int = typer.Option(256, "--offsets-per-shard",
                                           help="Source offsets per shard (per partition)."),
     row_group_rows: int = typer.Option(8192, "--row-group-rows", help="Rows per row group."),
-    weight_encoding: str = typer.Option("uint8", "--weight-encoding", help="uint8 | float16."),
+    weight_encoding: str | None = typer.Option(
+        None, "--weight-encoding", help="uint8 | float16 [default: uint8 when the teacher's "
+        "weights stay in [0, 1], else float16]."),
     batch_windows: int = typer.Option(8, "--batch-windows", help="Windows per engine call."),
     torch_threads: int | None = typer.Option(None, "--torch-threads",
                                              help="torch intra-op threads (recorded)."),
@@ -92,6 +94,9 @@ def worker_command(
     from hebrus_flywheel.core.namespace import resolve_prefix
     from hebrus_flywheel.core.progress import WatchdogConfig
 
+    from hebrus_flywheel.replay.teacher import default_weight_encoding
+
+    weight_encoding = weight_encoding or default_weight_encoding(teacher)
     config = ReplayWorkerConfig(
         teacher=teacher, dataset=dataset, bootstrap=bootstrap_servers(bootstrap),
         prefix=resolve_prefix(prefix, teacher=teacher),

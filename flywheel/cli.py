@@ -39,6 +39,7 @@ def _mount_subapps() -> None:
         snapshots_app,
         verify_command,
     )
+    from hebrus_flywheel.selftest import selftest_command
     from hebrus_flywheel.replay.capture_cli import capture_command
     from hebrus_flywheel.replay.cli import teacher_app
     from hebrus_flywheel.replay.parity_cli import parity_command
@@ -62,6 +63,7 @@ def _mount_subapps() -> None:
     app.command("train")(train_command)
     app.command("evaluate")(evaluate_command)
     app.command("qualify")(qualify_command)
+    app.command("selftest")(selftest_command)
 
 
 @app.callback()

@@ -57,7 +57,7 @@ from hebrus_flywheel.replay.adapters import (
     score_bias_LE,
 )
 from hebrus_flywheel.replay.exceptions import TeacherError
-from hebrus_flywheel.replay.routing import selection_scores, topk_with_tie_break
+from hebrus_flywheel.replay.routing import parse_rule, selection_scores, topk_with_tie_break
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -372,6 +372,24 @@ def read_manifest(directory: str | Path) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise TeacherError(f"{path} is not valid JSON ({exc.msg}); re-create the teacher") from None
+
+
+def read_geometry(directory: str | Path) -> RouteGeometry:
+    """The route geometry of a checkpoint from its ``config.json`` alone (no weights)."""
+    from transformers import AutoConfig
+
+    path = Path(directory)
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise TeacherError(f"cannot read {path / 'config.json'}: {exc}") from None
+    return adapter_for(config.model_type).geometry(config)
+
+
+def default_weight_encoding(directory: str | Path) -> str:
+    """``uint8`` when the teacher's weights stay in [0, 1] (the shard's uint8 range), else
+    ``float16`` (rules that scale weights, e.g. DeepSeek's ``routed_scaling_factor``)."""
+    return "uint8" if parse_rule(read_geometry(directory).weight_rule).scale <= 1.0 else "float16"
 
 
 def _eos_ids(model: nn.Module) -> tuple[int, ...]:
