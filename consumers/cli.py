@@ -93,7 +93,6 @@ def worker_command(
     from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
     from hebrus_flywheel.core.namespace import resolve_prefix
     from hebrus_flywheel.core.progress import WatchdogConfig
-
     from hebrus_flywheel.replay.teacher import default_weight_encoding
 
     weight_encoding = weight_encoding or default_weight_encoding(teacher)

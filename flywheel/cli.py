@@ -39,10 +39,10 @@ def _mount_subapps() -> None:
         snapshots_app,
         verify_command,
     )
-    from hebrus_flywheel.selftest import selftest_command
     from hebrus_flywheel.replay.capture_cli import capture_command
     from hebrus_flywheel.replay.cli import teacher_app
     from hebrus_flywheel.replay.parity_cli import parity_command
+    from hebrus_flywheel.selftest import selftest_command
     from hebrus_flywheel.streams.cli import broker_app, topics_app
     from hebrus_flywheel.streams.processors.cli import streams_app
     from hebrus_flywheel.train.cli import evaluate_command, train_command

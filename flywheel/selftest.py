@@ -291,8 +291,10 @@ def run_selftest(config: SelftestConfig, *, emit: Callable[[dict[str, Any]], Non
             try:
                 with _role(role):
                     figures = stage(run)
-            except FlywheelError as exc:
-                verdict = {"selftest": "failed", "stage": name, "reason": str(exc),
+            except Exception as exc:  # any failure is the verdict, with its reason
+                reason = str(exc) if isinstance(exc, FlywheelError) else \
+                    f"{type(exc).__name__}: {exc}"
+                verdict = {"selftest": "failed", "stage": name, "reason": reason,
                            "work_dir": str(config.work_dir)}
                 emit(verdict)
                 return verdict

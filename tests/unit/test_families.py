@@ -20,6 +20,8 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.replay.decode import DecodeRuntime, SamplingConfig
 from hebrus_flywheel.replay.exceptions import RoutingError
 from hebrus_flywheel.replay.families import FAMILIES, get_family
+from hebrus_flywheel.replay.parity import run_parity
+from hebrus_flywheel.replay.prefill import PrefillReplayer
 from hebrus_flywheel.replay.routing import (
     MASKED_SCORE,
     RouterRule,
@@ -30,6 +32,7 @@ from hebrus_flywheel.replay.routing import (
 from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
 from hebrus_flywheel.replay.teacher import artifact_digest, init_teacher, load_teacher
 from tests.unit.test_decode import assert_parity
+from tests.unit.test_parity import decode_windows
 
 EXPECTED = {  # routed layers, experts, k, weight rule
     "qwen3_moe": ((1, 2, 3), 64, 8, "softmax_topk_renormalized"),
@@ -83,6 +86,18 @@ def test_decode_prefill_parity(family: str, family_dirs: dict[str, Path]) -> Non
     sampling = SamplingConfig(temperature=1.0, seed=1, max_new_tokens=30, stop_at_eos=False)
     assert_parity(teacher, PREFIX, runtime.decode_turn(PREFIX, sampling=sampling))
     assert_parity(teacher, PREFIX[:5], runtime.decode_turn(PREFIX[:5], forced_ids=PREFIX[5:]))
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_prefill_replayer_reaches_parity_with_decode(
+    family: str, family_dirs: dict[str, Path]
+) -> None:
+    """The replay path proper (padded batches, explicit masks and positions), which is
+    where Qwen2-MoE's unused ``sliding_window=0`` once broke the mask."""
+    teacher = load_teacher(family_dirs[family])
+    replayer = PrefillReplayer(teacher)
+    result = run_parity(replayer, decode_windows(teacher, replayer.identity_id))
+    assert result.authoritative and result.mismatched_pairs == 0, result.to_json()
 
 
 def test_generation_is_deterministic_per_seed(tmp_path: Path) -> None:
