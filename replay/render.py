@@ -1,11 +1,15 @@
 """Canonical rendering of a thread into token ids with turn and segment boundaries.
 
-The canonical token sequence of a thread is the tokenization of the whole ChatML text
-that :data:`replay.tokenizer.CHAT_TEMPLATE` renders for its messages (no generation
-prompt). :func:`render_text` builds that text without Jinja; tests check it is equal
-to ``apply_chat_template``'s output.
+The canonical token sequence of a thread is the tokenization of the text that the
+TOKENIZER'S OWN chat template renders for its messages (no generation prompt); a
+tokenizer without one takes ``flywheel --chat-template FILE``. The turn and segment
+boundaries are derived from renderings of message prefixes, not from hand-written
+markup (:mod:`replay.chat_template`). The project's tiny tokenizer carries
+:data:`replay.tokenizer.CHAT_TEMPLATE` (ChatML) as its real chat template;
+:func:`render_text` still builds that ChatML text without Jinja, and a bare
+``tokenizers.Tokenizer`` is rendered with it.
 
-Each message is one turn, cut into pieces of text::
+Each message is one turn, cut into pieces of text (ChatML shown)::
 
     header     "<|im_start|>{role}\\n"                 never generated
     content    the message content                      generated if assistant
@@ -13,19 +17,19 @@ Each message is one turn, cut into pieces of text::
     footer     "<|im_end|>"                             generated if assistant
     footer     "\\n"                                     never generated
 
-The leading ``"\\n"`` of a tool call is present unless it is the first call and the
-content is empty. The ``"\\n"`` after ``<|im_end|>`` is the start of the next turn's
-prompt (the runtime feeds it, it does not decode it), but it is stored as the last
-segment of the turn it follows, so concatenating every turn's ``token_ids`` gives the
-whole sequence, trailing newline included.
+In general: an assistant turn's header is what the template's generation prompt adds;
+content and each tool call are located by rendering variants of the message; the footer
+is generated up to and including the tokenizer's ``eos_token`` text, the rest of it is
+the next prompt's. The text the template prints before the first message (a BOS, a
+default system prompt) opens the first turn's header. Concatenating every turn's
+``token_ids`` gives the whole sequence.
 
 **Boundary rule.** The whole text is tokenized once; each token belongs to the piece
 holding its first character. Special tokens are atomic, so turn boundaries and the
-edges of ``<|im_start|>``, ``<|im_end|>``, ``<tool_call>`` and ``</tool_call>`` are
-always token boundaries. Only where two plain-text pieces touch can one token span both
-(content ending in punctuation or whitespace followed by a tool call's ``"\\n"``; content
-starting with a newline after the header's ``"\\n"``); that token goes to the earlier
-piece. Segments that end up with no tokens are omitted.
+edges of special tokens are always token boundaries. Only where two plain-text pieces
+touch can one token span both; that token goes to the earlier piece. Segments that end
+up with no tokens are omitted. Message text containing a special token's text is
+refused (it would tokenize as a control token).
 
 Segment ``start``/``end`` are token indices relative to the turn (end exclusive);
 ``RenderedTurn.token_offset`` is the ordinal of the turn's first token in the thread.

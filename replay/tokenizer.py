@@ -15,6 +15,13 @@ normalizer, so ``decode(encode(text)) == text`` for any text.
 
 :func:`tokenizer_digest` and :func:`chat_template_digest` are the identity digests that
 records carry; :func:`load_tokenizer` returns a :class:`LoadedTokenizer`.
+
+Loading works for ANY checkpoint's ``tokenizer.json``: the chat template is the
+directory's own (``chat_template.jinja``, else ``tokenizer_config.json``'s, a named
+list's ``default`` included), replaced by ``flywheel --chat-template FILE``
+(``$FLYWHEEL_CHAT_TEMPLATE``); a tokenizer without one is refused with that fix named.
+The special tokens (``eos_token`` ends an assistant turn) come from the tokenizer config;
+the ChatML tokens above are required only by the project's own ChatML helpers.
 """
 
 from __future__ import annotations
