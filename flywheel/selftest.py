@@ -268,49 +268,67 @@ STAGES: list[tuple[str, Callable[[_Run], dict[str, Any]], str | None]] = [
 ]
 
 
+def namespace_topics(bootstrap: str, namespace: str) -> list[str]:
+    """Every topic of ``namespace``: the catalogue and the workers' internal topics."""
+    from hebrus_flywheel.streams.topics import admin_client
+
+    names = admin_client(bootstrap).list_topics(timeout=30).topics
+    return sorted(name for name in names if name.startswith(namespace))
+
+
 def _cleanup(run: _Run) -> None:
+    """Delete the run's topics (best effort: a failure leaves them, and says so)."""
     if run.config.keep_topics:
         return
-    from hebrus_flywheel.streams.topics import catalogue, delete_topics
+    from hebrus_flywheel.streams.topics import delete_topics
 
-    with _role("admin"), contextlib.suppress(Exception):
-        delete_topics(run.config.bootstrap, [s.name for s in catalogue(run.config.namespace)])
+    with _role("admin"):
+        try:
+            delete_topics(run.config.bootstrap,
+                          namespace_topics(run.config.bootstrap, run.config.namespace))
+        except Exception as exc:  # cleanup must not hide the verdict
+            run.emit({"cleanup": "failed", "namespace": run.config.namespace,
+                      "reason": f"{type(exc).__name__}: {exc}"})
 
 
-def run_selftest(config: SelftestConfig, *, emit: Callable[[dict[str, Any]], None]) -> dict:
-    """Run every stage, emitting one JSON-ready dict per stage; returns the verdict dict
-    (``selftest`` is ``passed`` or ``failed``)."""
+def run_selftest(config: SelftestConfig, *, emit: Callable[[dict[str, Any]], None]
+                 ) -> dict[str, Any]:
+    """Run every stage, emitting one JSON-ready dict per stage and the verdict last;
+    returns the verdict (``selftest`` is ``passed`` or ``failed``)."""
     make_dirs(config.work_dir)
     run = _Run(config=config, emit=emit)
     before = os.environ.get(BOOTSTRAP_ENV)
     os.environ[BOOTSTRAP_ENV] = config.bootstrap  # the commands it starts use the same broker
     started = time.perf_counter()
     try:
-        for name, stage, role in STAGES:
-            t0 = time.perf_counter()
-            try:
-                with _role(role):
-                    figures = stage(run)
-            except Exception as exc:  # any failure is the verdict, with its reason
-                reason = str(exc) if isinstance(exc, FlywheelError) else \
-                    f"{type(exc).__name__}: {exc}"
-                verdict = {"selftest": "failed", "stage": name, "reason": reason,
-                           "work_dir": str(config.work_dir)}
-                emit(verdict)
-                return verdict
-            emit({"stage": name, "ok": True, "seconds": round(time.perf_counter() - t0, 1),
-                  **figures})
+        failure = _run_stages(run)
     finally:
         _cleanup(run)
         if before is None:
             os.environ.pop(BOOTSTRAP_ENV, None)
         else:
             os.environ[BOOTSTRAP_ENV] = before
-    verdict = {"selftest": "passed", **run.figures, "namespace": config.namespace,
-               "seconds": round(time.perf_counter() - started, 1),
-               "work_dir": str(config.work_dir)}
+    verdict: dict[str, Any] = failure or {"selftest": "passed", **run.figures}
+    verdict.update(namespace=config.namespace, seconds=round(time.perf_counter() - started, 1),
+                   work_dir=str(config.work_dir))
     emit(verdict)
     return verdict
+
+
+def _run_stages(run: _Run) -> dict[str, Any] | None:
+    """Every stage in order; the failed verdict of the first that fails, else None."""
+    for name, stage, role in STAGES:
+        t0 = time.perf_counter()
+        try:
+            with _role(role):
+                figures = stage(run)
+        except Exception as exc:  # any failure is the verdict, with its reason
+            reason = str(exc) if isinstance(exc, FlywheelError) else \
+                f"{type(exc).__name__}: {exc}"
+            return {"selftest": "failed", "stage": name, "reason": reason}
+        run.emit({"stage": name, "ok": True, "seconds": round(time.perf_counter() - t0, 1),
+                  **figures})
+    return None
 
 
 def _ensure_broker(bootstrap: str) -> None:

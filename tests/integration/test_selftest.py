@@ -9,6 +9,7 @@ through the CLI to check the JSON lines and the exit status; one is made to fail
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,12 @@ from typer.testing import CliRunner
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
 from hebrus_flywheel.replay.families import FAMILIES
 from hebrus_flywheel.replay.teacher import init_teacher
-from hebrus_flywheel.selftest import SelftestConfig, private_namespace, run_selftest
-from hebrus_flywheel.streams.topics import admin_client
+from hebrus_flywheel.selftest import (
+    SelftestConfig,
+    namespace_topics,
+    private_namespace,
+    run_selftest,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 THREADS = 6
@@ -37,9 +42,13 @@ def _teacher(base: Path, family: str) -> Path:
     return target
 
 
-def _topics(bootstrap: str, namespace: str) -> list[str]:
-    names = admin_client(bootstrap).list_topics(timeout=30).topics
-    return [name for name in names if name.startswith(namespace)]
+def _topics_gone(bootstrap: str, namespace: str) -> bool:
+    deadline = time.monotonic() + 30
+    while namespace_topics(bootstrap, namespace):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+    return True
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -60,7 +69,7 @@ def test_selftest_passes_with_exact_parity(
                       "train"]
     teacher_line = lines[0]
     assert teacher_line["routed_layers"]  # the routed-layer map is reported
-    assert _topics(kafka_bootstrap, config.namespace) == []
+    assert _topics_gone(kafka_bootstrap, config.namespace)
 
 
 def test_cli_prints_json_lines_and_fails_with_the_stage(
