@@ -48,7 +48,7 @@ def worker_command(
     bootstrap: str | None = typer.Option(None, "--bootstrap-servers", help=_BOOTSTRAP_HELP),
     prefix: str | None = typer.Option(
         None, "--prefix", help="Topic-name and group prefix: the namespace ('' for the shared "
-        "one) [default: $FLYWHEEL_NAMESPACE, else the teacher's own namespace]."),
+        "one) (default: $FLYWHEEL_NAMESPACE, else the teacher's own namespace)."),
     group_id: str = typer.Option("flywheel-replay", "--group-id",
                                  help="Consumer group (within the namespace)."),
     tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer directory."),
@@ -57,8 +57,8 @@ def worker_command(
                                           help="Source offsets per shard (per partition)."),
     row_group_rows: int = typer.Option(8192, "--row-group-rows", help="Rows per row group."),
     weight_encoding: str | None = typer.Option(
-        None, "--weight-encoding", help="uint8 | float16 [default: uint8 when the teacher's "
-        "weights stay in [0, 1], else float16]."),
+        None, "--weight-encoding", help="uint8 | float16 (default: uint8 when the teacher's "
+        "weights stay in [0, 1], else float16)."),
     batch_windows: int = typer.Option(8, "--batch-windows", help="Windows per engine call."),
     torch_threads: int | None = typer.Option(None, "--torch-threads",
                                              help="torch intra-op threads (recorded)."),

@@ -26,7 +26,7 @@ def capture_command(
     interleave: int = typer.Option(4, help="Threads decoded round-robin at once."),
     topic_prefix: str | None = typer.Option(
         None, "--topic-prefix", "--prefix", help="Topic-name prefix: the namespace ('' for the "
-        "shared one) [default: $FLYWHEEL_NAMESPACE, else the teacher's own namespace]."),
+        "shared one) (default: $FLYWHEEL_NAMESPACE, else the teacher's own namespace)."),
     create_topics: bool = typer.Option(True, help="Create missing capture topics first."),
     summary_json: Path | None = typer.Option(None, help="Also write the summary here."),
     bootstrap: str | None = typer.Option(

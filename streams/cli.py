@@ -242,7 +242,7 @@ def topics_create(
     bootstrap_servers_: BootstrapOpt = None,
     prefix: Annotated[str | None, typer.Option(
         "--prefix", help="Prefix every topic name: the namespace ('' for the shared one) "
-        "[default: $FLYWHEEL_NAMESPACE, else --teacher's namespace, else shared].",
+        "(default: $FLYWHEEL_NAMESPACE, else --teacher's namespace, else shared).",
         show_default=False)] = None,
     teacher: Annotated[Path | None, typer.Option(
         "--teacher", help="Create the namespace of this teacher checkpoint directory.")] = None,
