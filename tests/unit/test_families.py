@@ -141,3 +141,24 @@ def test_groups_mask_experts_outside_the_best_groups() -> None:
     assert ids.tolist() == [[2, 3]]
     ids, _ = topk_with_tie_break(logits_TE, 2, weight_rule="softmax_group1of3_max_topk")
     assert ids.tolist() == [[0, 1]]
+
+
+def test_cli_lists_families_and_generates_one(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from hebrus_flywheel.replay.cli import teacher_app
+
+    listed = CliRunner().invoke(teacher_app, ["families", "--json"])
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.output)
+    assert set(FAMILIES) <= {name for name, row in rows.items() if row["generate"]}
+    made = CliRunner().invoke(teacher_app, ["init", "--family", "olmoe", "--out",
+                                            str(tmp_path / "o"), "--seed", "3"])
+    assert made.exit_code == 0, made.output
+    assert "tiny-olmoe" in made.output
+    assert load_teacher(tmp_path / "o").geometry.family == "olmoe"
+    bad = CliRunner().invoke(teacher_app, ["init", "--family", "nope", "--out",
+                                           str(tmp_path / "n")])
+    assert bad.exit_code != 0 and isinstance(bad.exception, ConfigError)
