@@ -46,14 +46,19 @@ def worker_command(
     teacher: Path = typer.Option(..., "--teacher", help="Teacher checkpoint directory."),
     dataset: Path = typer.Option(..., "--dataset", help="Dataset root for shards."),
     bootstrap: str | None = typer.Option(None, "--bootstrap-servers", help=_BOOTSTRAP_HELP),
-    prefix: str = typer.Option("", "--prefix", help="Topic-name prefix (tests)."),
-    group_id: str = typer.Option("flywheel-replay", "--group-id", help="Consumer group."),
+    prefix: str | None = typer.Option(
+        None, "--prefix", help="Topic-name and group prefix: the namespace ('' for the shared "
+        "one) (default: $FLYWHEEL_NAMESPACE, else the teacher's own namespace)."),
+    group_id: str = typer.Option("flywheel-replay", "--group-id",
+                                 help="Consumer group (within the namespace)."),
     tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer directory."),
     dtype: str = typer.Option("float32", "--dtype", help="Teacher compute dtype."),
     offsets_per_shard: int = typer.Option(256, "--offsets-per-shard",
                                           help="Source offsets per shard (per partition)."),
     row_group_rows: int = typer.Option(8192, "--row-group-rows", help="Rows per row group."),
-    weight_encoding: str = typer.Option("uint8", "--weight-encoding", help="uint8 | float16."),
+    weight_encoding: str | None = typer.Option(
+        None, "--weight-encoding", help="uint8 | float16 (default: uint8 when the teacher's "
+        "weights stay in [0, 1], else float16)."),
     batch_windows: int = typer.Option(8, "--batch-windows", help="Windows per engine call."),
     torch_threads: int | None = typer.Option(None, "--torch-threads",
                                              help="torch intra-op threads (recorded)."),
@@ -86,10 +91,14 @@ def worker_command(
     declare_role("replay")
     from hebrus_flywheel.consumers.shards import ShardConfig
     from hebrus_flywheel.consumers.worker import ReplayWorker, ReplayWorkerConfig
+    from hebrus_flywheel.core.namespace import resolve_prefix
     from hebrus_flywheel.core.progress import WatchdogConfig
+    from hebrus_flywheel.replay.teacher import default_weight_encoding
 
+    weight_encoding = weight_encoding or default_weight_encoding(teacher)
     config = ReplayWorkerConfig(
-        teacher=teacher, dataset=dataset, bootstrap=bootstrap_servers(bootstrap), prefix=prefix,
+        teacher=teacher, dataset=dataset, bootstrap=bootstrap_servers(bootstrap),
+        prefix=resolve_prefix(prefix, teacher=teacher),
         group_id=group_id, tokenizer_dir=tokenizer, dtype=dtype,
         shard=ShardConfig(offsets_per_shard=offsets_per_shard, row_group_rows=row_group_rows,
                           weight_encoding=weight_encoding),

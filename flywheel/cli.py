@@ -19,6 +19,8 @@ from hebrus_flywheel.core.kafka.config import client_config
 from hebrus_flywheel.core.runner import offline_environment, run_app
 from hebrus_flywheel.core.settings import KAFKA_CONFIG_ENV
 
+CHAT_TEMPLATE_ENV = "FLYWHEEL_CHAT_TEMPLATE"  # replay.tokenizer.CHAT_TEMPLATE_ENV (no torch here)
+
 app = typer.Typer(
     name="flywheel",
     help="hebrus-flywheel: capture → streams → replay → snapshots → train → qualify.",
@@ -41,6 +43,7 @@ def _mount_subapps() -> None:
     from hebrus_flywheel.replay.capture_cli import capture_command
     from hebrus_flywheel.replay.cli import teacher_app
     from hebrus_flywheel.replay.parity_cli import parity_command
+    from hebrus_flywheel.selftest import selftest_command
     from hebrus_flywheel.streams.cli import broker_app, topics_app
     from hebrus_flywheel.streams.consent_cli import consent_app
     from hebrus_flywheel.streams.processors.cli import streams_app
@@ -65,6 +68,7 @@ def _mount_subapps() -> None:
     app.command("evaluate")(evaluate_command)
     app.command("predictors")(predictors_command)
     app.command("qualify")(qualify_command)
+    app.command("selftest")(selftest_command)
 
 
 @app.callback()
@@ -74,7 +78,17 @@ def _root(
         None, "--kafka-config", metavar="FILE",
         help=f"Kafka client properties, key=value lines (security.protocol, sasl.*, ssl.*, "
              f"client.id, ...) for every Kafka client [default: ${KAFKA_CONFIG_ENV}]."),
+    chat_template: str | None = typer.Option(
+        None, "--chat-template", metavar="FILE",
+        help=f"Jinja chat template to render conversations with, for a teacher whose "
+             f"tokenizer has none (or to replace its own) [default: ${CHAT_TEMPLATE_ENV}]."),
 ) -> None:
+    if chat_template:
+        path = Path(chat_template)
+        if not path.is_file():
+            raise typer.BadParameter(f"{chat_template} is not a file; pass a Jinja template",
+                                     param_hint="--chat-template")
+        os.environ[CHAT_TEMPLATE_ENV] = str(path.resolve())
     if kafka_config:
         client_config(kafka_config=kafka_config)  # a bad file fails here, naming the line
         # Through the environment, every command and the processes it starts see it.

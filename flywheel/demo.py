@@ -202,7 +202,8 @@ def _stage_replay(ctx: DemoContext) -> None:
     log_path = ctx.run_dir / "replay-worker.log"
     worker = subprocess.Popen(
         [sys.executable, "-m", "hebrus_flywheel.cli", "replay", "worker", "--teacher",
-         str(ctx.teacher_dir), "--dataset", str(ctx.dataset_dir), "--drain"],
+         str(ctx.teacher_dir), "--dataset", str(ctx.dataset_dir), "--drain",
+         "--prefix", ""],  # the demo uses the shared namespace (its own broker)
         stdout=create_file(log_path), stderr=subprocess.STDOUT,
     )
     try:

@@ -41,29 +41,33 @@ from torch import nn
 
 from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
-from hebrus_flywheel.replay.routing import (
-    WEIGHT_SOFTMAX_TOPK,
-    WEIGHT_SOFTMAX_TOPK_RENORMALIZED,
-    topk_with_tie_break,
-)
+from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
 
 
 class FamilyAdapter:
-    """Base adapter: decoder layers at ``model.model.layers``, gates at ``layer.mlp.gate``."""
+    """Base adapter: decoder layers at ``model.model.layers``, gates at ``layer.mlp.gate``.
+
+    A family's router rule (:class:`~replay.routing.RouterRule`) names how the gate ranks
+    experts and weighs them; ``logits_in_float32`` says the gate computes its logits in
+    float32 whatever the model dtype (DeepSeek-style routers); ``weights_in_logit_dtype``
+    says it casts its top-k weights back to the logits' dtype (Mixtral keeps float32).
+    """
 
     model_type: ClassVar[str] = ""
     expert_count_field: ClassVar[str] = "num_experts"
     intermediate_field: ClassVar[str] = "intermediate_size"
-    # the family's gate casts its top-k weights back to the logits' dtype (Mixtral keeps fp32)
     weights_in_logit_dtype: ClassVar[bool] = True
+    logits_in_float32: ClassVar[bool] = False
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
         return tuple(range(config.num_hidden_layers))
 
+    def rule(self, config: Any) -> RouterRule:
+        normalize = bool(getattr(config, "norm_topk_prob", False))
+        return RouterRule(scoring="softmax", normalize=normalize)
+
     def weight_rule(self, config: Any) -> str:
-        if getattr(config, "norm_topk_prob", False):
-            return WEIGHT_SOFTMAX_TOPK_RENORMALIZED
-        return WEIGHT_SOFTMAX_TOPK
+        return self.rule(config).name
 
     def geometry(self, config: Any) -> RouteGeometry:
         return RouteGeometry(
@@ -92,9 +96,14 @@ class FamilyAdapter:
         if not isinstance(gate, nn.Module):
             raise UnsupportedModelError(
                 f"a routed {self.model_type} layer has no mlp.gate module; the checkpoint does "
-                "not match its config (mlp_only_layers / decoder_sparse_step)"
+                "not match its config (mlp_only_layers / decoder_sparse_step / first_k_dense)"
             )
         return gate
+
+    def score_bias(self, gate: nn.Module) -> torch.Tensor | None:
+        """The gate's selection-correction bias ``[E]`` (bias-corrected rules), else None."""
+        bias = getattr(gate, "e_score_correction_bias", None)
+        return bias if isinstance(bias, torch.Tensor) else None
 
     def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
         norm = getattr(layer, "input_layernorm", None)
@@ -125,6 +134,13 @@ class Qwen3NextAdapter(Qwen3MoeAdapter):
     model_type = "qwen3_next"
 
 
+class Qwen2MoeAdapter(Qwen3MoeAdapter):
+    """Qwen2-MoE: Qwen3-MoE's router and sparsity rule plus a sigmoid-gated shared expert
+    (which every token executes, so it is not part of the route)."""
+
+    model_type = "qwen2_moe"
+
+
 class MixtralAdapter(FamilyAdapter):
     """Mixtral: every layer routed; weights always renormalised over the top-k."""
 
@@ -132,8 +148,8 @@ class MixtralAdapter(FamilyAdapter):
     expert_count_field = "num_local_experts"
     weights_in_logit_dtype = False
 
-    def weight_rule(self, config: Any) -> str:
-        return WEIGHT_SOFTMAX_TOPK_RENORMALIZED
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", normalize=True)
 
 
 class OlmoeAdapter(FamilyAdapter):
@@ -142,9 +158,58 @@ class OlmoeAdapter(FamilyAdapter):
     model_type = "olmoe"
 
 
+class DeepseekV3Adapter(FamilyAdapter):
+    """DeepSeek-V3: the first ``first_k_dense_replace`` layers dense; a sigmoid router whose
+    selection adds ``e_score_correction_bias`` inside the ``topk_group`` best of ``n_group``
+    groups (each scored by its two best); weights are the sigmoid scores, renormalised if
+    ``norm_topk_prob``, times ``routed_scaling_factor``; shared experts always run."""
+
+    model_type = "deepseek_v3"
+    expert_count_field = "n_routed_experts"
+    intermediate_field = "moe_intermediate_size"
+    logits_in_float32 = True
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(range(int(config.first_k_dense_replace), int(config.num_hidden_layers)))
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(
+            scoring="sigmoid", bias=True, normalize=bool(config.norm_topk_prob),
+            scale=float(config.routed_scaling_factor), groups=int(config.n_group or 1),
+            topk_groups=int(config.topk_group or 1), group_score="top2sum",
+        )
+
+
+class Glm4MoeAdapter(DeepseekV3Adapter):
+    """GLM-4-MoE: DeepSeek-V3's router and first-k-dense layout."""
+
+    model_type = "glm4_moe"
+
+
+class DeepseekV2Adapter(DeepseekV3Adapter):
+    """DeepSeek-V2: softmax router, ``greedy`` or ``group_limited_greedy`` (groups scored by
+    their best probability), raw weights times ``routed_scaling_factor``."""
+
+    model_type = "deepseek_v2"
+
+    def rule(self, config: Any) -> RouterRule:
+        grouped = config.topk_method == "group_limited_greedy"
+        if config.topk_method not in ("greedy", "group_limited_greedy"):
+            raise UnsupportedModelError(
+                f"deepseek_v2 topk_method {config.topk_method!r} has no route rule; supported "
+                "are 'greedy' and 'group_limited_greedy'"
+            )
+        return RouterRule(
+            scoring="softmax", normalize=False, scale=float(config.routed_scaling_factor),
+            groups=int(config.n_group) if grouped else 1,
+            topk_groups=int(config.topk_group) if grouped else 1, group_score="max",
+        )
+
+
 ADAPTERS: dict[str, FamilyAdapter] = {
     a.model_type: a
-    for a in (Qwen3NextAdapter(), Qwen3MoeAdapter(), MixtralAdapter(), OlmoeAdapter())
+    for a in (Qwen3NextAdapter(), Qwen3MoeAdapter(), Qwen2MoeAdapter(), MixtralAdapter(),
+              OlmoeAdapter(), DeepseekV3Adapter(), DeepseekV2Adapter(), Glm4MoeAdapter())
 }
 
 
@@ -159,25 +224,65 @@ def adapter_for(model_type: str) -> FamilyAdapter:
     return adapter
 
 
-def _exact_gate_forward(gate: nn.Module, geometry: RouteGeometry, cast_weights: bool) -> Any:
+def _exact_gate_forward(
+    gate: nn.Module, geometry: RouteGeometry, adapter: FamilyAdapter
+) -> Any:
     """The family's gate computation with :mod:`replay.routing`'s top-k in place of topk.
 
-    Same logits (``F.linear`` with the gate's weight) and same weights as the native gate
-    wherever scores are distinct; on exact ties the executed experts follow the declared
-    rule (lower id first) instead of ``torch.topk``'s unspecified order.
+    Same logits (``F.linear`` with the gate's weight, in float32 where the family does
+    so) and same weights as the native gate wherever scores are distinct; on exact ties
+    the executed experts follow the declared rule (lower id first) instead of
+    ``torch.topk``'s unspecified order. The correction bias is read live from the gate.
     """
+    bias = adapter.score_bias(gate)
 
     def forward(hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         hidden_NH = hidden_states.reshape(-1, geometry.hidden_size)
-        router_logits_NE = F.linear(hidden_NH, cast(torch.Tensor, gate.weight))
+        weight = cast(torch.Tensor, gate.weight)
+        if adapter.logits_in_float32:
+            hidden_NH, weight = hidden_NH.to(torch.float32), weight.to(torch.float32)
+        router_logits_NE = F.linear(hidden_NH, weight)
         ids_NK, weights_NK = topk_with_tie_break(
-            router_logits_NE, geometry.top_k, weight_rule=geometry.weight_rule
+            router_logits_NE, geometry.top_k, weight_rule=geometry.weight_rule, bias_TE=bias
         )
-        if cast_weights:
+        if adapter.weights_in_logit_dtype:
             weights_NK = weights_NK.to(router_logits_NE.dtype)
         return router_logits_NE, weights_NK, ids_NK
 
     return forward
+
+
+def score_bias_LE(
+    model: nn.Module, adapter: FamilyAdapter, geometry: RouteGeometry
+) -> torch.Tensor | None:
+    """Every routed gate's correction bias stacked ``[L, E]`` (None if the rule has none)."""
+    if not parse_rule(geometry.weight_rule).bias:
+        return None
+    layers = adapter.decoder_layers(model)
+    rows = []
+    for index in geometry.routed_layers:
+        bias = adapter.score_bias(adapter.router(layers[index]))
+        if bias is None or tuple(bias.shape) != (geometry.expert_count,):
+            raise UnsupportedModelError(
+                f"layer {index}'s gate has no [E] e_score_correction_bias although the "
+                f"{geometry.family} rule {geometry.weight_rule!r} needs one"
+            )
+        rows.append(bias.detach().to(torch.float32))
+    return torch.stack(rows)
+
+
+def check_dense_layers(model: nn.Module, adapter: FamilyAdapter, geometry: RouteGeometry) -> None:
+    """Fail unless exactly the routed layers have a router (the map slot -> layer is right)."""
+    layers = adapter.decoder_layers(model)
+    for index, layer in enumerate(layers):
+        gate = getattr(getattr(layer, "mlp", None), "gate", None)
+        has_router = isinstance(gate, nn.Module) and not isinstance(gate, nn.Linear | nn.Identity)
+        if has_router != (index in geometry.routed_layers):
+            raise UnsupportedModelError(
+                f"layer {index} of the {geometry.family} checkpoint "
+                f"{'has' if has_router else 'lacks'} a router, but the config routes layers "
+                f"{list(geometry.routed_layers)}; the checkpoint and its config.json disagree"
+            )
 
 
 def install_exact_routing(
@@ -201,7 +306,7 @@ def install_exact_routing(
                 f"layer {index}'s gate {type(gate).__name__} is not a bias-free [E, H] router; "
                 "load the teacher with exact_tie_break=False"
             )
-        gate.forward = _exact_gate_forward(gate, geometry, adapter.weights_in_logit_dtype)
+        gate.forward = _exact_gate_forward(gate, geometry, adapter)
 
 
 class RouteCapture:

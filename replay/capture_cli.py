@@ -24,7 +24,9 @@ def capture_command(
     mode: str = typer.Option("forced", help="forced | greedy | sample"),
     max_new_tokens: int = typer.Option(96, help="Cap per assistant turn (greedy/sample)."),
     interleave: int = typer.Option(4, help="Threads decoded round-robin at once."),
-    topic_prefix: str = typer.Option("", help="Prefix for every topic name (tests)."),
+    topic_prefix: str | None = typer.Option(
+        None, "--topic-prefix", "--prefix", help="Topic-name prefix: the namespace ('' for the "
+        "shared one) (default: $FLYWHEEL_NAMESPACE, else the teacher's own namespace)."),
     create_topics: bool = typer.Option(True, help="Create missing capture topics first."),
     summary_json: Path | None = typer.Option(None, help="Also write the summary here."),
     bootstrap: str | None = typer.Option(
@@ -37,10 +39,14 @@ def capture_command(
 
     config = CaptureConfig(mode=mode, seed=seed, max_new_tokens=max_new_tokens,
                            interleave=interleave)
+    from hebrus_flywheel.core.namespace import resolve_prefix
+
     source = load_threads(threads, synthetic, seed=seed)
+    prefix = resolve_prefix(topic_prefix, teacher=teacher)
+    typer.echo(f"namespace {prefix or '(shared)'!s}")
     summary = run_capture(
         teacher_dir=teacher, threads=source, config=config,
-        bootstrap=bootstrap_servers(bootstrap), topic_prefix=topic_prefix,
+        bootstrap=bootstrap_servers(bootstrap), topic_prefix=prefix,
         create_topics=create_topics, expected=synthetic,
     )
     _print_summary(summary)

@@ -20,18 +20,40 @@ teacher_app = typer.Typer(help="Create or describe a frozen teacher.", no_args_i
 @teacher_app.command("init")
 def init_command(
     out: Path = typer.Option(..., "--out", help="Directory to create the teacher in."),
-    preset: str = typer.Option("tiny-qwen3-next", "--preset", help="Teacher preset name."),
+    preset: str = typer.Option("tiny-qwen3-next", "--preset",
+                               help="Qwen3-Next preset name (with the default family)."),
+    family: str = typer.Option("qwen3_next", "--family",
+                               help="MoE family to generate (`flywheel teacher families`)."),
     seed: int = typer.Option(0, "--seed", help="Weight-init seed (same seed, same digest)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out."),
 ) -> None:
-    """Create a deterministic tiny teacher checkpoint (weights + tokenizer) in --out."""
+    """Create a deterministic tiny random teacher checkpoint (weights + tokenizer) in --out."""
     from hebrus_flywheel.replay.teacher import artifact_digest, init_teacher
 
     start = time.perf_counter()
-    path = init_teacher(out, preset=preset, seed=seed, overwrite=overwrite)
+    path = init_teacher(out, preset=preset, seed=seed, overwrite=overwrite, family=family)
     elapsed = time.perf_counter() - start
-    typer.echo(f"created teacher {preset} (seed {seed}) in {path} [{elapsed:.1f} s]")
+    name = preset if family == "qwen3_next" else f"tiny-{family}"
+    typer.echo(f"created teacher {name} (seed {seed}) in {path} [{elapsed:.1f} s]")
     typer.echo(f"  model_artifact_digest  {artifact_digest(path)}")
+
+
+@teacher_app.command("families")
+def families_command(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """List the MoE families that load as teachers and that `teacher init` can generate."""
+    from hebrus_flywheel.replay.adapters import ADAPTERS
+    from hebrus_flywheel.replay.families import FAMILIES
+
+    rows = {name: {"generate": name in FAMILIES,
+                   "summary": FAMILIES[name].summary if name in FAMILIES else ""}
+            for name in sorted(ADAPTERS)}
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, sort_keys=True))
+        return
+    for name, row in rows.items():
+        typer.echo(f"{name:14} {row['summary']}")
 
 
 def describe_teacher(directory: Path, *, dtype: str = "float32") -> dict[str, Any]:

@@ -221,7 +221,8 @@ class DecodeRuntime:
         trace.tokens.append(token)
         trace.ids.append(ids_LK)
         trace.weights.append(weights_LK)
-        trace.margins.append(router_margin(router_logits_LE, self.teacher.geometry.top_k))
+        scores_LE = self.teacher.selection_scores(router_logits_LE)
+        trace.margins.append(router_margin(scores_LE, self.teacher.geometry.top_k))
         return logits_V
 
     def _finish(self, prefix_len: int, trace: _Trace, finish: str, prefill_s: float) -> DecodedTurn:

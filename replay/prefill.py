@@ -353,7 +353,7 @@ class PrefillReplayer:
     def _run_batch(self, batch: Sequence[_Prepared]) -> list[WindowLabels]:
         logits_NLE, hidden_NLH, ids_NLK, weights_NLK = self._forward(batch)
         with torch.inference_mode():
-            margins_NL = margin_beside(logits_NLE, ids_NLK)
+            margins_NL = margin_beside(self.teacher.selection_scores(logits_NLE), ids_NLK)
             hidden32_NLH = hidden_NLH.to(torch.float32)
             features_NLD = hidden32_NLH @ self._projection_HD
         features = features_NLD.numpy().astype(FEATURE_DTYPES[self.config.feature_dtype])
@@ -402,26 +402,38 @@ def attention_masks(
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
     config = model.config
-    sliding = getattr(config, "sliding_window", None) is not None
-    make = create_sliding_window_causal_mask if sliding else create_causal_mask
     shape_only = torch.empty((*mask_BT.shape, 0), dtype=model.dtype)
-    mask_4d = make(config=config, inputs_embeds=shape_only, attention_mask=mask_BT,
-                   past_key_values=None, position_ids=positions_BT, allow_is_causal_skip=False)
-    if not isinstance(mask_4d, torch.Tensor):
-        raise ReplayError(
-            f"attention implementation {config._attn_implementation!r} gave no materialised "
-            "mask; replay needs explicit masks, load the teacher with sdpa or eager attention"
-        )
-    layer_types = set(getattr(config, "layer_types", None) or ())
-    if "linear_attention" not in layer_types:
+
+    def materialised(make: Any) -> torch.Tensor:
+        mask_4d = make(config=config, inputs_embeds=shape_only, attention_mask=mask_BT,
+                       past_key_values=None, position_ids=positions_BT,
+                       allow_is_causal_skip=False)
+        if not isinstance(mask_4d, torch.Tensor):
+            raise ReplayError(
+                f"attention implementation {config._attn_implementation!r} gave no "
+                "materialised mask; replay needs explicit masks, load the teacher with sdpa "
+                "or eager attention"
+            )
         return mask_4d
-    unknown = layer_types - {"linear_attention", "full_attention"}
+
+    layer_types = set(getattr(config, "layer_types", None) or ())
+    if not layer_types:  # one mask for every layer; a window only if one is set (> 0)
+        sliding = bool(getattr(config, "sliding_window", None))
+        return materialised(create_sliding_window_causal_mask if sliding else create_causal_mask)
+    if layer_types == {"full_attention"}:  # e.g. Qwen2-MoE keeps sliding_window=0 unused
+        return materialised(create_causal_mask)
+    unknown = layer_types - {"linear_attention", "full_attention", "sliding_attention"}
     if unknown:
         raise ReplayError(
             f"layer types {sorted(unknown)} have no replay mask rule; extend "
             "replay.prefill.attention_masks before replaying this family"
         )
-    return {"full_attention": mask_4d, "linear_attention": mask_BT}
+    masks: dict[str, torch.Tensor] = {"linear_attention": mask_BT}
+    if "full_attention" in layer_types:
+        masks["full_attention"] = materialised(create_causal_mask)
+    if "sliding_attention" in layer_types:
+        masks["sliding_attention"] = materialised(create_sliding_window_causal_mask)
+    return masks
 
 
 def _check_metadata(window: Mapping[str, Any], window_id: str) -> None:

@@ -1,11 +1,15 @@
 """Canonical rendering of a thread into token ids with turn and segment boundaries.
 
-The canonical token sequence of a thread is the tokenization of the whole ChatML text
-that :data:`replay.tokenizer.CHAT_TEMPLATE` renders for its messages (no generation
-prompt). :func:`render_text` builds that text without Jinja; tests check it is equal
-to ``apply_chat_template``'s output.
+The canonical token sequence of a thread is the tokenization of the text that the
+TOKENIZER'S OWN chat template renders for its messages (no generation prompt); a
+tokenizer without one takes ``flywheel --chat-template FILE``. The turn and segment
+boundaries are derived from renderings of message prefixes, not from hand-written
+markup (:mod:`replay.chat_template`). The project's tiny tokenizer carries
+:data:`replay.tokenizer.CHAT_TEMPLATE` (ChatML) as its real chat template;
+:func:`render_text` still builds that ChatML text without Jinja, and a bare
+``tokenizers.Tokenizer`` is rendered with it.
 
-Each message is one turn, cut into pieces of text::
+Each message is one turn, cut into pieces of text (ChatML shown)::
 
     header     "<|im_start|>{role}\\n"                 never generated
     content    the message content                      generated if assistant
@@ -13,19 +17,19 @@ Each message is one turn, cut into pieces of text::
     footer     "<|im_end|>"                             generated if assistant
     footer     "\\n"                                     never generated
 
-The leading ``"\\n"`` of a tool call is present unless it is the first call and the
-content is empty. The ``"\\n"`` after ``<|im_end|>`` is the start of the next turn's
-prompt (the runtime feeds it, it does not decode it), but it is stored as the last
-segment of the turn it follows, so concatenating every turn's ``token_ids`` gives the
-whole sequence, trailing newline included.
+In general: an assistant turn's header is what the template's generation prompt adds;
+content and each tool call are located by rendering variants of the message; the footer
+is generated up to and including the tokenizer's ``eos_token`` text, the rest of it is
+the next prompt's. The text the template prints before the first message (a BOS, a
+default system prompt) opens the first turn's header. Concatenating every turn's
+``token_ids`` gives the whole sequence.
 
 **Boundary rule.** The whole text is tokenized once; each token belongs to the piece
 holding its first character. Special tokens are atomic, so turn boundaries and the
-edges of ``<|im_start|>``, ``<|im_end|>``, ``<tool_call>`` and ``</tool_call>`` are
-always token boundaries. Only where two plain-text pieces touch can one token span both
-(content ending in punctuation or whitespace followed by a tool call's ``"\\n"``; content
-starting with a newline after the header's ``"\\n"``); that token goes to the earlier
-piece. Segments that end up with no tokens are omitted.
+edges of special tokens are always token boundaries. Only where two plain-text pieces
+touch can one token span both; that token goes to the earlier piece. Segments that end
+up with no tokens are omitted. Message text containing a special token's text is
+refused (it would tokenize as a control token).
 
 Segment ``start``/``end`` are token indices relative to the turn (end exclusive);
 ``RenderedTurn.token_offset`` is the ordinal of the turn's first token in the thread.
@@ -35,11 +39,13 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
-from hebrus_flywheel.replay.conversations import Message, Thread
+from hebrus_flywheel.replay.chat_template import Piece, TemplateRenderer, template_pieces
+from hebrus_flywheel.replay.conversations import Message, Thread, to_chat_messages
 from hebrus_flywheel.replay.exceptions import RenderError, TokenizerError
 from hebrus_flywheel.replay.tokenizer import (
     CHAT_TEMPLATE,
@@ -119,12 +125,7 @@ class RenderedThread:
         return tuple(t.turn_index for t in self.turns if t.role == "assistant")
 
 
-@dataclass(frozen=True)
-class _Piece:
-    turn: int
-    kind: str
-    generated: bool
-    text: str
+_Piece = Piece
 
 
 def tool_call_json(name: str, arguments: dict) -> str:
@@ -178,15 +179,15 @@ def render_text(thread: Thread) -> str:
     return "".join(p.text for p in _pieces(thread))
 
 
-def _as_tokenizer(tokenizer: Tokenizer | LoadedTokenizer) -> Tokenizer:
+def _renderer(tokenizer: Tokenizer | LoadedTokenizer) -> tuple[Tokenizer, TemplateRenderer,
+                                                                 tuple[str, ...]]:
+    """The tokenizer, the renderer of its chat template and the reserved token texts.
+
+    A :class:`LoadedTokenizer` renders with its own template; a bare ``tokenizers``
+    tokenizer is taken to be the project's (ChatML specials and :data:`CHAT_TEMPLATE`)."""
     if isinstance(tokenizer, LoadedTokenizer):
-        if tokenizer.chat_template != CHAT_TEMPLATE:
-            raise TokenizerError(
-                f"the tokenizer in {tokenizer.directory} has a different chat template; "
-                "render_thread implements only replay.tokenizer.CHAT_TEMPLATE, so "
-                "rebuild the tokenizer with replay.tokenizer.build_tokenizer"
-            )
-        return tokenizer.tokenizer
+        renderer = TemplateRenderer(tokenizer.chat_template, tokenizer.special_tokens)
+        return tokenizer.tokenizer, renderer, tokenizer.reserved_texts()
     if not isinstance(tokenizer, Tokenizer):
         raise TokenizerError(
             f"render_thread needs a tokenizers.Tokenizer or LoadedTokenizer, got "
@@ -194,10 +195,24 @@ def _as_tokenizer(tokenizer: Tokenizer | LoadedTokenizer) -> Tokenizer:
         )
     for token in SPECIAL_TOKENS:
         special_token_id(tokenizer, token)
-    return tokenizer
+    return tokenizer, TemplateRenderer(CHAT_TEMPLATE, {"eos_token": IM_END}), SPECIAL_TOKENS
 
 
-def _piece_of_tokens(pieces: list[_Piece], offsets: list[tuple[int, int]]) -> list[int]:
+def _check_reserved(thread: Thread, reserved: tuple[str, ...]) -> None:
+    for turn, message in enumerate(thread.messages):
+        texts = [("content", message.content)] + [
+            ("tool_call", tool_call_json(c.name, c.arguments)) for c in message.tool_calls]
+        for kind, text in texts:
+            for token in reserved:
+                if token in text:
+                    raise RenderError(
+                        f"message {turn} ({kind}) contains the reserved token text "
+                        f"{token!r}, which would tokenize as a control token and corrupt the "
+                        "turn boundaries; quarantine the thread or escape that text"
+                    )
+
+
+def _piece_of_tokens(pieces: Sequence[Piece], offsets: list[tuple[int, int]]) -> list[int]:
     """For every token, the index of the piece holding its first character."""
     kept: list[int] = []
     starts: list[int] = []
@@ -211,7 +226,7 @@ def _piece_of_tokens(pieces: list[_Piece], offsets: list[tuple[int, int]]) -> li
 
 
 def _build_turns(
-    pieces: list[_Piece], owner: list[int], ids: list[int], thread: Thread
+    pieces: Sequence[Piece], owner: list[int], ids: list[int], thread: Thread
 ) -> tuple[RenderedTurn, ...]:
     turns: list[RenderedTurn] = []
     cursor = 0
@@ -236,9 +251,11 @@ def _build_turns(
 
 
 def render_thread(thread: Thread, tokenizer: Tokenizer | LoadedTokenizer) -> RenderedThread:
-    """Render ``thread`` into its canonical tokens, cut into turns and segments."""
-    tok = _as_tokenizer(tokenizer)
-    pieces = _pieces(thread)
+    """Render ``thread`` with the tokenizer's chat template into its canonical tokens,
+    cut into turns and segments (boundaries derived as in :mod:`replay.chat_template`)."""
+    tok, renderer, reserved = _renderer(tokenizer)
+    _check_reserved(thread, reserved)
+    pieces = template_pieces(renderer, to_chat_messages(thread))
     text = "".join(p.text for p in pieces)
     encoding = tok.encode(text, add_special_tokens=False)
     owner = _piece_of_tokens(pieces, encoding.offsets)

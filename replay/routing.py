@@ -24,6 +24,9 @@ Tensor legend: T tokens, E experts, K top-k.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 import torch
 
 from hebrus_flywheel.core.geometry import (
@@ -37,17 +40,142 @@ from hebrus_flywheel.replay.exceptions import RoutingError
 TIE_BREAK_RULE = TIE_BREAK_SCORE_DESC_ID_ASC
 
 __all__ = [
+    "MASKED_SCORE",
     "TIE_BREAK_RULE",
     "WEIGHT_RULES",
     "WEIGHT_SOFTMAX_TOPK",
     "WEIGHT_SOFTMAX_TOPK_RENORMALIZED",
+    "RouterRule",
     "all_finite",
     "margin_beside",
+    "parse_rule",
     "rank_experts",
     "router_margin",
+    "selection_scores",
     "topk_weights",
     "topk_with_tie_break",
 ]
+
+
+MASKED_SCORE = float(torch.finfo(torch.float32).min)
+"""Selection score of an expert whose group was not selected (finite, below any score)."""
+SCORINGS: tuple[str, ...] = ("softmax", "sigmoid")
+GROUP_SCORES: tuple[str, ...] = ("top2sum", "max")
+_RULE_RE = re.compile(
+    r"^(?P<scoring>softmax|sigmoid)(?P<bias>\+bias)?"
+    r"(?:_group(?P<topk_groups>\d+)of(?P<groups>\d+)_(?P<group_score>top2sum|max))?"
+    r"_topk(?P<normalize>_renormalized)?(?:_x(?P<scale>[0-9.e+-]+))?$"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterRule:
+    """How a family's router turns logits into a ranked selection and weights.
+
+    Fields:
+        scoring: ``softmax`` or ``sigmoid`` (how weights derive from logits).
+        normalize: divide the selected weights by their sum.
+        scale: multiply the (normalised) weights by this (``routed_scaling_factor``).
+        bias: selection adds a per-expert correction bias to the sigmoid score.
+        groups: expert groups G (1: no grouping).
+        topk_groups: groups kept per token g (experts of the others are masked).
+        group_score: how a group is scored: sum of its two best scores, or its best.
+    """
+
+    scoring: str = "softmax"
+    normalize: bool = True
+    scale: float = 1.0
+    bias: bool = False
+    groups: int = 1
+    topk_groups: int = 1
+    group_score: str = "top2sum"
+
+    def __post_init__(self) -> None:
+        if self.scoring not in SCORINGS:
+            raise RoutingError(
+                f"RouterRule.scoring must be one of {SCORINGS}, got {self.scoring!r}")
+        if self.group_score not in GROUP_SCORES:
+            raise RoutingError(f"RouterRule.group_score must be one of {GROUP_SCORES}, "
+                               f"got {self.group_score!r}")
+        if not (self.scale > 0 and self.scale < float("inf")):
+            raise RoutingError(
+                f"RouterRule.scale must be a positive finite number, got {self.scale!r}")
+        if not 1 <= self.topk_groups <= self.groups:
+            raise RoutingError(f"RouterRule.topk_groups must be in [1, groups={self.groups}], "
+                               f"got {self.topk_groups}")
+        if self.bias and self.scoring != "sigmoid":
+            raise RoutingError("RouterRule.bias is only defined for sigmoid scoring")
+
+    @property
+    def name(self) -> str:
+        """The ``weight_rule`` string of this rule (the two softmax rules keep their names)."""
+        out = self.scoring + ("+bias" if self.bias else "")
+        if self.groups > 1:
+            out += f"_group{self.topk_groups}of{self.groups}_{self.group_score}"
+        out += "_topk" + ("_renormalized" if self.normalize else "")
+        return out + (f"_x{self.scale!r}" if self.scale != 1.0 else "")
+
+
+def parse_rule(weight_rule: str) -> RouterRule:
+    """The :class:`RouterRule` a ``weight_rule`` string names; RoutingError if none."""
+    match = _RULE_RE.match(weight_rule) if isinstance(weight_rule, str) else None
+    if match is None:
+        raise RoutingError(
+            f"unknown weight_rule {weight_rule!r}; expected one of {WEIGHT_RULES} or a rule "
+            "named like 'sigmoid+bias_group4of8_top2sum_topk_renormalized_x2.5'"
+        )
+    parts = match.groupdict()
+    try:
+        return RouterRule(
+            scoring=parts["scoring"], bias=bool(parts["bias"]),
+            normalize=bool(parts["normalize"]), scale=float(parts["scale"] or 1.0),
+            groups=int(parts["groups"] or 1), topk_groups=int(parts["topk_groups"] or 1),
+            group_score=parts["group_score"] or "top2sum",
+        )
+    except ValueError as exc:
+        raise RoutingError(f"weight_rule {weight_rule!r} has a malformed number") from exc
+
+
+def _group_mask(scores_XE: torch.Tensor, rule: RouterRule) -> torch.Tensor:
+    """True for experts inside the ``topk_groups`` best groups (ties: lower group id)."""
+    experts = scores_XE.shape[-1]
+    if experts % rule.groups:
+        raise RoutingError(f"{experts} experts do not split into {rule.groups} groups")
+    grouped = scores_XE.reshape(*scores_XE.shape[:-1], rule.groups, experts // rule.groups)
+    if rule.group_score == "top2sum":
+        group_XG = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+    else:
+        group_XG = grouped.amax(dim=-1)
+    order = torch.sort(group_XG, dim=-1, descending=True, stable=True).indices
+    keep_XG = torch.zeros_like(group_XG, dtype=torch.bool)
+    keep_XG.scatter_(-1, order[..., : rule.topk_groups], True)
+    return keep_XG.repeat_interleave(experts // rule.groups, dim=-1)
+
+
+def selection_scores(
+    router_logits_XE: torch.Tensor, weight_rule: str, bias_XE: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The scores experts are ranked by under ``weight_rule`` (any leading shape).
+
+    Softmax routers rank by the logits themselves (returned unchanged). Sigmoid routers
+    rank by ``sigmoid(logit) + bias`` in float32; with groups, experts outside the
+    selected groups get :data:`MASKED_SCORE`. ``bias_XE`` broadcasts against the logits.
+    """
+    rule = parse_rule(weight_rule)
+    if rule.scoring == "softmax" and rule.groups == 1:
+        return router_logits_XE
+    if rule.scoring == "softmax":
+        scores = router_logits_XE
+    else:
+        scores = router_logits_XE.to(torch.float32).sigmoid()
+        if rule.bias:
+            if bias_XE is None:
+                raise RoutingError(f"weight_rule {weight_rule!r} needs the routers' correction "
+                                   "bias; load the teacher that recorded it")
+            scores = scores + bias_XE.to(torch.float32)
+    if rule.groups > 1:
+        scores = scores.masked_fill(~_group_mask(scores, rule), MASKED_SCORE)
+    return scores
 
 
 def _check_logits(router_logits_TE: torch.Tensor, k: int) -> None:
@@ -87,12 +215,18 @@ def topk_weights(
     router_logits_TE: torch.Tensor, expert_ids_TK: torch.Tensor, weight_rule: str
 ) -> torch.Tensor:
     """Float32 weights of the given ranked experts under ``weight_rule``: ``[..., K]``."""
-    if weight_rule not in WEIGHT_RULES:
-        raise RoutingError(f"unknown weight_rule {weight_rule!r}; expected one of {WEIGHT_RULES}")
-    probs_TE = torch.softmax(router_logits_TE.to(torch.float32), dim=-1)
-    weights_TK = torch.gather(probs_TE, -1, expert_ids_TK)
-    if weight_rule == WEIGHT_SOFTMAX_TOPK_RENORMALIZED:
-        weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+    rule = parse_rule(weight_rule)
+    logits_TE = router_logits_TE.to(torch.float32)
+    if rule.scoring == "softmax":
+        weights_TK = torch.gather(torch.softmax(logits_TE, dim=-1), -1, expert_ids_TK)
+        if rule.normalize:
+            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+    else:
+        weights_TK = torch.gather(logits_TE.sigmoid(), -1, expert_ids_TK)
+        if rule.normalize:
+            weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + 1e-20)
+    if rule.scale != 1.0:
+        weights_TK = weights_TK * rule.scale
     return weights_TK
 
 
@@ -101,14 +235,17 @@ def topk_with_tie_break(
     k: int,
     *,
     weight_rule: str = WEIGHT_SOFTMAX_TOPK_RENORMALIZED,
+    bias_TE: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-``k`` experts in rank order and their weights.
 
-    Returns ``(expert_ids_TK int64, weights_TK float32)``; rank 0 is the highest score and
-    equal scores are ordered by the lower expert id. Any leading shape is allowed.
+    Returns ``(expert_ids_TK int64, weights_TK float32)``; rank 0 is the highest selection
+    score (:func:`selection_scores`) and equal scores are ordered by the lower expert id.
+    Any leading shape is allowed; ``bias_TE`` (bias-corrected rules) broadcasts.
     """
     _check_logits(router_logits_TE, k)
-    expert_ids_TK = _ranked_topk(router_logits_TE, k)
+    scores_TE = selection_scores(router_logits_TE, weight_rule, bias_TE)
+    expert_ids_TK = _ranked_topk(scores_TE, k)
     return expert_ids_TK, topk_weights(router_logits_TE, expert_ids_TK, weight_rule)
 
 

@@ -1,4 +1,4 @@
-"""The RuntimeIdentity record of a loaded teacher (``schemas/RuntimeIdentity.v1.avsc``).
+"""The RuntimeIdentity record of a loaded teacher (``schemas/RuntimeIdentity.v2.avsc``).
 
 Every field is derived from what is actually loaded: the model artifact digest over
 config and weights, the tokenizer and chat-template digests of the tokenizer directory,
@@ -27,7 +27,7 @@ IDENTITY_FIELDS: tuple[str, ...] = (
     "identity_id", "model_family", "model_artifact_digest", "tokenizer_digest",
     "chat_template_digest", "dtype", "quantization", "routed_layer_count", "expert_count",
     "top_k", "tie_break_rule", "weight_rule", "hidden_size", "routed_intermediate_size",
-    "runtime_name", "runtime_version",
+    "runtime_name", "runtime_version", "routed_layers", "layer_count",
 )
 
 
@@ -65,6 +65,8 @@ def build_runtime_identity(
         "routed_intermediate_size": geometry.routed_intermediate_size,
         "runtime_name": runtime_name,
         "runtime_version": runtime_version,
+        "routed_layers": list(geometry.routed_layers),
+        "layer_count": geometry.layer_count,
     }
     return with_identity_id(fields)
 

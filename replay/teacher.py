@@ -51,11 +51,13 @@ from hebrus_flywheel.replay.adapters import (
     FamilyAdapter,
     RouterPass,
     adapter_for,
+    check_dense_layers,
     forward_routes,
     install_exact_routing,
+    score_bias_LE,
 )
 from hebrus_flywheel.replay.exceptions import TeacherError
-from hebrus_flywheel.replay.routing import topk_with_tie_break
+from hebrus_flywheel.replay.routing import parse_rule, selection_scores, topk_with_tie_break
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -157,6 +159,7 @@ PRESETS: dict[str, TeacherPreset] = {
     )
 }
 DEFAULT_PRESET = "tiny-qwen3-next"
+QWEN3_NEXT = "qwen3_next"
 
 
 def get_preset(name: str) -> TeacherPreset:
@@ -179,6 +182,7 @@ class Teacher:
     artifact_digest: str
     eos_token_ids: tuple[int, ...]
     exact_tie_break: bool = True
+    score_bias_LE: torch.Tensor | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -190,10 +194,16 @@ class Teacher:
         return int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
 
     def route(self, router_logits_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ranked top-k ids and weights under this teacher's rule (any leading shape)."""
+        """Ranked top-k ids and weights under this teacher's rule (last two dims L, E)."""
         return topk_with_tie_break(
-            router_logits_TE, self.geometry.top_k, weight_rule=self.geometry.weight_rule
+            router_logits_TE, self.geometry.top_k, weight_rule=self.geometry.weight_rule,
+            bias_TE=self.score_bias_LE,
         )
+
+    def selection_scores(self, router_logits_XLE: torch.Tensor) -> torch.Tensor:
+        """What the rule ranks experts by (the logits themselves for softmax routers);
+        margins are gaps of these. The last two dims are (routed layer, expert)."""
+        return selection_scores(router_logits_XLE, self.geometry.weight_rule, self.score_bias_LE)
 
     def forward_routes(
         self, input_ids_BT: torch.Tensor, *, attention_mask_BT: torch.Tensor | None = None,
@@ -283,35 +293,54 @@ def _build_model(config: Any, preset: TeacherPreset, seed: int) -> PreTrainedMod
     return model.eval()
 
 
-def _manifest(preset: TeacherPreset, seed: int) -> str:
-    body = {"format": MANIFEST_FORMAT, "preset": preset.name, "seed": seed,
-            "preset_config": asdict(preset)}
+def _manifest(preset: TeacherPreset | None, seed: int, family: str) -> str:
+    body: dict[str, Any] = {"format": MANIFEST_FORMAT, "family": family, "seed": seed}
+    if preset is not None:
+        body.update(preset=preset.name, preset_config=asdict(preset))
+    else:
+        from hebrus_flywheel.replay.families import get_family
+
+        body.update(preset=f"tiny-{family}", family_config=get_family(family).fields)
     return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
 
-def _write_checkpoint(target: Path, preset: TeacherPreset, seed: int) -> None:
+def _write_checkpoint(target: Path, preset: TeacherPreset | None, seed: int, family: str) -> None:
+    from hebrus_flywheel.replay.families import build_family_model, get_family
     from hebrus_flywheel.replay.tokenizer import build_tokenizer, load_tokenizer
 
-    build_tokenizer(target, vocab_size=preset.vocab_size)
+    build_tokenizer(target, vocab_size=preset.vocab_size if preset else 4096)
     tok = load_tokenizer(target)
     vocab = tok.tokenizer.get_vocab_size(with_added_tokens=True)
-    config = _qwen3_next_config(preset, vocab, tok.eos_id, tok.pad_id)
-    model = _build_model(config, preset, seed)
+    eos_id, pad_id = tok.eos_id, tok.pad_id
+    if preset is not None:
+        model = _build_model(_qwen3_next_config(preset, vocab, eos_id, pad_id), preset, seed)
+    else:
+        spec = get_family(family)
+        config = spec.config(vocab_size=vocab, eos_id=eos_id, pad_id=pad_id)
+        model = build_family_model(spec, config, seed)
     with _quiet_progress():
         model.save_pretrained(target)
-    (target / MANIFEST_FILE).write_text(_manifest(preset, seed), encoding="utf-8")
+    (target / MANIFEST_FILE).write_text(_manifest(preset, seed, family), encoding="utf-8")
 
 
 def init_teacher(
     out_dir: str | Path, *, preset: str | TeacherPreset = DEFAULT_PRESET, seed: int = 0,
-    overwrite: bool = False,
+    overwrite: bool = False, family: str | None = None,
 ) -> Path:
     """Create a deterministic teacher checkpoint in ``out_dir`` and return ``out_dir``.
 
-    The same preset and seed give the same :func:`artifact_digest`. The directory is
-    written beside its final place and renamed into it, so it is never half-written.
+    ``family`` (a :data:`replay.families.FAMILIES` name) makes a tiny random checkpoint
+    of that MoE family; without it (or for ``qwen3_next``) ``preset`` picks the Qwen3-Next
+    geometry. The same family/preset and seed give the same :func:`artifact_digest`. The
+    directory is written beside its final place and renamed into it, so it is never
+    half-written.
     """
-    chosen = get_preset(preset) if isinstance(preset, str) else preset
+    from hebrus_flywheel.replay.families import get_family
+
+    name = get_family(family).name if family is not None else QWEN3_NEXT
+    chosen = None
+    if name == QWEN3_NEXT:
+        chosen = get_preset(preset) if isinstance(preset, str) else preset
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     target = Path(out_dir).resolve()
@@ -322,7 +351,7 @@ def init_teacher(
     make_dirs(target.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        _write_checkpoint(staging, chosen, seed)
+        _write_checkpoint(staging, chosen, seed, name)
         if target.exists():
             shutil.rmtree(target)
         atomic_replace_dir(staging, target)
@@ -343,6 +372,24 @@ def read_manifest(directory: str | Path) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise TeacherError(f"{path} is not valid JSON ({exc.msg}); re-create the teacher") from None
+
+
+def read_geometry(directory: str | Path) -> RouteGeometry:
+    """The route geometry of a checkpoint from its ``config.json`` alone (no weights)."""
+    from transformers import AutoConfig
+
+    path = Path(directory)
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise TeacherError(f"cannot read {path / 'config.json'}: {exc}") from None
+    return adapter_for(config.model_type).geometry(config)
+
+
+def default_weight_encoding(directory: str | Path) -> str:
+    """``uint8`` when the teacher's weights stay in [0, 1] (the shard's uint8 range), else
+    ``float16`` (rules that scale weights, e.g. DeepSeek's ``routed_scaling_factor``)."""
+    return "uint8" if parse_rule(read_geometry(directory).weight_rule).scale <= 1.0 else "float16"
 
 
 def _eos_ids(model: nn.Module) -> tuple[int, ...]:
@@ -404,8 +451,10 @@ def load_teacher(
     layers = adapter.decoder_layers(model)
     for index in geometry.routed_layers:
         adapter.router(layers[index])
+    check_dense_layers(model, adapter, geometry)
     if exact_tie_break:
         install_exact_routing(model, adapter, geometry)
     return Teacher(path=path, model=model, adapter=adapter, geometry=geometry, dtype=dtype,
                    artifact_digest=digest, eos_token_ids=_eos_ids(model),
-                   exact_tie_break=exact_tie_break)
+                   exact_tie_break=exact_tie_break,
+                   score_bias_LE=score_bias_LE(model, adapter, geometry))

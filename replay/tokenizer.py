@@ -15,6 +15,13 @@ normalizer, so ``decode(encode(text)) == text`` for any text.
 
 :func:`tokenizer_digest` and :func:`chat_template_digest` are the identity digests that
 records carry; :func:`load_tokenizer` returns a :class:`LoadedTokenizer`.
+
+Loading works for ANY checkpoint's ``tokenizer.json``: the chat template is the
+directory's own (``chat_template.jinja``, else ``tokenizer_config.json``'s, a named
+list's ``default`` included), replaced by ``flywheel --chat-template FILE``
+(``$FLYWHEEL_CHAT_TEMPLATE``); a tokenizer without one is refused with that fix named.
+The special tokens (``eos_token`` ends an assistant turn) come from the tokenizer config;
+the ChatML tokens above are required only by the project's own ChatML helpers.
 """
 
 from __future__ import annotations
@@ -23,9 +30,9 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +56,9 @@ TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 TEMPLATE_FILE = "chat_template.jinja"  # read if present (transformers gives it precedence)
+CHAT_TEMPLATE_ENV = "FLYWHEEL_CHAT_TEMPLATE"
+"""A Jinja chat-template file used instead of the tokenizer's own (``flywheel
+--chat-template FILE`` sets it, so every process of a run renders alike)."""
 
 # The Qwen2 pre-tokenization split: contractions, words with one leading non-letter,
 # single digits, punctuation runs, newline runs, other whitespace.
@@ -116,13 +126,16 @@ class TokenizerBuildConfig:
 
 @dataclass(frozen=True)
 class LoadedTokenizer:
-    """A tokenizer directory, loaded: the ``tokenizers.Tokenizer`` and its template."""
+    """A tokenizer directory, loaded: the ``tokenizers.Tokenizer``, its chat template (the
+    checkpoint's own, or the ``--chat-template`` file that replaces a missing one) and
+    its special tokens (``eos_token``, ``bos_token``, ``pad_token`` ... as text)."""
 
     tokenizer: Tokenizer
     chat_template: str
     directory: Path
     tokenizer_digest: str
     chat_template_digest: str
+    special_tokens: Mapping[str, str | None] = field(default_factory=dict)
 
     def token_id(self, token: str) -> int:
         """The id of a special token; TokenizerError if the vocabulary lacks it."""
@@ -130,11 +143,17 @@ class LoadedTokenizer:
 
     @property
     def eos_id(self) -> int:
-        return self.token_id(EOS_TOKEN)
+        return self.token_id(self.special_tokens.get("eos_token") or EOS_TOKEN)
 
     @property
     def pad_id(self) -> int:
-        return self.token_id(PAD_TOKEN)
+        pad = self.special_tokens.get("pad_token") or self.special_tokens.get("eos_token")
+        return self.token_id(pad or PAD_TOKEN)
+
+    def reserved_texts(self) -> tuple[str, ...]:
+        """Text of every special added token (message text must not contain them)."""
+        added = self.tokenizer.get_added_tokens_decoder().values()
+        return tuple(sorted({t.content for t in added if t.special and t.content}))
 
 
 def special_token_id(tokenizer: Tokenizer, token: str) -> int:
@@ -142,8 +161,9 @@ def special_token_id(tokenizer: Tokenizer, token: str) -> int:
     token_id = tokenizer.token_to_id(token)
     if token_id is None:
         raise TokenizerError(
-            f"the tokenizer has no {token!r} token; use a tokenizer built by "
-            "replay.tokenizer.build_tokenizer (ChatML special tokens are required)"
+            f"the tokenizer has no {token!r} token; check the tokenizer's special tokens "
+            "(the project's own render needs the ChatML special tokens of "
+            "replay.tokenizer.build_tokenizer)"
         )
     return token_id
 
@@ -289,23 +309,70 @@ def _require_file(directory: Path, name: str) -> Path:
     return path
 
 
-def read_chat_template(directory: str | Path) -> str:
-    """The chat template text: ``chat_template.jinja`` if present, else the config's."""
-    base = Path(directory)
-    if (base / TEMPLATE_FILE).is_file():
-        return (base / TEMPLATE_FILE).read_text(encoding="utf-8")
+def _template_text(value: object) -> str | None:
+    """A config's ``chat_template``: a string, or the ``default`` of a list of named ones."""
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        default = named.get("default")
+        return default if isinstance(default, str) and default else None
+    return None
+
+
+def _read_config(base: Path) -> dict[str, Any]:
     config_path = _require_file(base, CONFIG_FILE)
     try:
         data = json.loads(config_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise TokenizerError(f"{config_path} is not valid JSON ({exc.msg}); rebuild it") from None
-    template = data.get("chat_template") if isinstance(data, dict) else None
-    if not isinstance(template, str) or not template:
+    return data if isinstance(data, dict) else {}
+
+
+def read_chat_template(directory: str | Path, chat_template_file: str | Path | None = None) -> str:
+    """The chat template text: ``chat_template_file`` if given (else ``$FLYWHEEL_CHAT_TEMPLATE``),
+    else the directory's ``chat_template.jinja``, else ``tokenizer_config.json``'s."""
+    base = Path(directory)
+    chat_template_file = chat_template_file or os.environ.get(CHAT_TEMPLATE_ENV) or None
+    if chat_template_file is not None:
+        try:
+            text = Path(chat_template_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise TokenizerError(f"cannot read the chat template {chat_template_file}: "
+                                 f"{exc.strerror or exc}; pass an existing Jinja file") from None
+        if not text.strip():
+            raise TokenizerError(f"the chat template {chat_template_file} is empty")
+        return text
+    if (base / TEMPLATE_FILE).is_file():
+        return (base / TEMPLATE_FILE).read_text(encoding="utf-8")
+    template = _template_text(_read_config(base).get("chat_template"))
+    if template is None:
         raise TokenizerError(
-            f"{config_path} has no single string 'chat_template'; add one or rebuild the "
-            "tokenizer with replay.tokenizer.build_tokenizer"
+            f"the tokenizer in {base} has no chat template (no {TEMPLATE_FILE} and no "
+            f"'chat_template' in {CONFIG_FILE}); pass the model's template with "
+            "`flywheel --chat-template FILE ...` (or set $FLYWHEEL_CHAT_TEMPLATE)"
         )
     return template
+
+
+def _token_text(value: object) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def read_special_tokens(directory: str | Path) -> dict[str, str | None]:
+    """``bos_token``, ``eos_token``, ``pad_token``, ``unk_token`` as text (None if unset):
+    ``tokenizer_config.json`` first, then ``special_tokens_map.json``."""
+    base = Path(directory)
+    found: dict[str, str | None] = {}
+    sources = [_read_config(base)]
+    if (base / SPECIAL_TOKENS_MAP_FILE).is_file():
+        with suppress(json.JSONDecodeError):
+            sources.append(json.loads((base / SPECIAL_TOKENS_MAP_FILE).read_text("utf-8")))
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        found[name] = next((t for src in sources if (t := _token_text(src.get(name)))), None)
+    return found
 
 
 def tokenizer_digest(directory: str | Path) -> str:
@@ -314,13 +381,17 @@ def tokenizer_digest(directory: str | Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def chat_template_digest(directory: str | Path) -> str:
-    """SHA-256 (hex) of the chat template text (UTF-8)."""
-    return hashlib.sha256(read_chat_template(directory).encode("utf-8")).hexdigest()
+def chat_template_digest(directory: str | Path, chat_template_file: str | Path | None = None
+                         ) -> str:
+    """SHA-256 (hex) of the chat template text in use (UTF-8)."""
+    text = read_chat_template(directory, chat_template_file)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def load_tokenizer(directory: str | Path) -> LoadedTokenizer:
-    """Load ``tokenizer.json`` and the chat template; TokenizerError if anything is off."""
+def load_tokenizer(directory: str | Path, *, chat_template_file: str | Path | None = None
+                   ) -> LoadedTokenizer:
+    """Load ``tokenizer.json``, the chat template (``chat_template_file`` replaces the
+    directory's) and the special tokens; TokenizerError if anything is off."""
     base = Path(directory)
     path = _require_file(base, TOKENIZER_FILE)
     try:
@@ -329,15 +400,20 @@ def load_tokenizer(directory: str | Path) -> LoadedTokenizer:
         raise TokenizerError(
             f"{path} cannot be parsed as a tokenizers file ({exc}); rebuild the tokenizer"
         ) from None
-    for token in SPECIAL_TOKENS:
-        special_token_id(tokenizer, token)
-    template = read_chat_template(base)
+    template = read_chat_template(base, chat_template_file)
+    specials = read_special_tokens(base)
+    for name in ("eos_token",):
+        if specials.get(name) is None:
+            raise TokenizerError(f"{base / CONFIG_FILE} names no {name}; the end of an "
+                                 "assistant turn cannot be found without it")
+        special_token_id(tokenizer, str(specials[name]))
     return LoadedTokenizer(
         tokenizer=tokenizer,
         chat_template=template,
         directory=base,
         tokenizer_digest=tokenizer_digest(base),
         chat_template_digest=hashlib.sha256(template.encode("utf-8")).hexdigest(),
+        special_tokens=specials,
     )
 
 

@@ -135,8 +135,27 @@ def _field_from_message(message: str) -> str | None:
     return None
 
 
+# Fields added to a schema after records were written without them; a writer that leaves
+# them out gets their default (any other missing field is still an error).
+ADDED_WITH_DEFAULT: dict[str, tuple[str, ...]] = {
+    "hebrus.flywheel.v1.RuntimeIdentity": ("routed_layers", "layer_count"),
+}
+
+
+def _with_defaults(entry: SchemaEntry, record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``record`` plus the default of each :data:`ADDED_WITH_DEFAULT` field it lacks."""
+    added = ADDED_WITH_DEFAULT.get(entry.key.name, ())
+    if not added or not isinstance(record, Mapping):
+        return record
+    fields = entry.parsed.get("fields", ()) if isinstance(entry.parsed, dict) else ()
+    missing = {f["name"]: f["default"] for f in fields
+               if f["name"] in added and "default" in f and f["name"] not in record}
+    return {**record, **missing} if missing else record
+
+
 def encode_entry(entry: SchemaEntry, record: Mapping[str, Any], *, validate: bool = True) -> bytes:
     """Single-object bytes of ``record`` written with the already-resolved ``entry``."""
+    record = _with_defaults(entry, record)
     if validate:
         _validate(entry, record)
     buf = io.BytesIO()

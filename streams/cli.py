@@ -24,6 +24,7 @@ from hebrus_flywheel.core.kafka.security import (
     role_properties_path,
     security_dir,
 )
+from hebrus_flywheel.core.namespace import resolve_prefix
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV, bootstrap_servers, flywheel_home
 from hebrus_flywheel.streams import container, kafka_jars, security
 from hebrus_flywheel.streams.acls import grant_catalogue
@@ -291,7 +292,12 @@ def broker_logs(
 @_fail_cleanly
 def topics_create(
     bootstrap_servers_: BootstrapOpt = None,
-    prefix: Annotated[str, typer.Option("--prefix", help="Prefix every topic name (tests).")] = "",
+    prefix: Annotated[str | None, typer.Option(
+        "--prefix", help="Prefix every topic name: the namespace ('' for the shared one) "
+        "(default: $FLYWHEEL_NAMESPACE, else --teacher's namespace, else shared).",
+        show_default=False)] = None,
+    teacher: Annotated[Path | None, typer.Option(
+        "--teacher", help="Create the namespace of this teacher checkpoint directory.")] = None,
     timeout: TimeoutOpt = 30.0,
     config: Annotated[Path | None, typer.Option(
         "--config", help=f"TOML file with a [retention] section (class = \"7d\") "
@@ -306,6 +312,7 @@ def topics_create(
     bootstrap = bootstrap_servers(bootstrap_servers_)
     policy = load_policy(config, retention or ())
     typer.echo("retention: " + ", ".join(f"{c}={d}" for c, d in policy.describe().items()))
+    prefix = resolve_prefix(prefix, teacher=teacher)
     specs = catalogue(prefix, policy)
     result = create_topics(bootstrap, specs, timeout_s=timeout)
     for name, state in result.items():

@@ -33,7 +33,11 @@ streams_app = typer.Typer(
 )
 
 _BOOTSTRAP = typer.Option(None, "--bootstrap-servers", help="Kafka bootstrap list.")
-_PREFIX = typer.Option("", "--prefix", help="Prefix of every topic name (tests).")
+_NS_PREFIX = typer.Option(
+    None, "--prefix", help="Prefix of every topic and group name: the namespace ('' for the "
+    "shared one) (default: $FLYWHEEL_NAMESPACE, else --teacher's, else shared).")
+_NS_TEACHER = typer.Option(
+    None, "--teacher", help="Use the namespace of this teacher checkpoint directory.")
 _APP_ID = typer.Option(
     "flywheel-streams",
     "--app-id",
@@ -73,7 +77,8 @@ def processor_config(
 @streams_app.command("worker")
 def worker_command(
     bootstrap: str | None = _BOOTSTRAP,
-    prefix: str = _PREFIX,
+    prefix: str | None = _NS_PREFIX,
+    teacher: Path | None = _NS_TEACHER,
     app_id: str = _APP_ID,
     salt: str = typer.Option("hebrus-flywheel-split-v1", help="Split hash salt."),
     validation_fraction: float = typer.Option(0.1, help="Share of owners in validation."),
@@ -115,9 +120,11 @@ def worker_command(
         context_length=context_length,
         route_context_length=route_context_length,
     )
+    from hebrus_flywheel.core.namespace import resolve_prefix
+
     config = WorkerConfig(
         bootstrap=bootstrap_servers(bootstrap),
-        prefix=prefix,
+        prefix=resolve_prefix(prefix, teacher=teacher),
         app_id=app_id,
         processors=processors,
         tick_interval_s=tick_interval_s,
@@ -135,15 +142,18 @@ def worker_command(
 @streams_app.command("inspect")
 def inspect_command(
     bootstrap: str | None = _BOOTSTRAP,
-    prefix: str = _PREFIX,
+    prefix: str | None = _NS_PREFIX,
+    teacher: Path | None = _NS_TEACHER,
     app_id: str = _APP_ID,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Per-split thread/window counts, dedup counts and quarantine counts by reason."""
     declare_role("streams")
+    from hebrus_flywheel.core.namespace import resolve_prefix
     from hebrus_flywheel.streams.processors.inspect import format_summary, summarize_topics
 
-    summary = summarize_topics(bootstrap_servers(bootstrap), prefix=prefix, app_id=app_id)
+    summary = summarize_topics(bootstrap_servers(bootstrap),
+                               prefix=resolve_prefix(prefix, teacher=teacher), app_id=app_id)
     if not as_json and insecure_plaintext():
         typer.secho(INSECURE_WARNING, fg=typer.colors.RED, bold=True)
     typer.echo(json.dumps(summary, sort_keys=True) if as_json else format_summary(summary))
@@ -152,7 +162,8 @@ def inspect_command(
 @streams_app.command("accounting")
 def accounting_command(
     bootstrap: str | None = _BOOTSTRAP,
-    prefix: str = _PREFIX,
+    prefix: str | None = _NS_PREFIX,
+    teacher: Path | None = _NS_TEACHER,
     app_id: str = _APP_ID,
 ) -> None:
     """Per capture partition, JSON: records up to the group's committed offset and where
@@ -161,9 +172,11 @@ def accounting_command(
     ``streams.processors.accounting``). Exits 1 when a state changelog record is no
     state-codec record (``refused_state_records``: refused unread, never run as code)."""
     declare_role("streams")
+    from hebrus_flywheel.core.namespace import resolve_prefix
     from hebrus_flywheel.streams.processors.accounting import account
 
-    report = account(bootstrap_servers(bootstrap), prefix=prefix, app_id=app_id)
+    report = account(bootstrap_servers(bootstrap), prefix=resolve_prefix(prefix, teacher=teacher),
+                     app_id=app_id)
     typer.echo(json.dumps(report, sort_keys=True))
     refused = report["refused_state_records"]
     if refused:

@@ -33,6 +33,7 @@ IDENTITY = with_identity_id({
     "tie_break_rule": "score_desc_then_expert_id_asc",
     "weight_rule": "softmax_topk_renormalized", "hidden_size": 64,
     "routed_intermediate_size": 32, "runtime_name": "hebrus", "runtime_version": "0.1",
+    "routed_layers": list(range(LAYERS)), "layer_count": LAYERS,
 })
 
 

@@ -56,7 +56,19 @@ def identity() -> dict[str, Any]:
         "tie_break_rule": "score_desc_then_expert_id_asc",
         "weight_rule": "softmax_topk_renormalized", "hidden_size": 64,
         "routed_intermediate_size": 32, "runtime_name": "hebrus", "runtime_version": "0.1",
+        "routed_layers": [0, 1, 2, 3], "layer_count": 4,
     })
+
+
+def test_identity_without_the_routed_layer_map_decodes_with_defaults_and_the_same_id() -> None:
+    from hebrus_flywheel.core.identity import compute_identity_id
+
+    old = with_identity_id({k: v for k, v in identity().items()
+                            if k not in ("routed_layers", "layer_count")})
+    _key, back = decode(encode("RuntimeIdentity", old))
+    assert back == {**old, "routed_layers": [], "layer_count": 0}
+    assert compute_identity_id(back) == old["identity_id"]
+    assert compute_identity_id(identity()) != old["identity_id"]
 
 
 def turn() -> dict[str, Any]:

@@ -171,7 +171,7 @@ def test_prompt_and_targets_rejects_bad_turns(loaded: LoadedTokenizer) -> None:
 
 def test_tokenizer_checks(loaded: LoadedTokenizer) -> None:
     thread = _thread(Message("user", "hi"), Message("assistant", "yo"))
-    with pytest.raises(TokenizerError, match="chat template"):
+    with pytest.raises(RenderError, match="chat template is not prefix-stable"):
         render_thread(thread, replace(loaded, chat_template="{{ messages }}"))
     with pytest.raises(TokenizerError, match="ChatML special tokens"):
         render_thread(thread, Tokenizer(models.BPE()))

@@ -150,8 +150,15 @@ def test_corrupt_or_foreign_tokenizer(tmp_path: Path) -> None:
     from tokenizers import Tokenizer, models
 
     Tokenizer(models.BPE()).save(str(tmp_path / "tokenizer.json"))
-    with pytest.raises(TokenizerError, match=re.escape("<|endoftext|>")):
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    with pytest.raises(TokenizerError, match="--chat-template FILE"):
         load_tokenizer(tmp_path)
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{{ eos_token }}{% endfor %}")
+    with pytest.raises(TokenizerError, match=re.escape("'</s>'")):
+        load_tokenizer(tmp_path, chat_template_file=template)
+    with pytest.raises(TokenizerError, match="cannot read the chat template"):
+        load_tokenizer(tmp_path, chat_template_file=tmp_path / "absent.jinja")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,152 @@
+"""Tiny random checkpoints of every MoE family with a route adapter (``teacher init --family``).
+
+Each :class:`FamilySpec` builds a transformers config of one family at toy widths
+(hidden 64, 4 layers, a few dozen experts) that keeps the family's routing features: the
+dense layers (``mlp_only_layers`` / ``decoder_sparse_step`` / ``first_k_dense_replace``),
+softmax or sigmoid routers, expert groups, the selection-correction bias, raw or
+renormalised weights, shared experts. Weights are drawn under a fixed seed (no download),
+routers are redrawn so their logits have ``router_logit_std`` (see :mod:`replay.teacher`)
+and bias-corrected routers get a random ``e_score_correction_bias`` (std
+:data:`SCORE_BIAS_STD`), so the bias visibly changes the selection.
+
+Qwen3-Next keeps its presets in :mod:`replay.teacher` (``--preset``); its entry here
+uses the default preset.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+
+from hebrus_flywheel.core.errors import ConfigError
+
+SCORE_BIAS_STD = 0.1
+HIDDEN = 64
+_COMMON: dict[str, Any] = {
+    "hidden_size": HIDDEN, "num_hidden_layers": 4, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "max_position_embeddings": 32768, "initializer_range": 0.02,
+    "tie_word_embeddings": False, "bos_token_id": None, "dtype": "float32",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FamilySpec:
+    """A family ``teacher init --family NAME`` can generate.
+
+    Fields:
+        name: the transformers ``model_type`` (also the ``--family`` name).
+        config_class: name of the transformers config class.
+        fields: config fields beyond :data:`_COMMON` (the family's tiny geometry).
+        summary: one line on what the family's routing exercises.
+        router_logit_std: std of router logits at init.
+    """
+
+    name: str
+    config_class: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    summary: str = ""
+    router_logit_std: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.config_class:
+            raise ConfigError("name and config_class must be non-empty")
+        if not (self.router_logit_std > 0 and math.isfinite(self.router_logit_std)):
+            raise ConfigError(
+                f"router_logit_std must be positive, got {self.router_logit_std!r}")
+
+    def config(self, *, vocab_size: int, eos_id: int, pad_id: int) -> Any:
+        import transformers
+
+        config_class: Callable[..., Any] = getattr(transformers, self.config_class)
+        return config_class(**{**_COMMON, **self.fields}, vocab_size=vocab_size,
+                            eos_token_id=eos_id, pad_token_id=pad_id)
+
+
+_MLA = {"num_key_value_heads": 2, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16,
+        "v_head_dim": 16, "head_dim": 8}
+FAMILIES: dict[str, FamilySpec] = {
+    s.name: s
+    for s in (
+        FamilySpec(name="qwen3_next", config_class="Qwen3NextConfig",
+                   summary="softmax top-10 of 512, renormalised, shared expert, hybrid "
+                           "linear/full attention (the default teacher)"),
+        FamilySpec(name="qwen3_moe", config_class="Qwen3MoeConfig", fields={
+            "head_dim": 32, "num_experts": 64, "num_experts_per_tok": 8,
+            "moe_intermediate_size": 16, "intermediate_size": 32, "decoder_sparse_step": 1,
+            "mlp_only_layers": [0], "norm_topk_prob": True},
+            summary="softmax top-8 of 64, renormalised; layer 0 dense (mlp_only_layers)"),
+        FamilySpec(name="qwen2_moe", config_class="Qwen2MoeConfig", fields={
+            "num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 16,
+            "intermediate_size": 32, "shared_expert_intermediate_size": 32,
+            "decoder_sparse_step": 2, "mlp_only_layers": [], "norm_topk_prob": False},
+            summary="softmax top-4 of 32, raw weights, sigmoid-gated shared expert; every "
+                    "second layer sparse (decoder_sparse_step=2)"),
+        FamilySpec(name="mixtral", config_class="MixtralConfig", fields={
+            "head_dim": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "intermediate_size": 16},
+            summary="softmax top-2 of 8, renormalised, every layer sparse"),
+        FamilySpec(name="olmoe", config_class="OlmoeConfig", fields={
+            "num_experts": 64, "num_experts_per_tok": 8, "intermediate_size": 16,
+            "norm_topk_prob": False},
+            summary="softmax top-8 of 64, raw weights, every layer sparse"),
+        FamilySpec(name="deepseek_v3", config_class="DeepseekV3Config", fields={
+            **_MLA, "n_routed_experts": 32, "num_experts_per_tok": 4, "n_group": 4,
+            "topk_group": 2, "first_k_dense_replace": 1, "n_shared_experts": 1,
+            "moe_intermediate_size": 16, "intermediate_size": 32, "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5},
+            summary="sigmoid + correction bias, top-4 of 32 inside the best 2 of 4 groups, "
+                    "renormalised x2.5, shared expert; layer 0 dense (first_k_dense_replace)"),
+        FamilySpec(name="deepseek_v2", config_class="DeepseekV2Config", fields={
+            **_MLA, "n_routed_experts": 32, "num_experts_per_tok": 4, "n_group": 4,
+            "topk_group": 2, "topk_method": "group_limited_greedy",
+            "first_k_dense_replace": 1, "n_shared_experts": 1, "moe_intermediate_size": 16,
+            "intermediate_size": 32, "routed_scaling_factor": 1.5},
+            summary="softmax top-4 of 32 inside the best 2 of 4 groups (group max), raw "
+                    "weights x1.5, shared experts; layer 0 dense"),
+        FamilySpec(name="glm4_moe", config_class="Glm4MoeConfig", fields={
+            "head_dim": 32, "n_routed_experts": 16, "num_experts_per_tok": 4, "n_group": 1,
+            "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1,
+            "moe_intermediate_size": 16, "intermediate_size": 32, "norm_topk_prob": True,
+            "routed_scaling_factor": 1.0},
+            summary="sigmoid + correction bias, top-4 of 16, renormalised, shared expert; "
+                    "layer 0 dense"),
+    )
+}
+DEFAULT_FAMILY = "qwen3_next"
+
+
+def get_family(name: str) -> FamilySpec:
+    """The spec of ``name``; ConfigError naming the choices if there is none."""
+    if name not in FAMILIES:
+        raise ConfigError(
+            f"family: no generator for {name!r}; choose one of {sorted(FAMILIES)} "
+            "(`flywheel teacher families` lists them)"
+        )
+    return FAMILIES[name]
+
+
+def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
+    """Deterministic init of ``spec`` under ``seed`` (caller's RNG untouched), eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+
+    adapter = adapter_for(spec.name)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+        layers = adapter.decoder_layers(model)
+        router_std = spec.router_logit_std / math.sqrt(config.hidden_size)
+        with torch.no_grad():
+            for index in adapter.geometry(config).routed_layers:
+                gate = adapter.router(layers[index])
+                cast(torch.Tensor, gate.weight).normal_(0.0, router_std)
+                bias = adapter.score_bias(gate)
+                if bias is not None:
+                    bias.normal_(0.0, SCORE_BIAS_STD)
+    return model.eval()

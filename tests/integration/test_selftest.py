@@ -1,0 +1,96 @@
+"""``flywheel selftest`` on a tiny checkpoint of every generated MoE family.
+
+Each run captures six synthetic threads on a private namespace of the session broker,
+streams, replays, seals (the parity gate), verifies and trains one step; it must pass
+with exact route parity, and its topics must be gone afterwards. One run also goes
+through the CLI to check the JSON lines and the exit status; one is made to fail.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
+from hebrus_flywheel.replay.families import FAMILIES
+from hebrus_flywheel.replay.teacher import init_teacher
+from hebrus_flywheel.selftest import (
+    SelftestConfig,
+    namespace_topics,
+    private_namespace,
+    run_selftest,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+THREADS = 6
+
+
+@pytest.fixture(scope="module")
+def teachers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("selftest-teachers")
+
+
+def _teacher(base: Path, family: str) -> Path:
+    target = base / family
+    if not (target / "config.json").is_file():
+        init_teacher(target, family=family, seed=2)
+    return target
+
+
+def _topics_gone(bootstrap: str, namespace: str) -> bool:
+    deadline = time.monotonic() + 30
+    while namespace_topics(bootstrap, namespace):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+    return True
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_selftest_passes_with_exact_parity(
+    family: str, teachers: Path, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    lines: list[dict[str, Any]] = []
+    config = SelftestConfig(teacher=_teacher(teachers, family), bootstrap=kafka_bootstrap,
+                            work_dir=tmp_path / "run", namespace=private_namespace("it-"),
+                            threads=THREADS)
+    verdict = run_selftest(config, emit=lines.append)
+    assert verdict["selftest"] == "passed", verdict
+    assert verdict["family"] == family
+    assert verdict["parity_exact"] == 1.0 and verdict["parity_pairs"] > 0
+    assert verdict["sealed_rows"] > 0
+    stages = [line["stage"] for line in lines if "stage" in line]
+    assert stages == ["teacher", "topics", "capture", "streams", "replay_seal", "verify",
+                      "train"]
+    teacher_line = lines[0]
+    assert teacher_line["routed_layers"]  # the routed-layer map is reported
+    assert _topics_gone(kafka_bootstrap, config.namespace)
+
+
+def test_cli_prints_json_lines_and_fails_with_the_stage(
+    teachers: Path, kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import typer
+
+    from hebrus_flywheel.selftest import selftest_command
+
+    app = typer.Typer()
+    app.command()(selftest_command)
+    monkeypatch.setenv(BOOTSTRAP_ENV, kafka_bootstrap)
+    teacher = _teacher(teachers, "qwen3_moe")
+    bad = tmp_path / "no-tokenizer"
+    bad.mkdir()
+    for item in teacher.iterdir():
+        if item.name.endswith((".json", ".safetensors")) and not item.name.startswith("token"):
+            (bad / item.name).write_bytes(item.read_bytes())
+    result = CliRunner().invoke(app, ["--teacher", str(bad), "--threads", "2",
+                                      "--work-dir", str(tmp_path / "bad")])
+    assert result.exit_code == 1, result.output
+    verdict = json.loads(result.output.strip().splitlines()[-1])
+    assert verdict["selftest"] == "failed" and verdict["stage"] == "capture"
+    assert "tokenizer" in verdict["reason"]

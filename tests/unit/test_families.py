@@ -1,0 +1,164 @@
+"""Every generated MoE family as a teacher: geometry, faithful routes, decode/prefill parity.
+
+For each family of :data:`replay.families.FAMILIES` a tiny checkpoint is generated and:
+
+- its routed-layer map, expert count, top-k and weight rule are the family's;
+- the label our rule computes from the captured logits selects exactly the experts the
+  family's OWN (native ``torch.topk``) gate executed, with the same weights: the rule is
+  the family's, not a softmax approximation of it;
+- KV-cache decode routes equal one prefill's routes (ids and rank order exactly).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.decode import DecodeRuntime, SamplingConfig
+from hebrus_flywheel.replay.exceptions import RoutingError
+from hebrus_flywheel.replay.families import FAMILIES, get_family
+from hebrus_flywheel.replay.parity import run_parity
+from hebrus_flywheel.replay.prefill import PrefillReplayer
+from hebrus_flywheel.replay.routing import (
+    MASKED_SCORE,
+    RouterRule,
+    parse_rule,
+    selection_scores,
+    topk_with_tie_break,
+)
+from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
+from hebrus_flywheel.replay.teacher import artifact_digest, init_teacher, load_teacher
+from tests.unit.test_decode import assert_parity
+from tests.unit.test_parity import decode_windows
+
+EXPECTED = {  # routed layers, experts, k, weight rule
+    "qwen3_moe": ((1, 2, 3), 64, 8, "softmax_topk_renormalized"),
+    "qwen2_moe": ((1, 3), 32, 4, "softmax_topk"),
+    "mixtral": ((0, 1, 2, 3), 8, 2, "softmax_topk_renormalized"),
+    "olmoe": ((0, 1, 2, 3), 64, 8, "softmax_topk"),
+    "deepseek_v3": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "deepseek_v2": ((1, 2, 3), 32, 4, "softmax_group2of4_max_topk_x1.5"),
+    "glm4_moe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
+}
+PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("families")
+    return {name: init_teacher(base / name, family=name, seed=1) for name in EXPECTED}
+
+
+def test_every_generator_is_tested() -> None:
+    assert set(FAMILIES) == {*EXPECTED, "qwen3_next"}
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_family_geometry_and_routed_layer_map(family: str, family_dirs: dict[str, Path]) -> None:
+    teacher = load_teacher(family_dirs[family])
+    g = teacher.geometry
+    assert (g.routed_layers, g.expert_count, g.top_k, g.weight_rule) == EXPECTED[family]
+    identity = build_runtime_identity(teacher)
+    assert identity["routed_layers"] == list(g.routed_layers)
+    assert identity["layer_count"] == 4 and identity["model_family"] == family
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_rule_selects_what_the_native_gate_executed(
+    family: str, family_dirs: dict[str, Path]
+) -> None:
+    native = load_teacher(family_dirs[family], exact_tie_break=False)
+    ids_BT = torch.tensor([PREFIX * 3])
+    routes = native.forward_routes(ids_BT)
+    assert routes.executed_ids_BTLK is not None
+    ids, _ = native.route(routes.router_logits_BTLE)
+    executed = routes.executed_ids_BTLK
+    assert torch.equal(ids.sort(-1).values, executed.sort(-1).values)
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_decode_prefill_parity(family: str, family_dirs: dict[str, Path]) -> None:
+    teacher = load_teacher(family_dirs[family])
+    runtime = DecodeRuntime(teacher)
+    sampling = SamplingConfig(temperature=1.0, seed=1, max_new_tokens=30, stop_at_eos=False)
+    assert_parity(teacher, PREFIX, runtime.decode_turn(PREFIX, sampling=sampling))
+    assert_parity(teacher, PREFIX[:5], runtime.decode_turn(PREFIX[:5], forced_ids=PREFIX[5:]))
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_prefill_replayer_reaches_parity_with_decode(
+    family: str, family_dirs: dict[str, Path]
+) -> None:
+    """The replay path proper (padded batches, explicit masks and positions), which is
+    where Qwen2-MoE's unused ``sliding_window=0`` once broke the mask."""
+    teacher = load_teacher(family_dirs[family])
+    replayer = PrefillReplayer(teacher)
+    result = run_parity(replayer, decode_windows(teacher, replayer.identity_id))
+    assert result.authoritative and result.mismatched_pairs == 0, result.to_json()
+
+
+def test_generation_is_deterministic_per_seed(tmp_path: Path) -> None:
+    a = init_teacher(tmp_path / "a", family="deepseek_v3", seed=4)
+    b = init_teacher(tmp_path / "b", family="deepseek_v3", seed=4)
+    c = init_teacher(tmp_path / "c", family="deepseek_v3", seed=5)
+    assert artifact_digest(a) == artifact_digest(b) != artifact_digest(c)
+
+
+def test_unknown_family_names_the_choices() -> None:
+    with pytest.raises(ConfigError, match="deepseek_v3"):
+        get_family("llama")
+
+
+def test_rule_names_round_trip() -> None:
+    for rule in (RouterRule(), RouterRule(normalize=False, scale=1.5, groups=8, topk_groups=3,
+                                          group_score="max"),
+                 RouterRule(scoring="sigmoid", bias=True, groups=4, topk_groups=2, scale=2.5)):
+        assert parse_rule(rule.name) == rule
+    with pytest.raises(RoutingError, match="weight_rule"):
+        parse_rule("sigmoid")
+    with pytest.raises(RoutingError, match="bias"):
+        RouterRule(bias=True)
+
+
+def test_bias_changes_selection_but_not_weights() -> None:
+    logits_TE = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    bias_E = torch.tensor([0.0, 0.0, 0.0, 5.0])
+    rule = "sigmoid+bias_topk_renormalized"
+    ids, weights = topk_with_tie_break(logits_TE, 2, weight_rule=rule, bias_TE=bias_E)
+    assert ids.tolist() == [[3, 0]]
+    expected = torch.sigmoid(torch.tensor([-1.0, 2.0]))
+    assert torch.allclose(weights[0], expected / expected.sum())
+
+
+def test_groups_mask_experts_outside_the_best_groups() -> None:
+    logits_TE = torch.tensor([[5.0, -5.0, 4.0, 3.9, 0.0, 0.0]])  # groups {0,1} {2,3} {4,5}
+    scores = selection_scores(logits_TE, "softmax_group1of3_top2sum_topk")
+    assert scores[0].tolist()[:2] == [MASKED_SCORE, MASKED_SCORE]
+    ids, _ = topk_with_tie_break(logits_TE, 2, weight_rule="softmax_group1of3_top2sum_topk")
+    assert ids.tolist() == [[2, 3]]
+    ids, _ = topk_with_tie_break(logits_TE, 2, weight_rule="softmax_group1of3_max_topk")
+    assert ids.tolist() == [[0, 1]]
+
+
+def test_cli_lists_families_and_generates_one(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from hebrus_flywheel.replay.cli import teacher_app
+
+    listed = CliRunner().invoke(teacher_app, ["families", "--json"])
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.output)
+    assert set(FAMILIES) <= {name for name, row in rows.items() if row["generate"]}
+    made = CliRunner().invoke(teacher_app, ["init", "--family", "olmoe", "--out",
+                                            str(tmp_path / "o"), "--seed", "3"])
+    assert made.exit_code == 0, made.output
+    assert "tiny-olmoe" in made.output
+    assert load_teacher(tmp_path / "o").geometry.family == "olmoe"
+    bad = CliRunner().invoke(teacher_app, ["init", "--family", "nope", "--out",
+                                           str(tmp_path / "n")])
+    assert bad.exit_code != 0 and isinstance(bad.exception, ConfigError)
