@@ -165,6 +165,25 @@ def _stage_topics(run: _Run) -> dict[str, Any]:
     return {"topics": len(specs)}
 
 
+def _stage_consent(run: _Run) -> dict[str, Any]:
+    """Grant every scope to the synthetic owners on the private namespace's consent
+    ledger: capture, replay, seal and train all check it (fail closed)."""
+    from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, Pseudonymizer
+    from hebrus_flywheel.replay.capture import load_threads
+    from hebrus_flywheel.streams.consent import CONSENT_TOPIC, SCOPES, grant, now_ms
+    from hebrus_flywheel.streams.consent_book import write_entries
+
+    names = Pseudonymizer(LocalOwnerKeyStore(create=True))
+    owners = sorted({names.owner(t.owner) for t in
+                     load_threads(None, run.config.threads, seed=run.config.seed)})
+    start = now_ms()
+    write_entries(run.config.bootstrap, [
+        grant(owner, SCOPES, granted_at_ms=start, expires_at_ms=start + 86_400_000,
+              policy_version="selftest", granted_by="flywheel selftest") for owner in owners],
+        topic=run.config.namespace + CONSENT_TOPIC)
+    return {"owners": len(owners), "scopes": list(SCOPES)}
+
+
 def _stage_capture(run: _Run) -> dict[str, Any]:
     from hebrus_flywheel.replay.capture import CaptureConfig, load_threads
     from hebrus_flywheel.replay.capture_cli import run_capture
@@ -260,6 +279,7 @@ def _stage_train(run: _Run) -> dict[str, Any]:
 STAGES: list[tuple[str, Callable[[_Run], dict[str, Any]], str | None]] = [
     ("teacher", _stage_teacher, None),
     ("topics", _stage_topics, "admin"),
+    ("consent", _stage_consent, "admin"),
     ("capture", _stage_capture, "runtime"),
     ("streams", _stage_streams, None),
     ("replay_seal", _stage_replay_and_seal, None),
