@@ -15,7 +15,8 @@ from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.quarantine import SCHEMA as QUARANTINE_SCHEMA
-from hebrus_flywheel.streams.topics import catalogue
+from hebrus_flywheel.streams.topics import CONSENT_TOPIC, TRANSCRIPTS_TOPIC, catalogue
+from tests.support.consent import grant_owners
 from tests.support.sealing import CANARY, hits, owner_pseudonym, session_keys
 from tests.support.streams_harness import WorkerProcess, produce, producer, read_windows, wait_until
 from tests.support.streams_synthetic import (
@@ -40,7 +41,9 @@ def _spec(owner: str, tokens: tuple[int, ...] = CANARY) -> ThreadSpec:
 def _publish(bootstrap: str, topics: StreamTopics, specs: list[ThreadSpec]) -> None:
     config = PublisherConfig(bootstrap_servers=bootstrap, identities_topic=topics.identities,
                              transcripts_topic=topics.transcripts,
-                             observations_topic=topics.observations)
+                             observations_topic=topics.observations,
+                             consent_topic=topics.transcripts.removesuffix(TRANSCRIPTS_TOPIC)
+                             + CONSENT_TOPIC)
     with RuntimePublisher(config, identity=IDENTITY) as publisher:
         assert publisher.publish_identity(IDENTITY)
         clock = ProducerClock(producer_id="runtime-sealed")
@@ -71,6 +74,7 @@ def test_sealed_capture_through_a_worker(topic_factory: Any, tmp_path: Path) -> 
                          f"{full_app}-capture-state-changelog",
                          f"{full_app}-dedup-state-changelog", f"{full_app}-__assignor-__leader"])
     kept, erased, old = (f"owner-{uuid.uuid4().hex[:8]}" for _ in range(3))
+    grant_owners(bootstrap, [kept, erased, old], prefix=prefix)  # only sealing refuses here
     _publish(bootstrap, topics, [_spec(kept), _spec(erased)])
     session_keys().destroy(owner_pseudonym(erased))  # erased after capture, before processing
     # an old runtime: unsealed v1/v2 records with raw ids (other tokens: it is plaintext)
