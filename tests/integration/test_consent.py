@@ -24,6 +24,7 @@ from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.topics import catalogue, describe_topics
 from tests.support.consent import grant_owners, revoke_owners
+from tests.support.sealing import owner_pseudonym
 from tests.support.streams_harness import (
     WorkerProcess,
     produce,
@@ -168,7 +169,8 @@ def test_streams_worker_quarantines_records_without_consent(topic_factory: Any,
             worker.log_path.read_text(errors="replace")[-3000:]
     finally:
         worker.stop()
-    assert {w["owner"] for w in read_windows(topic_factory.bootstrap, topics)} == {"ok"}
+    assert {w["owner"] for w in read_windows(topic_factory.bootstrap, topics)} == {
+        owner_pseudonym("ok")}
     records = [codec.decode(m.value() or b"")[1]
                for m in read_topic(topic_factory.bootstrap, topics.quarantine)]
     assert len(records) == len(refused)
