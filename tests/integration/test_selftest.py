@@ -65,8 +65,8 @@ def test_selftest_passes_with_exact_parity(
     assert verdict["parity_exact"] == 1.0 and verdict["parity_pairs"] > 0
     assert verdict["sealed_rows"] > 0
     stages = [line["stage"] for line in lines if "stage" in line]
-    assert stages == ["teacher", "topics", "capture", "streams", "replay_seal", "verify",
-                      "train"]
+    assert stages == ["teacher", "topics", "consent", "capture", "streams", "replay_seal",
+                      "verify", "train"]
     teacher_line = lines[0]
     assert teacher_line["routed_layers"]  # the routed-layer map is reported
     assert _topics_gone(kafka_bootstrap, config.namespace)
