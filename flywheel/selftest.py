@@ -202,12 +202,43 @@ def _stage_capture(run: _Run) -> dict[str, Any]:
                                     "identity_id")}
 
 
+VALIDATION_FRACTION, RUNTIME_HOLDOUT_FRACTION = 0.2, 0.5
+
+
+def split_salt(run: _Run) -> str:
+    """A split salt under which the synthetic threads fill train, validation and the
+    runtime holdout (training needs the first two, the parity gate the third). Splits
+    hash owner pseudonyms, which depend on this machine's key store, so no fixed salt
+    does it for every key store: search a few, deterministically."""
+    from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, Pseudonymizer
+    from hebrus_flywheel.replay.capture import load_threads
+    from hebrus_flywheel.streams.processors.common import unit_interval
+    from hebrus_flywheel.streams.processors.split import SplitConfig, owner_split
+
+    names = Pseudonymizer(LocalOwnerKeyStore())
+    ids = [(names.owner(t.owner), names.thread(t.owner, t.thread_id))
+           for t in load_threads(None, run.config.threads, seed=run.config.seed)]
+    for attempt in range(1000):
+        salt = f"flywheel-selftest-{attempt}"
+        config = SplitConfig(salt=salt, validation_fraction=VALIDATION_FRACTION,
+                             runtime_holdout_fraction=RUNTIME_HOLDOUT_FRACTION)
+        splits = {"runtime_holdout" if unit_interval(salt, "runtime", owner, thread)
+                  < RUNTIME_HOLDOUT_FRACTION else owner_split(owner, config)
+                  for owner, thread in ids}
+        if {"train", "validation", "runtime_holdout"} <= splits:
+            return salt
+    raise SelftestError(f"{len(ids)} threads cannot fill train, validation and the runtime "
+                        "holdout; capture more threads (--threads)")
+
+
 def _stage_streams(run: _Run) -> dict[str, Any]:
+    salt = split_salt(run)
     _flywheel(run, "streams", "worker", "--drain", "--bootstrap-servers", run.config.bootstrap,
-              "--prefix", run.config.namespace, "--validation-fraction", "0.2",
-              "--runtime-holdout-fraction", "0.5", "--stress-rate", "0.0",
+              "--prefix", run.config.namespace, "--salt", salt,
+              "--validation-fraction", str(VALIDATION_FRACTION),
+              "--runtime-holdout-fraction", str(RUNTIME_HOLDOUT_FRACTION), "--stress-rate", "0.0",
               "--drain-timeout-s", str(run.config.stage_timeout_s), log_name="streams-worker")
-    return {}
+    return {"split_salt": salt}
 
 
 def _stage_replay_and_seal(run: _Run) -> dict[str, Any]:
