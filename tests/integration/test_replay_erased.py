@@ -22,6 +22,7 @@ from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.owner_seal import OwnerSealer
 from hebrus_flywheel.streams.processors.window_seal import encode_window
 from hebrus_flywheel.streams.topics import QUARANTINE_TOPIC, catalogue, window_topic
+from tests.support.consent import grant_owners
 from tests.support.plaintext import plaintext_copy
 from tests.support.windows import corpus_token_ids, thread_windows
 
@@ -80,6 +81,7 @@ def test_sealed_windows_replay_and_an_erased_owners_are_quarantined_metadata_onl
     bootstrap = topic_factory.bootstrap
     prefix = f"{topic_factory.prefix}erased."
     topic_factory.create(catalogue(prefix))
+    grant_owners(bootstrap, [alice, bob], prefix=prefix)  # only the erasure refuses here
     # train[0]: bob, alice, alice, bob (one block of 4)
     _publish_sealed(bootstrap, prefix, [sealed[bob][0], *sealed[alice], sealed[bob][1]])
     writer.destroy(alice)
