@@ -9,11 +9,12 @@ gone, the checkpoint that saw the rows is tainted and ``flywheel train --resume`
 it, the receipt names the pseudonym only, and no file of the dataset, the erasure or the
 checkpoints holds the canary in plaintext.
 
-What this does not prove yet: the window records in the broker's log segments still hold
-the canary in plaintext, because the test publishes windows the way ``main`` does today
-(unsealed). Once capture/window records are sealed under the owner's data key (the
-sealing work of issue 13), the same scan over the broker's log dirs must find 0; the
-test prints the count it measures (``broker log canary hits``).
+The windows go to the broker as the stream workers write them, sealed under each
+owner's data key (``Window.v2``), and the scan over the broker's log directories of every
+topic of the run finds 0 plaintext occurrences of the canary (the scanner finds it in a
+plaintext file, so the scan is not vacuous). The capture side of the same proof (capture,
+window, internal and changelog topics after a stream-worker run) is
+``tests/integration/test_streams_sealed.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from hebrus_flywheel.core.privacy import (
 )
 from hebrus_flywheel.core.snapshot import default_kek_path, load_manifest, verify_snapshot
 from hebrus_flywheel.streams.broker import BrokerConfig
-from hebrus_flywheel.streams.topics import TopicSpec, catalogue, window_topic
+from hebrus_flywheel.streams.owner_seal import OwnerSealer
+from hebrus_flywheel.streams.topics import TopicSpec, catalogue
 from tests.support.planted import make_writable
 from tests.support.windows import (
     WorkerProcess,
@@ -106,6 +108,7 @@ def test_erase_a_canary_owner_from_a_sealed_pipeline_run(
     names = Pseudonymizer(store)
     canary_owner, other_owner = names.owner("canary-user"), names.owner("other-user")
     generation = store.data_key(canary_owner, create=True).generation
+    store.data_key(other_owner, create=True)
     ident = str(build_runtime_identity(load_teacher(teacher_dir))["identity_id"])
     tokens = corpus_token_ids(teacher_dir)
     other_tokens = tokens[1000:1200]
@@ -116,7 +119,9 @@ def test_erase_a_canary_owner_from_a_sealed_pipeline_run(
                              thread=names.thread("canary-user", "c"), count=3)
     windows += thread_windows(other_tokens, identity_id=ident, owner=other_owner,
                               thread=names.thread("other-user", "o"), count=3)
-    publish_windows(bootstrap, prefix, windows, partition=0)
+    # as the stream workers write them: sealed under each owner's data key (Window.v2)
+    publish_windows(bootstrap, prefix, windows, partition=0,
+                    sealer=OwnerSealer(lambda: LocalOwnerKeyStore(keys_dir)))
     root = tmp_path / "dataset"
     worker = WorkerProcess(
         ["--teacher", str(teacher_dir), "--dataset", str(root), "--bootstrap-servers",
@@ -219,10 +224,17 @@ def _check_erasure(run: PipelineRun) -> None:
 def _scan(run: PipelineRun, env: dict[str, str], receipt: dict[str, Any]) -> None:
     tmp_path, canary = run.tmp, run.canary
     scanner = CanaryScanner(canary)
-    # the scanner sees the canary where it is plaintext: the windows as published
-    window_topic_dir = BrokerConfig().data_dir / f"{run.prefix}{window_topic('train')}-0"
-    broker_hits = len(scanner.scan([window_topic_dir]).hits) if window_topic_dir.is_dir() else 0
-    print(f"broker log canary hits (windows published unsealed, as on main): {broker_hits}")
+    # the broker's log segments of every topic of the run (windows, quarantine, control,
+    # consent): the windows were sealed under the owner's key, now destroyed
+    topic_dirs = sorted(BrokerConfig().data_dir.glob(f"{run.prefix}*"))
+    assert topic_dirs, "no log directories of the run's topics"
+    broker = scanner.scan(topic_dirs)
+    print(f"broker log canary hits over {broker.files} files: {len(broker.hits)}")
+    assert broker.hits == [] and broker.files > 0, broker.to_json()
+    # ... while the scan finds the canary where it is plaintext (not vacuous)
+    plain = tmp_path / "plaintext-canary.bin"
+    plain.write_bytes(b"".join(t.to_bytes(4, "little") for t in canary))
+    assert scanner.scan([plain]).hits
     # every file of the dataset, the erasure, the checkpoints, the worker's home and log
     scanned = [run.root, tmp_path / "erase-home", tmp_path / "ck", tmp_path / "home",
                tmp_path / "worker.log"]

@@ -24,6 +24,7 @@ from hebrus_flywheel.consumers.faults import FAULT_ENV
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.window import content_digest
+from hebrus_flywheel.streams.processors.window_seal import encode_window
 from hebrus_flywheel.streams.topics import window_topic
 from tests.support.consent import grant_owners
 
@@ -91,10 +92,14 @@ def thread_windows(tokens: Sequence[int], *, identity_id: str, owner: str, threa
 
 def publish_windows(bootstrap: str, prefix: str, windows: Iterable[Mapping[str, Any]],
                     *, partition: int | None = None,
-                    consent: bool = True) -> list[tuple[str, int, int]]:
+                    consent: bool = True,
+                    sealer: Any = None) -> list[tuple[str, int, int]]:
     """Produce windows to their split topics (key owner/thread); their coordinates. With
     ``consent`` (the default) the windows' owners are first granted every scope on the
-    prefix's consent ledger (a test of refusals passes ``consent=False``)."""
+    prefix's consent ledger (a test of refusals passes ``consent=False``). With a
+    ``sealer`` (:class:`streams.owner_seal.OwnerSealer`) they go out as the stream
+    workers write them (``Window.v2``, sealed under the owner's key), else as plaintext
+    ``Window.v1`` records."""
     windows = list(windows)
     if consent:
         grant_owners(bootstrap, {w["owner"] for w in windows}, prefix=prefix)
@@ -112,11 +117,14 @@ def publish_windows(bootstrap: str, prefix: str, windows: Iterable[Mapping[str, 
             coords.append((msg.topic(), msg.partition(), msg.offset()))
 
     for window in windows:
+        value, record = (encode_window(window, sealer) if sealer is not None
+                         else (codec.encode_entry(entry, window), window))
+        schema = entry if sealer is None else codec.default_registry().get("Window.v2")
         producer.produce(prefix + window_topic(window["split"]),
                          key=f"{window['owner']}/{window['thread']}".encode(),
-                         value=codec.encode_entry(entry, window),
-                         headers=[*codec.kafka_headers(entry),
-                                  ("window_id", window["window_id"].encode())],
+                         value=value,
+                         headers=[*codec.kafka_headers(schema),
+                                  ("window_id", record["window_id"].encode())],
                          on_delivery=on_delivery,
                          partition=-1 if partition is None else partition)
         producer.poll(0)
