@@ -8,7 +8,6 @@ themselves to :data:`STAGES`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -25,7 +24,7 @@ from hebrus_flywheel.core.errors import FlywheelError
 from hebrus_flywheel.core.files import atomic_write_text, create_file, make_dirs
 from hebrus_flywheel.core.kafka.security import (
     INSECURE_WARNING,
-    ROLE_ENV,
+    acting_as,
     insecure_marker,
     insecure_plaintext,
 )
@@ -364,19 +363,6 @@ STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
 STAGE_ROLES: dict[str, str] = {"broker": "admin", "consent": "admin", "capture": "runtime"}
 
 
-@contextlib.contextmanager
-def _stage_role(role: str | None) -> Iterator[None]:
-    before = os.environ.pop(ROLE_ENV, None)
-    if role is not None:
-        os.environ[ROLE_ENV] = role
-    try:
-        yield
-    finally:
-        os.environ.pop(ROLE_ENV, None)
-        if before is not None:
-            os.environ[ROLE_ENV] = before
-
-
 def _transport_line() -> str:
     if insecure_plaintext():
         return f"{RED}[demo] {INSECURE_WARNING}{RESET}"
@@ -402,7 +388,7 @@ def run_demo(*, threads: int = 32) -> DemoContext:
     started = time.perf_counter()
     for name, stage in STAGES:
         t0 = time.perf_counter()
-        with _stage_role(STAGE_ROLES.get(name)):
+        with acting_as(STAGE_ROLES.get(name)):
             stage(ctx)
         ctx.results.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
     ctx.results["wall_seconds"] = round(time.perf_counter() - started, 1)

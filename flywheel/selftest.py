@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ import typer
 
 from hebrus_flywheel.core.errors import ConfigError, FlywheelError
 from hebrus_flywheel.core.files import create_file, make_dirs
-from hebrus_flywheel.core.kafka.security import ROLE_ENV
+from hebrus_flywheel.core.kafka.security import acting_as
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
 
 
@@ -96,20 +96,6 @@ class _Run:
 def private_namespace(base: str) -> str:
     """``<base>selftest-<12 hex>.``: a namespace no earlier run used."""
     return f"{base}selftest-{uuid.uuid4().hex[:12]}."
-
-
-@contextlib.contextmanager
-def _role(role: str | None) -> Iterator[None]:
-    """Run a stage as ``role`` (None: the commands it starts declare their own)."""
-    before = os.environ.pop(ROLE_ENV, None)
-    if role is not None:
-        os.environ[ROLE_ENV] = role
-    try:
-        yield
-    finally:
-        os.environ.pop(ROLE_ENV, None)
-        if before is not None:
-            os.environ[ROLE_ENV] = before
 
 
 def _flywheel(run: _Run, *args: str, log_name: str) -> list[str]:
@@ -333,7 +319,7 @@ def _cleanup(run: _Run) -> None:
         return
     from hebrus_flywheel.streams.topics import delete_topics
 
-    with _role("admin"):
+    with acting_as("admin"):
         try:
             delete_topics(run.config.bootstrap,
                           namespace_topics(run.config.bootstrap, run.config.namespace))
@@ -371,7 +357,7 @@ def _run_stages(run: _Run) -> dict[str, Any] | None:
     for name, stage, role in STAGES:
         t0 = time.perf_counter()
         try:
-            with _role(role):
+            with acting_as(role):
                 figures = stage(run)
         except Exception as exc:  # any failure is the verdict, with its reason
             reason = str(exc) if isinstance(exc, FlywheelError) else \

@@ -16,7 +16,9 @@ made from such a run says so in red (:func:`insecure_plaintext`).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from hebrus_flywheel.core.errors import ConfigError
@@ -70,6 +72,22 @@ def declare_role(role: str) -> str:
         return check_role(current)
     os.environ[ROLE_ENV] = check_role(role)
     return role
+
+
+@contextlib.contextmanager
+def acting_as(role: str | None) -> Iterator[None]:
+    """Run a block as ``role`` (``$FLYWHEEL_ROLE``), restoring the previous role after;
+    None clears it, so the commands the block starts declare their own."""
+    checked = None if role is None else check_role(role)
+    before = os.environ.pop(ROLE_ENV, None)
+    if checked is not None:
+        os.environ[ROLE_ENV] = checked
+    try:
+        yield
+    finally:
+        os.environ.pop(ROLE_ENV, None)
+        if before is not None:
+            os.environ[ROLE_ENV] = before
 
 
 def current_role() -> str:

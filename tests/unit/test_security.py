@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import stat
 from pathlib import Path
 
@@ -155,3 +156,18 @@ def test_insecure_reports_carry_a_red_banner() -> None:
     assert insecure_banner({}) == ""
     banner = insecure_banner({"insecure_plaintext": roles.INSECURE_WARNING})
     assert "#b00020" in banner and "--insecure-plaintext" in banner
+
+
+def test_acting_as_sets_clears_and_restores_the_role(monkeypatch) -> None:
+    from hebrus_flywheel.core.kafka.security import ROLE_ENV, acting_as
+
+    monkeypatch.setenv(ROLE_ENV, "trainer")
+    with acting_as("runtime"):
+        assert os.environ[ROLE_ENV] == "runtime"
+        with acting_as(None):
+            assert ROLE_ENV not in os.environ
+        assert os.environ[ROLE_ENV] == "runtime"
+    assert os.environ[ROLE_ENV] == "trainer"
+    with pytest.raises(ConfigError), acting_as("root"):
+        pass
+    assert os.environ[ROLE_ENV] == "trainer"
