@@ -15,7 +15,7 @@ from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.quarantine import SCHEMA as QUARANTINE_SCHEMA
-from hebrus_flywheel.streams.topics import CONSENT_TOPIC, TRANSCRIPTS_TOPIC, catalogue
+from hebrus_flywheel.streams.topics import CONSENT_TOPIC, TRANSCRIPTS_TOPIC
 from tests.support.consent import grant_owners
 from tests.support.sealing import CANARY, hits, owner_pseudonym, session_keys
 from tests.support.streams_harness import WorkerProcess, produce, producer, read_windows, wait_until
@@ -66,13 +66,7 @@ def _all_bytes(bootstrap: str, topic: str) -> tuple[bytes, list[Any]]:
 def test_sealed_capture_through_a_worker(topic_factory: Any, tmp_path: Path) -> None:
     pytest.importorskip("cramjam", reason="aiokafka needs cramjam to read lz4 batches")
     bootstrap = topic_factory.bootstrap
-    prefix = f"{topic_factory.prefix}sealed{uuid.uuid4().hex[:6]}."
-    topic_factory.create(catalogue(prefix))
-    topics = StreamTopics.from_prefix(prefix, "flywheel-streams")
-    full_app = prefix + "flywheel-streams"
-    topic_factory.track([topics.threads, topics.decisions, topics.ticks, topics.crashes,
-                         f"{full_app}-capture-state-changelog",
-                         f"{full_app}-dedup-state-changelog", f"{full_app}-__assignor-__leader"])
+    prefix, topics = topic_factory.streams_namespace("sealed", "flywheel-streams")
     kept, erased, old = (f"owner-{uuid.uuid4().hex[:8]}" for _ in range(3))
     grant_owners(bootstrap, [kept, erased, old], prefix=prefix)  # only sealing refuses here
     _publish(bootstrap, topics, [_spec(kept), _spec(erased)])

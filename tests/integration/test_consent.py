@@ -20,9 +20,8 @@ from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.consent_cli import consent_app
 from hebrus_flywheel.streams.processors.accounting import account
 from hebrus_flywheel.streams.processors.inspect import read_topic
-from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
-from hebrus_flywheel.streams.topics import catalogue, describe_topics
+from hebrus_flywheel.streams.topics import describe_topics
 from tests.support.consent import grant_owners, revoke_owners
 from tests.support.sealing import owner_pseudonym
 from tests.support.streams_harness import (
@@ -148,13 +147,7 @@ def test_default_publisher_reads_the_ledger_itself(topic_factory: Any) -> None:
 @pytest.mark.slow
 def test_streams_worker_quarantines_records_without_consent(topic_factory: Any,
                                                            tmp_path: Path) -> None:
-    prefix = f"{topic_factory.prefix}consent{uuid.uuid4().hex[:6]}."
-    topic_factory.create(catalogue(prefix))
-    topics = StreamTopics.from_prefix(prefix, "flywheel-streams")
-    full_app = prefix + "flywheel-streams"
-    topic_factory.track([topics.threads, topics.decisions, topics.ticks, topics.crashes,
-                         f"{full_app}-capture-state-changelog",
-                         f"{full_app}-dedup-state-changelog", f"{full_app}-__assignor-__leader"])
+    prefix, topics = topic_factory.streams_namespace("consent", "flywheel-streams")
     clock = ProducerClock()
     ok = list(thread_messages(ThreadSpec(owner="ok", thread="t1"), IDENTITY, clock))
     refused = list(thread_messages(ThreadSpec(owner="nobody", thread="t1"), IDENTITY, clock))
