@@ -26,13 +26,16 @@ from hebrus_flywheel.core.kafka.security import (
     is_embedded_bootstrap,
     role_properties_path,
 )
+from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, is_pseudonym
 from hebrus_flywheel.core.settings import KAFKA_CONFIG_ENV
 from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams.owner_seal import OwnerSealer
 from hebrus_flywheel.streams.processors.cli import processor_config
 from hebrus_flywheel.streams.processors.exceptions import WorkerError
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
 from hebrus_flywheel.streams.processors.topology import StreamTopics
+from hebrus_flywheel.streams.processors.window_seal import encode_window
 from tests.support.consent import consent_entries
 from tests.support.streams_synthetic import Message, encode_message
 
@@ -207,7 +210,16 @@ def expected_pipeline(messages: Iterable[Message], config: ProcessorConfig) -> L
 
 
 def window_pairs(windows: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
-    return {(w["window_id"], w["content_digest"]) for w in windows}
+    """``(window_id, content_digest)`` of each window as the stream worker writes it:
+    plaintext windows of the in-process chain (pseudonymous owners) are sealed first
+    with the session's key store, exactly as the worker seals them (deterministic), so
+    they compare with the decoded ``Window.v2`` records read back from the topics."""
+    out = set()
+    for window in windows:
+        if "token_ids" in window and is_pseudonym(str(window["owner"]), "o"):
+            _, window = encode_window(window, OwnerSealer(LocalOwnerKeyStore))
+        out.add((window["window_id"], window["content_digest"]))
+    return out
 
 
 def wait_until(
