@@ -29,7 +29,9 @@ from typing import Any
 
 from hebrus_flywheel.consumers.supersede import EraseError
 from hebrus_flywheel.core import kafka
-from hebrus_flywheel.streams.processors.common import SEP
+
+# one definition: erase must tombstone exactly the keys whose values the workers seal
+from hebrus_flywheel.streams.processors.state_seal import owner_of_key
 
 # streams.processors.app's CAPTURE_TABLE and DEDUP_TABLE (that module imports faust;
 # tests/unit/test_erasure.py checks the names agree)
@@ -48,18 +50,6 @@ def table_key(raw: bytes | None) -> str:
         if isinstance(text, str):
             return text
     return data.decode("utf-8", "replace")
-
-
-def owner_of_key(key: str) -> str | None:
-    """The owner a state key belongs to, or None for keys that hold no owner's state."""
-    kind, sep, rest = key.partition(SEP)
-    if not sep or kind not in ("h", "t", "o", "d", "s"):
-        return None
-    if kind == "s":  # s␟owner/thread
-        owner, slash, _ = rest.partition("/")
-        return owner if slash else None
-    owner, sep2, _ = rest.partition(SEP)  # ␟-joined instance id
-    return owner if sep2 else None
 
 
 def changelog_topics(target: kafka.KafkaTarget, prefix: str = "") -> list[str]:
