@@ -15,14 +15,16 @@ from typing import Any
 
 import pytest
 
+from hebrus_flywheel.core.kafka.security import acting_as
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.topology import StreamTopics
+from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.sealing import CaptureOpener
 from tests.support.consent import grant_owners
 from tests.support.java_runtime import java_skip_reason, run_java_producer
-from tests.support.sealing import CANARY, hits, session_keys, thread_key
+from tests.support.sealing import CANARY, hits, owner_pseudonym, session_keys, thread_key
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
@@ -71,34 +73,67 @@ def _capture(bootstrap: str, topic: str) -> list[Any]:
     return list(read_topic(bootstrap, topic))
 
 
+def _publish_python(bootstrap: str, topics: StreamTopics, raw: list[Any]) -> None:
+    """The same raw records through the Python publisher (as the runtime role)."""
+    config = PublisherConfig(bootstrap_servers=bootstrap, identities_topic=topics.identities,
+                             transcripts_topic=topics.transcripts,
+                             observations_topic=topics.observations,
+                             consent_topic=topics.consent)
+    with acting_as("runtime"), RuntimePublisher(config) as publisher:
+        for kind, _, record in raw:
+            publish = {"identities": publisher.publish_identity,
+                       "transcripts": publisher.publish_turn,
+                       "observations": publisher.publish_observation}[kind]
+            assert publish(record)
+        assert publisher.flush(60) == 0
+        assert publisher.stats().delivered == len(raw)
+
+
+def _worker(bootstrap: str, prefix: str, tmp_path: Path, tag: str) -> WorkerProcess:
+    return WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID,
+                         log_path=tmp_path / f"worker-{tag}.log", flags=FLAGS,
+                         home=tmp_path / f"home-{tag}").start()
+
+
+def _by_id(windows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {w["window_id"]: w for w in windows}
+
+
 def test_java_records_become_the_python_publishers_windows(topic_factory: Any,
                                                            tmp_path: Path) -> None:
+    """The same synthetic threads published by the Java producer (one namespace) and by
+    the Python publisher (another) become the same windows, record for record, in two
+    real stream workers: the set the in-process chain predicts, nothing quarantined."""
     pytest.importorskip("cramjam", reason="aiokafka needs cramjam to read lz4 batches")
     bootstrap = topic_factory.bootstrap
-    prefix, topics = _namespace(topic_factory, "java")
+    java_prefix, java_topics = _namespace(topic_factory, "java")
+    py_prefix, py_topics = _namespace(topic_factory, "jpy")
     specs = random_specs(6, n_owners=4, seed=16, assistant_tokens=20)
-    # what the in-process chain makes of the same records sealed by the Python side:
-    # the windows of the Python publisher's test (pseudonymous ids, session key store)
     expected = window_pairs(expected_pipeline(_messages(specs, raw_ids=False),
                                               worker_processor_config(FLAGS)).windows)
     raw = _messages(specs, raw_ids=True)
-    grant_owners(bootstrap, {s.owner for s in specs}, prefix=prefix)
+    for prefix in (java_prefix, py_prefix):
+        grant_owners(bootstrap, {s.owner for s in specs}, prefix=prefix)
 
-    stats = run_java_producer(bootstrap, prefix, raw, tmp_path)
+    stats = run_java_producer(bootstrap, java_prefix, raw, tmp_path)
     assert stats == {"enqueued": len(raw), "delivered": len(raw), "failed": 0,
                      "refused_no_consent": 0, "first_error": None}
+    _publish_python(bootstrap, py_topics, raw)
 
-    worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID,
-                           log_path=tmp_path / "worker.log", flags=FLAGS,
-                           home=tmp_path / "home").start()
+    workers = [_worker(bootstrap, java_prefix, tmp_path, "java"),
+               _worker(bootstrap, py_prefix, tmp_path, "python")]
     try:
-        wait_until(lambda: window_pairs(read_windows(bootstrap, topics)) >= expected,
-                   timeout_s=180, what="every window the Python publisher's records make")
+        for topics in (java_topics, py_topics):
+            wait_until(lambda t=topics: window_pairs(read_windows(bootstrap, t)) >= expected,
+                       timeout_s=180, what=f"every expected window on {topics.prefix}")
     finally:
-        worker.stop()
-    assert window_pairs(read_windows(bootstrap, topics)) == expected
-    assert len(expected) >= len(specs)
-    assert _capture(bootstrap, topics.quarantine) == []
+        for worker in workers:
+            worker.stop()
+    java_windows = read_windows(bootstrap, java_topics)
+    assert window_pairs(java_windows) == expected and len(expected) >= len(specs)
+    assert _by_id(java_windows) == _by_id(read_windows(bootstrap, py_topics))
+    for topics in (java_topics, py_topics):
+        assert _capture(bootstrap, topics.quarantine) == []
 
 
 def test_java_wire_format_matches_the_python_codec(topic_factory: Any, tmp_path: Path) -> None:
@@ -159,3 +194,30 @@ def test_java_producer_refuses_owners_without_consent(topic_factory: Any,
     keys = {m.key() for t in (topics.transcripts, topics.observations)
             for m in _capture(bootstrap, t)}
     assert keys == {thread_key(granted, "t")}
+
+
+def test_java_producer_follows_the_key_store_contract(topic_factory: Any, tmp_path: Path) -> None:
+    """The Java producer shares the Python key store: after an erasure's tombstone it
+    seals under a fresh generation (highest destroyed + 1), never the destroyed one, and
+    what it seals opens with the key the Python store reads back."""
+    bootstrap = topic_factory.bootstrap
+    prefix, topics = _namespace(topic_factory, "javak")
+    owner = f"owner-{uuid.uuid4().hex[:8]}"
+    store = session_keys()
+    pseudonym = owner_pseudonym(owner)
+    assert store.data_key(pseudonym, create=True).generation == 0
+    assert store.destroy(pseudonym).generations == (0,)
+    spec = ThreadSpec(owner=owner, thread="t", turns=(("user", 3), ("assistant", 3)))
+    raw = _messages([spec], raw_ids=True)
+    grant_owners(bootstrap, [owner], prefix=prefix)
+    assert run_java_producer(bootstrap, prefix, raw, tmp_path)["delivered"] == len(raw)
+    generations = {codec.decode_message(m.value(), m.headers())[1]["key_generation"]
+                   for t in (topics.transcripts, topics.observations)
+                   for m in _capture(bootstrap, t)}
+    assert generations == {1}
+    assert store.data_key(pseudonym).generation == 1
+    assert store.destroyed_generations(pseudonym) == (0,)
+    opener = CaptureOpener(store)
+    for m in _capture(bootstrap, topics.transcripts):
+        schema, record = codec.decode_message(m.value(), m.headers())
+        assert opener.open(str(schema), record)["owner"] == pseudonym
