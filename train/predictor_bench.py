@@ -40,6 +40,8 @@ from hebrus_flywheel.train.predictors import (
     PlattCalibration,
     Predictor,
     PredictorSpec,
+    calibration_candidates,
+    candidate_pairs,
     fit_platt,
 )
 
@@ -244,8 +246,9 @@ def train_one(spec: PredictorSpec, train: Rows, validation: Rows, gate: GateWeig
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
             best.offer(model, step + 1)
     chosen = best.model(model)
-    calibration = fit_platt(_scores(chosen, best.source, best.prior),
-                            torch.from_numpy(best.targets))
+    calibration = fit_platt(*candidate_pairs(
+        _scores(chosen, best.source, best.prior), torch.from_numpy(best.targets),
+        calibration_candidates(best.targets.shape[1], expert_count)))
     return Trained(spec=spec, model=chosen, calibration=calibration,
                    seconds=round(time.perf_counter() - started, 2), best_step=best.steps())
 
