@@ -144,3 +144,26 @@ def test_train_a_gate_prior_predictor_with_the_teacher_and_evaluate_it(
     # it starts at the native gate (which finds the planted routes) and keeps its best
     assert recall["native_gate"] > 0.99 and recall["plm-gate"] >= recall["native_gate"] - 0.01
     assert report["offline"]["features"] == {"plm-gate": "pre_attention+gate_logits"}
+
+
+def test_the_shadow_simulator_gets_the_native_gate_control(
+        teacher_snapshot: tuple[PlantedSnapshot, dict[str, Any]], teacher_dir: Path) -> None:
+    """Gate 6's control: the teacher's router ranks the same rows the candidate ranks."""
+    import numpy as np
+
+    from hebrus_flywheel.train.data import Snapshot
+    from hebrus_flywheel.train.predictor_data import load_rows
+    from hebrus_flywheel.train.qualify.collect_model import HoldoutRows, native_gate_ranked
+
+    snapshot, _ = teacher_snapshot
+    rows = load_rows(Snapshot(snapshot.directory), "validation")
+    L = PLANTED.layers
+    n = len(rows) // L
+    holdout = HoldoutRows(features_NLD=rows.feature_ND.reshape(n, L, -1),
+                          routes_NLK=rows.target_NK.reshape(n, L, -1),
+                          sequence_N=np.zeros(n, np.int64), ordinal_N=np.arange(n),
+                          threads=("t",))
+    ranked = native_gate_ranked(snapshot.directory, teacher_dir, holdout, 16)
+    assert ranked.shape == (n, L, 16)
+    hits = (ranked[..., :10, None] == holdout.routes_NLK[..., None, :]).any(-1).mean()
+    assert hits > 0.99
