@@ -6,8 +6,10 @@ top-10, D = H = 64; no broker, see ``tests/support/planted.py``), then in one ru
 * ``loader_rows_per_s``: (token, layer) rows per second that the snapshot dataset
   delivers through its DataLoader alone (shard verification, Parquet decoding,
   shuffling, batching), over an endless training stream like the trainer's;
-* ``trainer_rows_per_s``: rows per second consumed by optimisation steps of the default
-  sidecar (forward, loss, backward, AdamW) on batches already in memory;
+* ``trainer_rows_per_s``: rows per second consumed by optimisation steps of the model
+  (forward, loss, backward, AdamW) on batches already in memory: the default sidecar,
+  or with ``--model per_layer_mlp --gate-prior`` a predictor of the ablation (its gate
+  prior reads the planted router, as a trained one reads the teacher's);
 * ``end_to_end_rows_per_s``: the trainer fed by the loader (both share the CPU here);
 * ``loader_to_trainer_ratio``: the first over the second. Goal (reported, not enforced):
   >= 5, the design note's falsifier 10 (the GPUs must not wait for feature shards).
@@ -19,6 +21,7 @@ one measurement several-fold.
 Figures vary with the machine and its load; this is not a test.
 
     .venv/bin/python bench/train.py [--threads 64 --tokens 64 --workers 1 --rounds 3]
+        [--model per_layer_mlp --gate-prior --width 64]
 """
 
 from __future__ import annotations
@@ -118,7 +121,20 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="trainer threads; 1 is stable on a shared 2-core machine, where "
                         "two OpenMP threads swing several-fold with other load; 0: torch's")
+    parser.add_argument("--model", default="sidecar", help="model.architecture: sidecar, "
+                        "per_layer_mlp, shared_lowrank or gate_adapter")
+    parser.add_argument("--gate-prior", action="store_true", help="model.gate_prior")
+    parser.add_argument("--width", type=int, default=64, help="model.rank (predictor width)")
     return parser.parse_args()
+
+
+def gate_arrays(planted: Any) -> tuple[Any, Any, Any]:
+    """The planted router, the lift of the stored features and the gain."""
+    import numpy as np
+
+    lift = np.linalg.pinv(planted.projection.matrix_HD.astype(np.float64))
+    return (planted.router_LEH.astype(np.float32), lift.astype(np.float32),
+            planted.gain_LH.astype(np.float32))
 
 
 def main() -> None:
@@ -126,7 +142,7 @@ def main() -> None:
     import torch
 
     from hebrus_flywheel.train import ddp
-    from hebrus_flywheel.train.config import DataOptions, TrainConfig
+    from hebrus_flywheel.train.config import DataOptions, ModelOptions, TrainConfig
     from hebrus_flywheel.train.data import Snapshot
     from hebrus_flywheel.train.trainer import Trainer
 
@@ -134,11 +150,17 @@ def main() -> None:
         torch.set_num_threads(args.torch_threads)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         planted = build(Path(tmp), args)
-        config = TrainConfig(data=DataOptions(batch_size=args.batch_size,
-                                              num_workers=args.workers))
+        model = ModelOptions(architecture=args.model, gate_prior=args.gate_prior,
+                             rank=args.width) if args.model != "sidecar" else ModelOptions()
+        config = TrainConfig(model=model, data=DataOptions(batch_size=args.batch_size,
+                                                           num_workers=args.workers))
         trainer = Trainer(Snapshot(planted.directory), Path(tmp) / "ckpt", config,
-                          ddp.init_distributed("cpu"))
-        shape = {"batch_rows": args.batch_size, "layers": args.layers, "experts": 512,
+                          ddp.init_distributed("cpu"),
+                          gate_arrays(planted) if model.needs_teacher else None)
+        name = args.model + ("+gate_prior" if args.gate_prior else "") + (
+            f"@{args.width}" if args.model != "sidecar" else "")
+        shape = {"model": name, "batch_rows": args.batch_size, "layers": args.layers,
+                 "experts": 512,
                  "feature_dim": 64, "workers": args.workers,
                  "torch_threads": torch.get_num_threads(), "rounds": args.rounds}
         loaders, trainers = [], []

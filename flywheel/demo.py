@@ -262,12 +262,31 @@ def _print_lines(tag: str, lines: list[str]) -> None:
         print("   ", line)
 
 
+def _chosen_predictor(ctx: DemoContext) -> dict[str, Any]:
+    """The same-layer predictor the ablation chose on validation (never a holdout)."""
+    summary = json.loads((ctx.run_dir / "predictor-summary.json").read_text())
+    best = (summary["goal"].get("same_layer") or {}).get("best_learned")
+    if best is None:
+        raise FlywheelError("the predictor ablation chose no same-layer model; see "
+                            f"{ctx.run_dir / 'predictor-report.md'}")
+    return {"name": best, **summary["training"][best]["spec"]}
+
+
 def _stage_train(ctx: DemoContext) -> None:
+    """Train, save and (later) qualify the predictor the ablation chose on validation."""
+    from hebrus_flywheel.train.predictor_bench import TRAIN_TOML, train_arguments
+
+    chosen = _chosen_predictor(ctx)
+    ctx.results["trained_predictor"] = chosen
+    config = ctx.run_dir / "train.toml"
+    atomic_write_text(config, TRAIN_TOML)
     ctx.checkpoint_dir = ctx.run_dir / "checkpoint"
     steps = os.environ.get("FLYWHEEL_DEMO_TRAIN_STEPS", "600")
+    print(f"[train] the ablation's choice on validation: {chosen['name']}")
     lines = _flywheel("train", "--snapshot", str(ctx.snapshot_dir), "--out",
                       str(ctx.checkpoint_dir), "--max-steps", steps, "--no-progress",
-                      log_name="train", ctx=ctx)
+                      "--config", str(config), "--teacher", str(ctx.teacher_dir),
+                      *train_arguments(chosen), log_name="train", ctx=ctx)
     _print_lines("train", lines[-6:])
 
 
@@ -282,8 +301,10 @@ def _stage_evaluate(ctx: DemoContext) -> None:
 
 def _stage_predictors(ctx: DemoContext) -> None:
     steps = os.environ.get("FLYWHEEL_DEMO_PREDICTOR_STEPS", "300")
+    widths = os.environ.get("FLYWHEEL_DEMO_PREDICTOR_WIDTHS", "32,64,128").split(",")
     lines = _flywheel("predictors", "--snapshot", str(ctx.snapshot_dir), "--teacher",
                       str(ctx.teacher_dir), "--out", str(ctx.run_dir), "--steps", steps,
+                      *(a for w in widths for a in ("--width", w.strip())),
                       log_name="predictors", ctx=ctx)
     ctx.results["predictor_figures"] = str(ctx.run_dir / "predictor-figures.jsonl")
     _print_lines("predictors", lines)
@@ -349,9 +370,9 @@ STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("streams", _stage_streams),
     ("replay", _stage_replay),
     ("rebuild", _stage_rebuild),
+    ("predictors", _stage_predictors),  # the ablation chooses on validation what to train
     ("train", _stage_train),
     ("evaluate", _stage_evaluate),
-    ("predictors", _stage_predictors),
     ("erasure", _stage_erasure_drill),
     ("qualify", _stage_qualify),
 ]

@@ -1,8 +1,8 @@
-"""Sidecar checkpoints that carry their lineage.
+"""Route-model checkpoints that carry their lineage.
 
 A checkpoint directory holds::
 
-    checkpoint.pt    torch.save of {format, model_config, state_dict, lineage}
+    checkpoint.pt    torch.save of {format, model_kind, model_config, state_dict, lineage}
     lineage.json     the same lineage, readable without torch
     history.jsonl    one line per validation (written by the trainer)
 
@@ -12,8 +12,12 @@ only valid for features made the same way), the full training config and seed, t
 version (package version, git commit and whether the tree was dirty, torch version), the
 world size and the training outcome. ``checkpoint_id`` is the SHA-256 of the canonical
 lineage and the parameter bytes, so the same seed, data and code give the same id.
-Files are written through a fsynced temporary name and renamed
-(:mod:`hebrus_flywheel.core.files`), so a crash leaves the previous checkpoint intact.
+``model_kind`` is ``route_sidecar`` (:class:`train.models.RouteSidecar`; the default of
+checkpoints written before it existed) or ``route_predictor``
+(:class:`train.predictor_model.RoutePredictor`, whose state holds the teacher's routers
+it leans on and its validation-fitted calibration). Files are written through a
+fsynced temporary name and renamed (:mod:`hebrus_flywheel.core.files`), so a crash
+leaves the previous checkpoint intact.
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import atomic_write, atomic_write_json, make_dirs
 from hebrus_flywheel.core.jsonio import canonical_json
 from hebrus_flywheel.train.exceptions import CheckpointError
-from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig
+from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig, membership_probability
+from hebrus_flywheel.train.predictor_model import MODEL_KIND, PredictorConfig, RoutePredictor
 
 CHECKPOINT_FORMAT = "hebrus-flywheel-sidecar/v1"
+SIDECAR_KIND = "route_sidecar"
 CHECKPOINT_FILE = "checkpoint.pt"
 LINEAGE_FILE = "lineage.json"
 HISTORY_FILE = "history.jsonl"
@@ -75,7 +81,7 @@ def checkpoint_id(state_dict: Mapping[str, torch.Tensor], lineage: Mapping[str, 
     return digest.hexdigest()
 
 
-def save_checkpoint(directory: Path, config: SidecarConfig,
+def save_checkpoint(directory: Path, config: SidecarConfig | PredictorConfig,
                     state_dict: Mapping[str, torch.Tensor],
                     lineage: Mapping[str, Any]) -> dict[str, Any]:
     """Write ``checkpoint.pt`` and ``lineage.json``; returns the lineage with its id."""
@@ -83,14 +89,16 @@ def save_checkpoint(directory: Path, config: SidecarConfig,
     state = {k: v.detach().cpu() for k, v in state_dict.items()}
     plain = json.loads(json.dumps(dict(lineage)))
     plain["checkpoint_id"] = checkpoint_id(state, plain)
-    payload = {"format": CHECKPOINT_FORMAT, "model_config": _config_dict(config),
+    kind = MODEL_KIND if isinstance(config, PredictorConfig) else SIDECAR_KIND
+    payload = {"format": CHECKPOINT_FORMAT, "model_kind": kind,
+               "model_config": _config_dict(config),
                "state_dict": state, "lineage": plain}
     atomic_write(directory / CHECKPOINT_FILE, lambda handle: torch.save(payload, handle))
     atomic_write_json(directory / LINEAGE_FILE, plain)
     return plain
 
 
-def _config_dict(config: SidecarConfig) -> dict[str, Any]:
+def _config_dict(config: SidecarConfig | PredictorConfig) -> dict[str, Any]:
     return json.loads(json.dumps(asdict(config)))
 
 
@@ -98,13 +106,20 @@ def _config_dict(config: SidecarConfig) -> dict[str, Any]:
 class LoadedCheckpoint:
     """A model restored from a checkpoint, in eval mode, and its lineage."""
 
-    model: RouteSidecar
+    model: RouteSidecar | RoutePredictor
     lineage: dict[str, Any]
     path: Path
 
     @property
     def method(self) -> str:
         return str(self.lineage.get("method", "sidecar"))
+
+    def probabilities(self, scores_BE: torch.Tensor, head: int = 0) -> torch.Tensor:
+        """Membership probabilities of one head's scores: the predictor's fitted
+        calibration, the sidecar's plain sigmoid (its loss calibrates it)."""
+        if isinstance(self.model, RoutePredictor):
+            return self.model.probabilities(scores_BE, head)
+        return membership_probability(scores_BE)
 
 
 def resolve(path: Path) -> Path:
@@ -130,10 +145,21 @@ def load_checkpoint(path: Path, *, device: str | torch.device = "cpu") -> Loaded
         raise CheckpointError(f"{file}: parameters or lineage do not match checkpoint id "
                               f"{lineage.get('checkpoint_id')}; the file was altered")
     try:
-        config = SidecarConfig(**{**payload["model_config"], "offsets": tuple(
-            tuple(o) for o in payload["model_config"]["offsets"])})
-        model = RouteSidecar(config).to(device)
+        model = _build(payload).to(device)
         model.load_state_dict(payload["state_dict"])
     except (TypeError, ConfigError, RuntimeError) as exc:
         raise CheckpointError(f"{file}: model config or parameters do not fit: {exc}") from exc
     return LoadedCheckpoint(model=model.eval(), lineage=lineage, path=file)
+
+
+def _build(payload: dict[str, Any]) -> RouteSidecar | RoutePredictor:
+    """An empty model of the payload's kind and config (its state is loaded next)."""
+    kind = payload.get("model_kind", SIDECAR_KIND)
+    fields = {**payload["model_config"], "offsets": tuple(
+        tuple(o) for o in payload["model_config"]["offsets"])}
+    if kind == SIDECAR_KIND:
+        return RouteSidecar(SidecarConfig(**fields))
+    if kind == MODEL_KIND:
+        config = PredictorConfig(**fields)
+        return RoutePredictor(config, RoutePredictor.empty_gate(config))
+    raise ConfigError(f"unknown model kind {kind!r}")

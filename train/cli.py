@@ -99,20 +99,37 @@ def train_command(
                                          help="Progress bar (default: the config's)."),
     resume: Path | None = typer.Option(None, "--resume", help="Start from this checkpoint's "
                                        "parameters (refused when an erasure tainted it)."),
+    model: str | None = typer.Option(None, "--model", help="model.architecture: sidecar, "
+                                     "per_layer_mlp, shared_lowrank or gate_adapter."),
+    gate_prior: bool | None = typer.Option(None, "--gate-prior/--no-gate-prior",
+                                           help="model.gate_prior (needs --teacher)."),
+    width: int | None = typer.Option(None, "--width", help="model.rank: the predictor's "
+                                     "width (the sidecar's low-rank width)."),
+    method: str | None = typer.Option(None, "--method", help="Name of the learned method "
+                                      "in evaluation and qualification."),
+    lr: float | None = typer.Option(None, "--lr", help="optim.lr (and optim.min_lr = lr/10)."),
+    eval_every: int | None = typer.Option(None, "--eval-every",
+                                          help="Override schedule.eval_every."),
+    teacher: Path | None = typer.Option(None, "--teacher", help="The snapshot's teacher: its "
+                                        "routers, for a gate prior or a gate adapter."),
     bootstrap: str | None = _BOOTSTRAP,
     no_consent_ledger: bool = _NO_LEDGER,
 ) -> None:
-    """Train a route sidecar on a snapshot's train split (DDP under torchrun)."""
+    """Train a route sidecar or predictor on a snapshot's train split (DDP under torchrun)."""
     declare_role("trainer")
     from hebrus_flywheel.train.config import load_config
     from hebrus_flywheel.train.trainer import train
 
     settings = _overrides(load_config(config), seed=seed, device=device, threads=threads,
-                          optim__max_steps=max_steps, data__batch_size=batch_size,
-                          data__num_workers=workers, schedule__progress=progress)
+                          method=method, optim__max_steps=max_steps, optim__lr=lr,
+                          optim__min_lr=None if lr is None else lr / 10,
+                          data__batch_size=batch_size, data__num_workers=workers,
+                          schedule__progress=progress, schedule__eval_every=eval_every,
+                          model__architecture=model, model__gate_prior=gate_prior,
+                          model__rank=width)
     consent = consent_source(snapshot, bootstrap, no_consent_ledger)
     result = train(snapshot, out, settings, expected_id=snapshot_id, resume=resume,
-                   consent=consent)
+                   consent=consent, teacher_dir=teacher)
     if int(os.environ.get("RANK", "0")) == 0:
         _print_consent(result.lineage.get("snapshot", {}).get("consent") or {})
         outcome = result.lineage.get("training", {})

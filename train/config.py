@@ -47,6 +47,11 @@ CONTROL_NAMES: tuple[str, ...] = ("random", "frequency", "lru", "previous_token"
 """Method names the evaluation gives the training-free controls."""
 
 
+MODEL_ARCHITECTURES: tuple[str, ...] = ("sidecar", "per_layer_mlp", "shared_lowrank",
+                                        "gate_adapter")
+"""``ModelOptions.architecture`` values (the last three: :data:`train.predictors.ARCHITECTURES`)."""
+
+
 def _positive(owner: str, names: tuple[str, ...], obj: Any) -> None:
     for name in names:
         value = getattr(obj, name)
@@ -56,20 +61,30 @@ def _positive(owner: str, names: tuple[str, ...], obj: Any) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelOptions:
-    """The sidecar's capacity and head; D, L and E are read from the snapshot."""
+    """The model's architecture, capacity and heads; D, L and E are read from the snapshot."""
+
+    architecture: str = "sidecar"
+    """``sidecar``: the shared low-rank route sidecar (:class:`train.models.RouteSidecar`);
+    or a predictor of the ablation (:mod:`train.predictor_model`): ``per_layer_mlp``
+    (two linear layers per source layer), ``shared_lowrank`` or ``gate_adapter`` (the
+    latter two and a gate prior need the teacher: ``flywheel train --teacher``)."""
+    gate_prior: bool = False
+    """Predictors only: add the target layer's native-gate logits, scaled per layer, and
+    learn the residual (needs the teacher's routers)."""
 
     offsets: tuple[tuple[int, int], ...] = ((0, 0),)
     """``(dposition, dlayer)`` targets of one feature. Clean-path snapshots hold the same
     token's routes, so ``dposition`` must be 0: ``[[0, 0]]`` (own layer) or
     ``[[0, 0], [0, 1]]`` (P1). Evaluation scores the ``(0, 0)`` head."""
     rank: int = 64
-    """R: low-rank trunk and expert-embedding width."""
+    """R: low-rank trunk and expert-embedding width; for predictors, their width (MLP
+    width of ``per_layer_mlp``, low-rank width of ``shared_lowrank``)."""
     hidden: int = 256
-    """H: conditioning-MLP width."""
+    """H: conditioning-MLP width (sidecar only)."""
     dropout: float = 0.0
-    """Dropout inside the conditioning MLP, in [0, 1)."""
+    """Dropout inside the conditioning MLP, in [0, 1) (sidecar only)."""
     layer_expert_bias: bool = True
-    """Learn a per-(layer, expert) popularity bias."""
+    """Learn a per-(layer, expert) popularity bias (sidecar only)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "offsets", tuple(tuple(o) for o in self.offsets))
@@ -83,6 +98,20 @@ class ModelOptions:
         if (0, 0) not in self.offsets:
             raise ConfigError("ModelOptions.offsets must include [0, 0]: evaluation and "
                               "validation score the feature's own layer")
+        if self.architecture not in MODEL_ARCHITECTURES:
+            raise ConfigError(f"ModelOptions.architecture must be one of "
+                              f"{MODEL_ARCHITECTURES}, got {self.architecture!r}")
+        if self.gate_prior and self.architecture not in ("per_layer_mlp", "shared_lowrank"):
+            raise ConfigError("ModelOptions.gate_prior applies to per_layer_mlp and "
+                              f"shared_lowrank only, not {self.architecture!r}")
+        if self.architecture != "sidecar" and any(o[1] > 1 for o in self.offsets):
+            raise ConfigError(f"ModelOptions.offsets {self.offsets!r}: predictors have an own-"
+                              "layer head and at most the P1 head [0, 1]")
+
+    @property
+    def needs_teacher(self) -> bool:
+        """Whether the model reads the teacher's routers (gate prior or gate adapter)."""
+        return self.gate_prior or self.architecture == "gate_adapter"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,7 +51,6 @@ from hebrus_flywheel.train.metrics import (
     MetricsAccumulator,
     MetricsConfig,
 )
-from hebrus_flywheel.train.models import membership_probability
 
 log = logging.getLogger(__name__)
 REPORT_SCHEMA = "flywheel.train.evaluation.v1"
@@ -248,10 +247,12 @@ class Evaluation:
             scores["native_gate"] = self.gate.scores(batch["feature_BD"], batch["layer_B"])
         with torch.no_grad():
             model_BOE = self.checkpoint.model(batch["feature_BD"].float(), batch["layer_B"])
-        own_BE = model_BOE[:, self.checkpoint.model.config.offsets.index((0, 0))]
+        own = self.checkpoint.model.config.offsets.index((0, 0))
+        own_BE = model_BOE[:, own]
         for name, acc in self.accumulators.items():
             if name == self.checkpoint.method:
-                acc.update(scores_BE=own_BE, membership_prob_BE=membership_probability(own_BE),
+                acc.update(scores_BE=own_BE,
+                           membership_prob_BE=self.checkpoint.probabilities(own_BE, own),
                            **common)
             else:
                 acc.update(scores_BE=scores[name], **common)
@@ -266,7 +267,7 @@ class Evaluation:
         self.auxiliary.update(
             target_ids_BK=batch["offset_target_ids_BOK"][:, head][valid_B],
             layer_B=batch["layer_B"][valid_B] + 1, scores_BE=next_BE[valid_B],
-            membership_prob_BE=membership_probability(next_BE[valid_B]),
+            membership_prob_BE=self.checkpoint.probabilities(next_BE[valid_B], head),
             split_B=np.asarray(batch["split"], dtype=object)[pick],
             domain_B=np.asarray(batch["domain"], dtype=object)[pick],
             thread_B=np.asarray(batch["thread"], dtype=object)[pick],
@@ -326,10 +327,18 @@ def evaluate(snapshot_path: Path, checkpoint_path: Path, config: EvaluateConfig,
         "frequency_fit": {"split": TRAIN_SPLIT, "rows": run.frequency.rows},
         "native_gate": None if router is None else {"source": router.source},
         "skipped": run.skipped,
-        "offline": {"candidate": method, "features": {method: "pre_attention"},
+        "offline": {"candidate": method, "features": {method: model_features(checkpoint)},
                     "results": [acc.result() for acc in run.accumulators.values()]},
         "auxiliary": [] if run.auxiliary is None else [run.auxiliary.result()],
     }
+
+
+def model_features(checkpoint: LoadedCheckpoint) -> str:
+    """What the learned model reads: the stored pre-attention feature, plus the
+    teacher's routers for a gate-prior predictor or a gate adapter."""
+    config = checkpoint.model.config
+    spec = getattr(config, "spec", None)
+    return "pre_attention" if spec is None else str(spec(0).features)
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:

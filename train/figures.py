@@ -82,8 +82,10 @@ def _group_lines(node: dict[str, Any], base: dict[str, Any], top_k: int,
 
 
 def result_lines(result: dict[str, Any], *, kind: str, target: str, expert_bytes: int,
-                 features: str = "", groups: bool = True) -> list[dict[str, Any]]:
-    """Figure lines of one :meth:`~train.metrics.MetricsAccumulator.result`."""
+                 features: str = "", groups: bool = True,
+                 width: int | None = None) -> list[dict[str, Any]]:
+    """Figure lines of one :meth:`~train.metrics.MetricsAccumulator.result`; a learned
+    model's lines also carry its ``width`` (the ablation's width axis)."""
     if kind not in KINDS or target not in TARGETS:
         raise ConfigError(f"kind must be one of {KINDS} and target one of {TARGETS}, "
                           f"got {kind!r}, {target!r}")
@@ -91,7 +93,7 @@ def result_lines(result: dict[str, Any], *, kind: str, target: str, expert_bytes
     lines: list[dict[str, Any]] = []
     for split, node in result["splits"].items():
         base = {"model": result["method"], "kind": kind, "target": target, "split": split,
-                "features": features}
+                "features": features, **({} if width is None else {"width": width})}
         lines += _group_lines(node["overall"], {**base, "group": "overall"}, top_k,
                               expert_bytes)
         if not groups:

@@ -9,8 +9,13 @@ candidates (ties broken by the lower expert id):
 * ``rr_first``: ``1 / r`` with ``r`` the 1-based rank of the best-ranked native expert
   (classic reciprocal rank); ``rr_top1``: ``1 / r`` of the native rank-0 expert. Both
   are 0 when the expert is absent from a candidate list and 1 for a perfect ranking.
-* ``calibration``: ECE over every (row, expert) membership probability, with a
-  reliability table of equal-width bins (only when probabilities are given).
+* ``calibration``: ECE of candidate membership (only when probabilities are given):
+  for each row's ``C_cal`` best-ranked candidates (``MetricsConfig.calibration_candidates``,
+  default ``2K``: the predicted top-k set and the nearest misses, i.e. the set's
+  boundary), the predicted probability that the candidate is in the native top-k set
+  against whether it is; equal-width bins, ``ECE = sum_bins |members - sum p| / pairs``,
+  with the reliability table. (Over every (row, expert) pair the ECE would be tiny by
+  construction: most of the E experts are confidently out.)
 * ``union_growth``: mean number of unique experts per layer over windows of
   ``w = 1..W`` consecutive tokens of one thread, from the targets and from the top-b
   predictions (the bytes a block of w tokens would fetch). Needs thread and ordinal.
@@ -104,6 +109,9 @@ class MetricsConfig:
     """Candidate budgets for recall/precision; clipped to E and deduplicated."""
     calibration_bins: int = 10
     """Equal-width probability bins of the ECE reliability table."""
+    calibration_candidates: int = 0
+    """Best-ranked candidates per row whose top-k membership the ECE judges; 0 means
+    ``2 * top_k`` (clipped to E)."""
     union_max_window: int = 8
     """Largest token window W of route-union growth; 0 turns union growth off."""
 
@@ -118,6 +126,14 @@ class MetricsConfig:
             raise ConfigError(f"MetricsConfig.budgets must be positive, got {self.budgets!r}")
         if self.union_max_window < 0:
             raise ConfigError("MetricsConfig.union_max_window must be >= 0 (0 = off)")
+        if isinstance(self.calibration_candidates, bool) or self.calibration_candidates < 0:
+            raise ConfigError("MetricsConfig.calibration_candidates must be >= 0 (0 = 2k), "
+                              f"got {self.calibration_candidates!r}")
+
+    @property
+    def calibration_width(self) -> int:
+        """Candidates per row of the ECE (see the module doc)."""
+        return min(self.calibration_candidates or 2 * self.top_k, self.expert_count)
 
     @property
     def effective_budgets(self) -> tuple[int, ...]:
@@ -145,18 +161,23 @@ def _reciprocal_rank(hit_BC: np.ndarray) -> np.ndarray:
     return np.where(hit_BC.any(axis=1), 1.0 / (first_B + 1), 0.0)
 
 
-def reliability_counts(prob_BE: np.ndarray, target_ids_BK: np.ndarray,
-                       bins: int) -> np.ndarray:
-    """Per-row ``(B, 3, bins)``: count, probability sum and member count of each bin."""
+def reliability_counts(prob_BE: np.ndarray, target_ids_BK: np.ndarray, bins: int,
+                       candidates_BC: np.ndarray | None = None) -> np.ndarray:
+    """Per-row ``(B, 3, bins)``: count, probability sum and member count of each bin, over
+    the experts ``candidates_BC`` of each row (every expert when None)."""
     B, E = prob_BE.shape
     if not np.isfinite(prob_BE).all() or prob_BE.min() < 0 or prob_BE.max() > 1:
         raise BatchError("membership probabilities must be finite and within [0, 1]")
     member_BE = np.zeros((B, E))
     np.put_along_axis(member_BE, target_ids_BK, 1.0, axis=1)
+    if candidates_BC is not None:
+        prob_BE = np.take_along_axis(prob_BE, candidates_BC, axis=1)
+        member_BE = np.take_along_axis(member_BE, candidates_BC, axis=1)
+    C = prob_BE.shape[1]
     bin_BE = np.minimum((prob_BE * bins).astype(np.int64), bins - 1)
     flat_B = (np.arange(B)[:, None] * bins + bin_BE).ravel()
     out = np.zeros((3, B * bins))
-    for i, values in enumerate((np.ones(B * E), prob_BE.ravel(), member_BE.ravel())):
+    for i, values in enumerate((np.ones(B * C), prob_BE.ravel(), member_BE.ravel())):
         out[i] = np.bincount(flat_B, weights=values, minlength=B * bins)
     return out.reshape(3, B, bins).transpose(1, 0, 2)
 
@@ -238,7 +259,7 @@ class MetricsAccumulator:
         candidates = self._candidates(scores_BE, candidates_BC, B)
         per_row = row_metrics(candidates, targets_BK, self.budgets)
         values_BM = np.stack([per_row[name] for name in self.metric_names], axis=1)
-        calibration = self._calibration_counts(membership_prob_BE, targets_BK)
+        calibration = self._calibration_counts(membership_prob_BE, targets_BK, candidates)
         unions = None
         if self._union is not None and thread_B is not None and ordinal_B is not None:
             threads_B = _labels(as_numpy(thread_B), B, "thread")
@@ -275,7 +296,8 @@ class MetricsAccumulator:
             raise BatchError("a candidate list repeats an expert; rank each expert once")
         return candidates
 
-    def _calibration_counts(self, prob_BE: Any, targets_BK: np.ndarray) -> np.ndarray | None:
+    def _calibration_counts(self, prob_BE: Any, targets_BK: np.ndarray,
+                            candidates_BC: np.ndarray) -> np.ndarray | None:
         given = prob_BE is not None
         if self._with_probabilities not in (None, given):
             raise BatchError("membership probabilities must be given for every batch or none")
@@ -286,7 +308,12 @@ class MetricsAccumulator:
         if prob.shape != (targets_BK.shape[0], self.config.expert_count):
             raise BatchError(f"membership probabilities have shape {prob.shape}, expected "
                              f"({targets_BK.shape[0]}, {self.config.expert_count})")
-        return reliability_counts(prob, targets_BK, self.config.calibration_bins)
+        width = self.config.calibration_width
+        if candidates_BC.shape[1] < width:
+            raise BatchError(f"calibration needs the {width} best-ranked candidates per row, "
+                             f"got {candidates_BC.shape[1]}; give scores or more candidates")
+        return reliability_counts(prob, targets_BK, self.config.calibration_bins,
+                                  candidates_BC[:, :width])
 
     def _stats(self, split: str, dim: str, label: str) -> _Stats:
         key = (split, dim, label)
@@ -343,6 +370,7 @@ class MetricsAccumulator:
             "schema": RESULT_SCHEMA, "method": self.method,
             "config": {"expert_count": c.expert_count, "top_k": c.top_k,
                        "budgets": list(self.budgets), "calibration_bins": c.calibration_bins,
+                       "calibration_candidates": c.calibration_width,
                        "union_max_window": c.union_max_window},
             "splits": {},
         }

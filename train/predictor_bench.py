@@ -40,6 +40,8 @@ from hebrus_flywheel.train.predictors import (
     PlattCalibration,
     Predictor,
     PredictorSpec,
+    calibration_candidates,
+    candidate_pairs,
     fit_platt,
 )
 
@@ -244,8 +246,9 @@ def train_one(spec: PredictorSpec, train: Rows, validation: Rows, gate: GateWeig
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
             best.offer(model, step + 1)
     chosen = best.model(model)
-    calibration = fit_platt(_scores(chosen, best.source, best.prior),
-                            torch.from_numpy(best.targets))
+    calibration = fit_platt(*candidate_pairs(
+        _scores(chosen, best.source, best.prior), torch.from_numpy(best.targets),
+        calibration_candidates(best.targets.shape[1], expert_count)))
     return Trained(spec=spec, model=chosen, calibration=calibration,
                    seconds=round(time.perf_counter() - started, 2), best_step=best.steps())
 
@@ -362,28 +365,116 @@ def run_bench(snapshot: Snapshot, rows: dict[str, Rows], gate: GateWeights | Non
     for split in splits:
         score_split(board, rows[split], controls, trained, gate)
     results = board.results()
+    widths = {s.name: s.width for s in config.specs if s.architecture != "gate_adapter"}
     lines = [line for name, result in results.items() for line in result_lines(
         result, kind=board.kinds[name][0], target=board.kinds[name][1],
         features=board.kinds[name][2], expert_bytes=config.expert_bytes,
-        groups=config.layer_groups)]
+        groups=config.layer_groups, width=widths.get(name))]
     return {"splits": splits, "top_k": K, "budgets": list(literature_budgets(K)),
             "expert_bytes": config.expert_bytes, "results": results, "kinds": board.kinds,
             "lines": lines,
             "training": {t.spec.name: {"seconds": t.seconds, "features": t.spec.features,
-                                       "best_step": t.best_step,
+                                       "best_step": t.best_step, "spec": spec_fields(t.spec),
                                        "calibration": vars(t.calibration)} for t in trained},
             "goal": {t: goal_summary(results, board.kinds, K, t)
                      for t in ("same_layer", "next_layer")}}
 
 
+ECE_NOTE = ("ECE: of candidate membership: for each row's 2k best-ranked candidates, the "
+            "calibrated probability that the candidate is in the teacher's top-k set against "
+            "whether it is (10 equal-width bins; calibration fitted on validation only).")
+
+
+def spec_fields(spec: PredictorSpec) -> dict[str, Any]:
+    """A spec as plain JSON (``flywheel train --model ... --width ...`` takes these)."""
+    return {"architecture": spec.architecture, "gate_prior": spec.gate_prior,
+            "target_offset": spec.target_offset, "width": spec.width}
+
+
+TRAIN_TOML = """\
+# flywheel train of a predictor chosen by `flywheel predictors`: the bench's objective
+# (ranking terms only; calibration is fitted on validation after training)
+[loss]
+calibration_weight = 0.0
+"""
+
+
+def method_name(spec: dict[str, Any]) -> str:
+    """A plain method name for a spec: ``per_layer_mlp+gate_prior@64`` ->
+    ``per_layer_mlp-gate_prior-w64`` (evaluation and qualification tables)."""
+    base = spec["architecture"] + ("-gate_prior" if spec["gate_prior"] else "")
+    return ("p1_" if spec.get("target_offset") else "") + f"{base}-w{spec['width']}"
+
+
+def train_arguments(spec: dict[str, Any], config: BenchConfig | None = None) -> list[str]:
+    """``flywheel train`` flags that train ``spec`` (a same-layer spec of
+    :func:`spec_fields`) with the bench's learning rate, batch size and validation
+    cadence; pair them with ``--config`` of :data:`TRAIN_TOML`."""
+    config = config or BenchConfig()
+    if spec.get("target_offset"):
+        raise ConfigError(f"{method_name(spec)} predicts the next layer; flywheel train's "
+                          "checkpoint needs an own-layer head: pick a same-layer spec")
+    starts_at_control = spec["gate_prior"] or spec["architecture"] == "gate_adapter"
+    lr = config.lr * (config.prior_lr_factor if starts_at_control else 1.0)
+    return ["--model", spec["architecture"], "--width", str(spec["width"]),
+            "--gate-prior" if spec["gate_prior"] else "--no-gate-prior",
+            "--method", method_name(spec), "--lr", repr(lr),
+            "--batch-size", str(config.batch_size), "--eval-every", str(config.eval_every)]
+
+
+def _val(report: dict[str, Any], name: str) -> tuple[float, float]:
+    node = _overall(report["results"][name], "validation")
+    return (-1.0, -1.0) if node is None else (node["recall"][str(report["top_k"])],
+                                              node["exact_match"])
+
+
+def width_choice(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per (model, features, target) family: every width's validation recall@k and
+    exact@k, and the width chosen on validation only (recall, then exact)."""
+    families: dict[str, dict[str, Any]] = {}
+    for name, fields in report["training"].items():
+        spec = fields["spec"]
+        if spec["architecture"] == "gate_adapter":
+            continue  # no width: the adapter is the router's own shape
+        family = name.rsplit("@", 1)[0]
+        entry = families.setdefault(family, {"widths": {}})
+        entry["widths"][spec["width"]] = dict(zip(("recall", "exact"), _val(report, name),
+                                                  strict=True))
+    for entry in families.values():
+        entry["chosen_on_validation"] = max(
+            entry["widths"], key=lambda w: (entry["widths"][w]["recall"],
+                                            entry["widths"][w]["exact"], -w))
+    return families
+
+
+def width_lines(report: dict[str, Any]) -> list[str]:
+    """Markdown: the width axis of the ablation, per family, chosen on validation."""
+    k, choice = report["top_k"], report.get("widths") or {}
+    if not choice:
+        return []
+    widths = sorted({w for e in choice.values() for w in e["widths"]})
+    out = ["| model + features (target) | " + " | ".join(
+        f"val R@{k} / exact@{k} @{w}" for w in widths) + " | width chosen on validation |",
+        "|" + "---|" * (len(widths) + 2)]
+    for family, entry in choice.items():
+        cells = [("—" if (v := entry["widths"].get(w)) is None else
+                  f"{v['recall']:.3f} / {v['exact']:.3f}") for w in widths]
+        out.append(f"| {family} | " + " | ".join(cells)
+                   + f" | {entry['chosen_on_validation']} |")
+    return out
+
+
 def ablation_table(report: dict[str, Any]) -> list[str]:
-    """Markdown: model x features, recall@k / exact@k / ECE on validation and runtime."""
+    """Markdown: model x features x width, recall@k / exact@k / ECE on validation and
+    runtime holdout (ECE of candidate membership, see :mod:`train.metrics`)."""
     k = report["top_k"]
-    head = (f"| model | kind | target | features | val R@{k} | val exact@{k} | val ECE | "
-            f"rt R@{k} | rt exact@{k} | rt ECE |")
-    out = [head, "|" + "---|" * 10]
+    head = (f"| model | kind | target | features | width | val R@{k} | val exact@{k} | "
+            f"val ECE | rt R@{k} | rt exact@{k} | rt ECE |")
+    out = [head, "|" + "---|" * 11]
     for name, result in report["results"].items():
         kind, target, features = report["kinds"][name]
+        spec = (report.get("training", {}).get(name) or {}).get("spec") or {}
+        width = spec.get("width") if spec.get("architecture") != "gate_adapter" else None
         cells = []
         for split in ("validation", "runtime_holdout"):
             node = _overall(result, split)
@@ -391,7 +482,8 @@ def ablation_table(report: dict[str, Any]) -> list[str]:
             cells += ["—" if node is None else f"{node['recall'][str(k)]:.3f}",
                       "—" if node is None else f"{node['exact_match']:.3f}",
                       "—" if cal is None else f"{cal['ece']:.4f}"]
-        out.append(f"| {name} | {kind} | {target} | {features} | " + " | ".join(cells) + " |")
+        out.append(f"| {name} | {kind} | {target} | {features} | {width or '—'} | "
+                   + " | ".join(cells) + " |")
     return out
 
 
@@ -408,8 +500,9 @@ def write_outputs(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     body = {k: v for k, v in report.items() if k not in ("lines", "results")}
     atomic_write_text(summary, json.dumps(body, indent=2, sort_keys=True, default=str))
     markdown = out_dir / "predictor-report.md"
-    atomic_write_text(markdown, "\n".join([*ablation_table(report), "", *goal_lines(report)])
-                      + "\n")
+    atomic_write_text(markdown, "\n".join([
+        *ablation_table(report), "", *width_lines(report), "", ECE_NOTE, "",
+        *goal_lines(report)]) + "\n")
     return {"figures": figures, "summary": summary, "report": markdown}
 
 
@@ -447,6 +540,7 @@ def bench_snapshot(snapshot_path: Path, out_dir: Path, config: BenchConfig, *,
                           "(training and calibration); capture more threads")
     gate = None if teacher_dir is None else load_gate(teacher_dir, snapshot)
     report = run_bench(snapshot, rows, gate, config)
+    report["widths"] = width_choice(report)
     report["snapshot_id"] = snapshot.snapshot_id
     report["outputs"] = {k: str(v) for k, v in write_outputs(report, Path(out_dir)).items()}
     return report

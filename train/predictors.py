@@ -11,8 +11,10 @@
   (what attention adds to the residual stream before the router reads it).
 * ``target_offset`` 0 predicts the row's own layer; 1 is the P1 (next-layer) variant.
 * :class:`PlattCalibration`: ``sigmoid(a * score + b)`` per model, fitted on the
-  validation split only (a temperature ``1/a`` plus a bias); it does not change the
-  ranking, only what the membership probabilities mean.
+  validation split only (a temperature ``1/a`` plus a bias) on the pairs the ECE
+  judges: each row's ``2k`` best-ranked candidates and whether each is in the native
+  top-k set (:func:`calibration_candidates`). It does not change the ranking, only
+  what the membership probabilities mean.
 
 Legend: B rows, D feature width, L routed layers, E experts, K native top-k, M MLP width.
 """
@@ -28,7 +30,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.train.losses import native_mask
 from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig
 
 ARCHITECTURES = ("per_layer_mlp", "shared_lowrank", "gate_adapter")
@@ -191,17 +192,36 @@ class PlattCalibration:
         return torch.sigmoid(self.scale * scores_BE.double() + self.bias)
 
 
-def fit_platt(scores_BE: torch.Tensor, target_ids_BK: torch.Tensor, *,
-              iterations: int = 100) -> PlattCalibration:
-    """Scale and bias minimising membership BCE on the given (validation) rows."""
+def calibration_candidates(top_k: int, expert_count: int) -> int:
+    """How many best-ranked candidates per row ECE and calibration look at: ``2k``
+    (clipped to E). The top-k set's boundary lies inside them: ranks 1..k are the
+    prediction, ranks k+1..2k the nearest misses, and whether each of them is in the
+    teacher's top-k set is what a prefetcher's probability must get right."""
+    return min(2 * top_k, expert_count)
+
+
+def candidate_pairs(scores_BE: torch.Tensor, target_ids_BK: torch.Tensor,
+                    candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores ``(B, C)`` of each row's ``candidates`` best-ranked experts (ties: lower id)
+    and whether each is in the native top-k set ``(B, C)`` (float)."""
     scores = scores_BE.detach().double()
-    member_BE = native_mask(target_ids_BK, scores.shape[1]).double()
+    order_BE = torch.sort(scores, dim=1, descending=True, stable=True).indices
+    picked_BC = order_BE[:, :candidates]
+    member_BC = (picked_BC[:, :, None] == target_ids_BK[:, None, :].to(picked_BC)).any(-1)
+    return scores.gather(1, picked_BC), member_BC.double()
+
+
+def fit_platt(scores_BC: torch.Tensor, member_BC: torch.Tensor, *,
+              iterations: int = 100) -> PlattCalibration:
+    """Scale and bias minimising the BCE of candidate membership on the given
+    (validation) pairs: :func:`candidate_pairs` of the ECE's candidates."""
+    scores, member = scores_BC.detach().double(), member_BC.detach().double()
     params = torch.tensor([1.0, 0.0], dtype=torch.float64, requires_grad=True)
     optimizer = torch.optim.LBFGS([params], max_iter=iterations, line_search_fn="strong_wolfe")
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(params[0] * scores + params[1], member_BE)
+        loss = F.binary_cross_entropy_with_logits(params[0] * scores + params[1], member)
         loss.backward()
         return loss
 

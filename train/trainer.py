@@ -1,4 +1,11 @@
-"""``flywheel train``: fit one route sidecar on a sealed snapshot's ``train`` split.
+"""``flywheel train``: fit one route model on a sealed snapshot's ``train`` split.
+
+The model is the shared route sidecar (``model.architecture = "sidecar"``, the
+default) or a predictor of the ablation (:mod:`train.predictor_model`: per-layer MLP,
+shared low-rank, gate adapter, each optionally on the native-gate prior), the one
+``flywheel predictors`` chose on validation. A predictor that starts at the native-gate
+control is validated before its first step too (step 0 is a valid choice), and after
+training each head's calibration is fitted on the validation split and saved with it.
 
 nanoGPT-style loop over optimiser steps: an endless, seeded stream of training batches
 (:mod:`train.data`), AdamW with warm-up and cosine decay, the design note's objective
@@ -28,6 +35,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import append_file, make_dirs
 from hebrus_flywheel.core.taint import refuse_tainted
 from hebrus_flywheel.streams.consent import ConsentCheck
@@ -51,6 +59,13 @@ from hebrus_flywheel.train.exceptions import CheckpointError, SnapshotError
 from hebrus_flywheel.train.losses import SidecarLoss
 from hebrus_flywheel.train.metrics import check_evaluation_rows, check_train_rows
 from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig, rank_candidates
+from hebrus_flywheel.train.predictor_model import PredictorConfig, RoutePredictor
+from hebrus_flywheel.train.predictors import (
+    GateArrays,
+    calibration_candidates,
+    candidate_pairs,
+    fit_platt,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +88,46 @@ def sidecar_config(config: TrainConfig, snapshot: Snapshot) -> SidecarConfig:
                          layer_expert_bias=m.layer_expert_bias)
 
 
+def predictor_config(config: TrainConfig, snapshot: Snapshot,
+                     gate: GateArrays | None) -> PredictorConfig:
+    """The geometry of a predictor of the ablation (``model.architecture`` not sidecar)."""
+    g, m = snapshot.geometry, config.model
+    return PredictorConfig(architecture=m.architecture, gate_prior=m.gate_prior, width=m.rank,
+                           feature_dim=int(g["feature_dim"]), layer_count=int(g["layers"]),
+                           expert_count=snapshot.expert_count, offsets=m.offsets,
+                           hidden_dim=0 if gate is None else int(gate[0].shape[2]))
+
+
+def build_model(config: TrainConfig, snapshot: Snapshot,
+                gate: GateArrays | None = None) -> RouteSidecar | RoutePredictor:
+    """The sidecar, or the predictor ``config.model`` names (``gate``: the teacher's
+    routers, feature lift and RMSNorm gains, for a gate prior or a gate adapter)."""
+    if config.model.architecture == "sidecar":
+        return RouteSidecar(sidecar_config(config, snapshot))
+    if config.model.needs_teacher and gate is None:
+        raise ConfigError(f"model.architecture {config.model.architecture!r} with gate_prior="
+                          f"{config.model.gate_prior} needs the snapshot's teacher: pass "
+                          "--teacher DIR")
+    return RoutePredictor(predictor_config(config, snapshot, gate),
+                          gate if config.model.needs_teacher else None)
+
+
+def load_gate_arrays(teacher_dir: Path, snapshot: Snapshot) -> GateArrays:
+    """The snapshot's own teacher's routers ``(L, E, H)``, the lift of its feature
+    contract ``(D, H)`` and the RMSNorm gains ``(L, H)`` (float32)."""
+    import numpy as np
+
+    from hebrus_flywheel.train.predictor_data import load_gate
+
+    gate = load_gate(teacher_dir, snapshot)
+    L, _, H = gate.router_LEH.shape
+    D = int(snapshot.geometry["feature_dim"])
+    lift = np.eye(D, H) if gate.lift_DH is None else gate.lift_DH
+    gain = np.ones((L, H)) if gate.norm_gain_LH is None else gate.norm_gain_LH
+    return (gate.router_LEH.astype(np.float32), lift.astype(np.float32),
+            gain.astype(np.float32))
+
+
 def learning_rate(step: int, config: TrainConfig) -> float:
     """Linear warm-up to ``lr``, then cosine decay to ``min_lr`` at ``max_steps``."""
     o = config.optim
@@ -88,7 +143,7 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.O
     decay: list[torch.nn.Parameter] = []
     keep: list[torch.nn.Parameter] = []
     for name, parameter in model.named_parameters():
-        table = name.startswith(("layer_film", "offset_film", "expert_bias"))
+        table = bool({"layer_film", "offset_film", "expert_bias"} & set(name.split(".")))
         (decay if parameter.ndim >= 2 and not table else keep).append(parameter)
     o = config.optim
     return torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
@@ -100,11 +155,11 @@ class Trainer:
     """One training run; :meth:`run` trains, validates, stops early and checkpoints."""
 
     def __init__(self, snapshot: Snapshot, out_dir: Path, config: TrainConfig,
-                 ctx: ddp.DistContext) -> None:
+                 ctx: ddp.DistContext, gate: GateArrays | None = None) -> None:
         self.snapshot, self.out_dir, self.config, self.ctx = snapshot, Path(out_dir), config, ctx
         self._check_snapshot()
         torch.manual_seed(config.seed)
-        self.model = RouteSidecar(sidecar_config(config, snapshot)).to(ctx.device)
+        self.model = build_model(config, snapshot, gate).to(ctx.device)
         torch.manual_seed(config.seed + 7919 * ctx.rank)  # dropout differs across ranks
         self.ddp_model: torch.nn.Module = (
             DistributedDataParallel(self.model, device_ids=[ctx.device.index]
@@ -209,10 +264,13 @@ class Trainer:
 
     def run(self) -> TrainResult:
         s, o = self.config.schedule, self.config.optim
-        sign = 1.0 if s.monitor == "recall" else -1.0
-        best: dict[str, Any] | None = None
+        self._best: dict[str, Any] | None = None
+        self._stale = 0
         history: list[dict[str, Any]] = []
-        stale, losses, started, stopped = 0, [], time.perf_counter(), "max_steps"
+        losses: list[float] = []
+        started, stopped = time.perf_counter(), "max_steps"
+        if self.starts_at_control:  # step 0 is the native-gate control: a valid choice
+            self._consider(self._record(0, [], started), history)
         batches = iter(make_loader(self.stream(self.config.data.train_split, train=True),
                                    num_workers=self.config.data.num_workers,
                                    pin_memory=self.ctx.device.type == "cuda"))
@@ -225,37 +283,89 @@ class Trainer:
                 continue
             record = self._record(step + 1, losses, started)
             losses = []
-            history.append(record)
-            value = sign * record["validation"][s.monitor]
-            if best is None or value > sign * best["validation"][s.monitor] + s.min_delta:
-                best, stale = record, 0
-                self._best_state = {k: v.detach().cpu().clone()
-                                    for k, v in self.model.state_dict().items()}
-                self._checkpoint(best, history, "running")
-            else:
-                stale += 1
+            self._consider(record, history)
             bar.set_postfix(loss=f"{record['train_loss']:.3f}",
                             val_recall=f"{record['validation']['recall']:.3f}")
-            self._write_history(record)
-            if s.patience and stale >= s.patience:
+            if s.patience and self._stale >= s.patience:
                 stopped = "early_stopping"
                 break
         bar.close()
         del batches
-        lineage = self._checkpoint(best, history, stopped) if best is not None else {}
+        lineage: dict[str, Any] = {}
+        if self._best is not None:
+            self._calibrate()
+            lineage = self._checkpoint(self._best, history, stopped)
         return TrainResult(checkpoint_dir=self.out_dir, lineage=lineage, history=history)
+
+    @property
+    def starts_at_control(self) -> bool:
+        """A gate-prior predictor or a gate adapter starts exactly at the native gate."""
+        return isinstance(self.model, RoutePredictor) and self.model.config.needs_gate
+
+    def _consider(self, record: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        """Keep ``record``'s parameters when they beat the best validation so far."""
+        s = self.config.schedule
+        sign = 1.0 if s.monitor == "recall" else -1.0
+        history.append(record)
+        value = sign * record["validation"][s.monitor]
+        best = self._best
+        if best is None or value > sign * best["validation"][s.monitor] + s.min_delta:
+            self._best, self._stale = record, 0
+            self._best_state = {k: v.detach().cpu().clone()
+                                for k, v in self.model.state_dict().items()}
+            self._checkpoint(record, history, "running")
+        else:
+            self._stale += 1
+        self._write_history(record)
+
+    @torch.no_grad()
+    def _calibrate(self) -> None:
+        """Fit each head's Platt calibration of the best parameters on the whole
+        validation split (every rank reads all of it: the same fit everywhere), on the
+        pairs the ECE judges (:func:`train.predictors.calibration_candidates`)."""
+        if not isinstance(self.model, RoutePredictor):
+            return  # the sidecar's calibration is a loss term
+        model = self.model
+        model.load_state_dict({k: v.to(self.ctx.device) for k, v in self._best_state.items()})
+        model.eval()
+        width = calibration_candidates(int(self.snapshot.geometry["top_k"]),
+                                       model.config.expert_count)
+        parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in model.heads]
+        stream = SnapshotDataset(self.snapshot, StreamConfig(
+            splits=(self.config.data.validation_split,), batch_size=self.config.data.batch_size,
+            shuffle=False, epochs=1, layer_offsets=self.layer_offsets, lineage=False),
+            rank=0, world_size=1)
+        for batch in stream:
+            check_evaluation_rows(batch_splits(batch), len(batch["layer_B"]))
+            layer_B = batch["layer_B"].to(self.ctx.device)
+            scores_BOE = model(batch["feature_BD"].to(self.ctx.device, torch.float32), layer_B)
+            _, in_range_BO = model.target_layers(layer_B)
+            valid_BO = batch["offset_valid_BO"].to(self.ctx.device) & in_range_BO
+            targets_BOK = batch["offset_target_ids_BOK"].to(self.ctx.device)
+            for slot in range(len(model.heads)):
+                rows = valid_BO[:, slot]
+                if bool(rows.any()):
+                    parts[slot].append(candidate_pairs(scores_BOE[rows, slot].cpu(),
+                                                       targets_BOK[rows, slot].cpu(), width))
+        for slot, pairs in enumerate(parts):
+            if pairs:
+                model.set_calibration(slot, fit_platt(torch.cat([p[0] for p in pairs]),
+                                                      torch.cat([p[1] for p in pairs])))
+        self._best_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
     def _record(self, step: int, losses: list[float], started: float) -> dict[str, Any]:
         validation = self.validate()
         summed = ddp.all_reduce_sum(torch.tensor([sum(losses), len(losses)],
                                                  dtype=torch.float64), self.ctx)
-        record = {"step": step, "train_loss": float(summed[0]) / max(float(summed[1]), 1.0),
-                  "lr": learning_rate(step - 1, self.config), "validation": validation,
+        # None at step 0 (validated before any training step)
+        mean_loss = float(summed[0]) / float(summed[1]) if float(summed[1]) else None
+        record = {"step": step, "train_loss": mean_loss,
+                  "lr": learning_rate(max(step - 1, 0), self.config), "validation": validation,
                   "rows_seen": step * self.config.data.batch_size * self.ctx.world_size,
                   "elapsed_s": round(time.perf_counter() - started, 3)}
         if self.ctx.is_main:
-            log.info("step %d: train loss %.4f, validation %s", step, record["train_loss"],
-                     json.dumps(validation))
+            log.info("step %d: train loss %s, validation %s", step,
+                     "—" if mean_loss is None else f"{mean_loss:.4f}", json.dumps(validation))
         return record
 
     def _checkpoint(self, best: dict[str, Any], history: list[dict[str, Any]],
@@ -291,9 +401,11 @@ def _resume(trainer: Trainer, resume: Path) -> None:
 
 def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
           expected_id: str | None = None, resume: Path | None = None,
-          consent: ConsentCheck | None = None) -> TrainResult:
+          consent: ConsentCheck | None = None, teacher_dir: Path | None = None) -> TrainResult:
     """Train on ``snapshot`` into ``out_dir`` (single process, or a torchrun rank),
     starting from the checkpoint ``resume`` if given (never from a tainted one).
+    ``teacher_dir``: the snapshot's own teacher, whose routers a gate-prior predictor or
+    a gate adapter leans on (refused when its artifact digest is not the snapshot's).
 
     Rows the seal refused for lack of consent are always skipped; with ``consent`` (the
     CLI passes the consent ledger) every owner of the train and validation splits is
@@ -315,7 +427,14 @@ def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
             make_dirs(out_dir)
             (out_dir / HISTORY_FILE).unlink(missing_ok=True)
         ddp.barrier(ctx)
-        trainer = Trainer(opened, out_dir, config, ctx)
+        gate = None
+        if config.model.needs_teacher:
+            if teacher_dir is None:
+                raise ConfigError(f"model {config.model.architecture} with gate_prior="
+                                  f"{config.model.gate_prior} needs the snapshot's teacher: "
+                                  "pass --teacher DIR")
+            gate = load_gate_arrays(Path(teacher_dir), opened)
+        trainer = Trainer(opened, out_dir, config, ctx, gate)
         if resume is not None:
             _resume(trainer, resume)
         return trainer.run()

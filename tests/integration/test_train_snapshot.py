@@ -109,3 +109,61 @@ def test_evaluate_refuses_a_teacher_that_is_not_the_snapshots(
                      teacher_dir=teacher_dir)
     finally:
         make_writable(tmp_path / "other")
+
+
+def test_train_a_gate_prior_predictor_with_the_teacher_and_evaluate_it(
+        teacher_snapshot: tuple[PlantedSnapshot, dict[str, Any]], teacher_dir: Path,
+        tmp_path: Path) -> None:
+    """`flywheel train --model per_layer_mlp --gate-prior --teacher DIR`: the checkpoint
+    carries the teacher's routers, so evaluation (and qualification) score it as saved."""
+    from hebrus_flywheel.train.checkpoint import load_checkpoint
+    from hebrus_flywheel.train.predictor_model import RoutePredictor
+
+    snapshot, _ = teacher_snapshot
+    config = tmp_path / "t.toml"
+    config.write_text("threads = 1\n[data]\nnum_workers = 0\nbatch_size = 256\n")
+    args = ["train", "--snapshot", str(snapshot.directory), "--out", str(tmp_path / "ck"),
+            "--config", str(config), "--max-steps", "30", "--eval-every", "15", "--no-progress",
+            "--no-consent-ledger", "--model", "per_layer_mlp", "--gate-prior", "--width", "16",
+            "--method", "plm-gate", "--lr", "0.001"]
+    runner = CliRunner()
+    refused = runner.invoke(_app(), args)
+    assert refused.exit_code != 0 and "--teacher" in str(refused.exception)
+    done = runner.invoke(_app(), [*args, "--teacher", str(teacher_dir)])
+    assert done.exit_code == 0, done.output
+    loaded = load_checkpoint(tmp_path / "ck")
+    assert isinstance(loaded.model, RoutePredictor) and loaded.method == "plm-gate"
+    shown = runner.invoke(_app(), ["evaluate", "--snapshot", str(snapshot.directory),
+                                   "--checkpoint", str(tmp_path / "ck"), "--teacher",
+                                   str(teacher_dir), "--out", str(tmp_path / "r.json"),
+                                   "--no-progress", "--no-consent-ledger"])
+    assert shown.exit_code == 0, shown.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    recall = {r["method"]: r["splits"]["validation"]["overall"]["recall"]["10"]
+              for r in report["offline"]["results"]}
+    # it starts at the native gate (which finds the planted routes) and keeps its best
+    assert recall["native_gate"] > 0.99 and recall["plm-gate"] >= recall["native_gate"] - 0.01
+    assert report["offline"]["features"] == {"plm-gate": "pre_attention+gate_logits"}
+
+
+def test_the_shadow_simulator_gets_the_native_gate_control(
+        teacher_snapshot: tuple[PlantedSnapshot, dict[str, Any]], teacher_dir: Path) -> None:
+    """Gate 6's control: the teacher's router ranks the same rows the candidate ranks."""
+    import numpy as np
+
+    from hebrus_flywheel.train.data import Snapshot
+    from hebrus_flywheel.train.predictor_data import load_rows
+    from hebrus_flywheel.train.qualify.collect_model import HoldoutRows, native_gate_ranked
+
+    snapshot, _ = teacher_snapshot
+    rows = load_rows(Snapshot(snapshot.directory), "validation")
+    L = PLANTED.layers
+    n = len(rows) // L
+    holdout = HoldoutRows(features_NLD=rows.feature_ND.reshape(n, L, -1),
+                          routes_NLK=rows.target_NK.reshape(n, L, -1),
+                          sequence_N=np.zeros(n, np.int64), ordinal_N=np.arange(n),
+                          threads=("t",))
+    ranked = native_gate_ranked(snapshot.directory, teacher_dir, holdout, 16)
+    assert ranked.shape == (n, L, 16)
+    hits = (ranked[..., :10, None] == holdout.routes_NLK[..., None, :]).any(-1).mean()
+    assert hits > 0.99

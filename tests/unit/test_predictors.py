@@ -15,6 +15,8 @@ from hebrus_flywheel.train.predictors import (
     PerLayerMLP,
     Predictor,
     PredictorSpec,
+    calibration_candidates,
+    candidate_pairs,
     fit_platt,
     gate_logits,
 )
@@ -65,19 +67,26 @@ def test_gate_prior_model_starts_at_the_control_ranking() -> None:
         model(torch.randn(5, D), torch.zeros(5, dtype=torch.long))
 
 
-def test_platt_keeps_ranking_and_calibrates() -> None:
+def test_platt_keeps_ranking_and_calibrates_the_ece_candidates() -> None:
     torch.manual_seed(0)
-    targets = torch.stack([torch.randperm(E)[:K] for _ in range(200)])
-    scores = torch.randn(200, E)
-    scores.scatter_(1, targets, 3.0 + torch.randn(200, K))
+    targets = torch.stack([torch.randperm(E)[:K] for _ in range(400)])
+    scores = torch.randn(400, E)
+    scores.scatter_(1, targets, 1.5 + torch.randn(400, K))
     scores = scores * 10  # overconfident
-    platt = fit_platt(scores, targets)
+    width = calibration_candidates(K, E)
+    assert width == min(2 * K, E)
+    pairs, member = candidate_pairs(scores, targets, width)
+    assert pairs.shape == member.shape == (400, width)
+    assert torch.equal(pairs, scores.double().sort(dim=1, descending=True).values[:, :width])
+    platt = fit_platt(pairs, member)
     probs = platt.probabilities(scores)
     assert 0 < platt.scale < 1
     assert torch.equal(probs.argsort(dim=1, stable=True), scores.double().argsort(dim=1,
                                                                               stable=True))
-    member = torch.zeros(200, E).scatter_(1, targets, 1.0)
-    assert abs(float(probs.mean()) - float(member.mean())) < 0.01
+    # calibrated where the ECE looks: mean probability of the candidates = their hit rate
+    assert abs(float(platt.probabilities(pairs).mean()) - float(member.mean())) < 0.01
+    raw = float(torch.sigmoid(pairs).mean())
+    assert abs(raw - float(member.mean())) > 0.05  # the raw scores were not
 
 
 def test_tiny_ablation_learns_and_goal_summary_chooses_on_validation() -> None:

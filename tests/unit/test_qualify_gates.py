@@ -410,6 +410,13 @@ def test_gate6_fails_when_the_objective_is_missed() -> None:
     verdict = gate6_promotion(strict, _prior(strict))
     assert verdict.status == FAIL and "threshold: >= 95.0%" in verdict.headline
     assert verdict.figures["objective_met"] is False
+    # the simulator's controls, same trace and budget, are reported beside the candidate
+    assert strict.shadow_io is not None
+    gate = {**strict.shadow_io.metrics, "exposed_wait_reduction": 0.125}
+    with_control = replace(strict, shadow_io=replace(strict.shadow_io,
+                                                     controls={"native_gate": gate}))
+    verdict = gate6_promotion(with_control, _prior(with_control))
+    assert verdict.figures["controls"]["native_gate"]["exposed_wait_reduction"] == 0.125
 
 
 def test_gate6_bounds_tail_regression() -> None:

@@ -88,3 +88,23 @@ def test_two_ranks_reach_the_metrics_of_one_process(planted: PlantedSnapshot,
         sidecar = next(r for r in report["offline"]["results"] if r["method"] == "sidecar")
         recalls.append(sidecar["splits"]["validation"]["overall"]["recall"]["10"])
     assert abs(recalls[0] - recalls[1]) <= RECALL_TOLERANCE and min(recalls) > 0.8
+
+
+def test_two_ranks_train_a_predictor_and_agree_on_its_calibration(
+        planted: PlantedSnapshot, tmp_path: Path) -> None:
+    """The per-layer MLP under DDP: every rank fits the calibration on the whole
+    validation split, so rank 0 saves the fit a single process makes of those weights."""
+    config = tmp_path / "train.toml"
+    config.write_text(CONFIG.replace("max_steps = 150", "max_steps = 50"))
+    common = ["train", "--snapshot", str(planted.directory), "--config", str(config),
+              "--no-consent-ledger", "--model", "per_layer_mlp", "--width", "32", "--method", "plm"]
+    _run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+          "hebrus_flywheel.train.cli", *common, "--out", str(tmp_path / "two"),
+          "--batch-size", "128"], tmp_path)
+    two = load_checkpoint(tmp_path / "two")
+    assert two.lineage["world_size"] == 2
+    assert two.lineage["config"]["model"]["architecture"] == "per_layer_mlp"
+    report = evaluate(planted.directory, tmp_path / "two", EvaluateConfig(progress=False))
+    learned = next(r for r in report["offline"]["results"] if r["method"] == "plm")
+    overall = learned["splits"]["validation"]["overall"]
+    assert overall["recall"]["10"] > 0.5 and overall["calibration"]["ece"] < 0.1

@@ -69,10 +69,12 @@ def test_overall_values_match_hand_computation() -> None:
 
 def test_calibration_matches_hand_computation() -> None:
     calibration = _result()["splits"]["validation"]["overall"]["calibration"]
-    # 8 (row, expert) pairs at p=0.9 of which 5 native; 24 at p=0.1 of which 3 native.
-    assert calibration["ece"] == pytest.approx((abs(5 - 7.2) + abs(3 - 2.4)) / 32)
+    # ECE over each row's 2K = 4 best-ranked candidates: ranks 1-2 at p=0.9 (8 pairs, 5
+    # native), ranks 3-4 at p=0.1 (8 pairs, 1 native: expert 0 of row 1). The other 16
+    # (row, expert) pairs, confidently out, do not dilute it.
+    assert calibration["ece"] == pytest.approx((abs(5 - 7.2) + abs(1 - 0.8)) / 16)
     top, bottom = calibration["reliability"][3], calibration["reliability"][0]
-    assert (top["count"], bottom["count"]) == (8, 24)
+    assert (top["count"], bottom["count"]) == (8, 8)
     assert top["frequency"] == pytest.approx(5 / 8)
     assert bottom["mean_probability"] == pytest.approx(0.1)
     assert calibration["reliability"][1]["count"] == 0
@@ -101,7 +103,8 @@ def test_breakdowns_by_layer_domain_and_split() -> None:
     holdout = result["splits"]["temporal_holdout"]["overall"]
     assert holdout["rows"] == 1
     assert holdout["recall"] == pytest.approx({"2": 0.5, "3": 0.5, "8": 1.0})
-    assert holdout["calibration"]["ece"] == pytest.approx((0.8 + 0.4) / 8)
+    # ranks 1-2 (0, 1) at 0.9 hold one native, ranks 3-4 (2, 3) at 0.1 hold one
+    assert holdout["calibration"]["ece"] == pytest.approx((abs(1 - 1.8) + abs(1 - 0.2)) / 4)
     assert list(result["splits"]) == ["validation", "temporal_holdout"]
 
 
@@ -213,5 +216,23 @@ def test_budgets_clip_to_expert_count_and_config_is_checked() -> None:
 def test_reliability_counts_per_row() -> None:
     counts = reliability_counts(np.array([[0.05, 0.3, 0.95, 1.0]]), np.array([[2, 1]]), bins=2)
     assert counts[0].tolist() == [[2, 2], [0.35, 1.95], [1, 1]]
+    only = reliability_counts(np.array([[0.05, 0.3, 0.95, 1.0]]), np.array([[2, 1]]), bins=2,
+                              candidates_BC=np.array([[3, 2, 1]]))
+    assert only[0].tolist() == [[1, 2], [0.3, 1.95], [1, 1]]
     with pytest.raises(BatchError):
         reliability_counts(np.array([[1.5, 0.0]]), np.array([[0]]), bins=2)
+
+
+def test_calibration_needs_the_ece_candidates() -> None:
+    assert MetricsConfig(expert_count=8, top_k=2).calibration_width == 4
+    assert MetricsConfig(expert_count=3, top_k=2).calibration_width == 3
+    assert MetricsConfig(expert_count=8, top_k=2, calibration_candidates=6).calibration_width == 6
+    with pytest.raises(ConfigError, match="calibration_candidates"):
+        MetricsConfig(calibration_candidates=-1)
+    batch = _batch([0])
+    accumulator = MetricsAccumulator(MetricsConfig(expert_count=8, top_k=2, budgets=(2, 3)),
+                                     method="m")
+    with pytest.raises(BatchError, match="best-ranked candidates"):
+        accumulator.update(target_ids_BK=batch["target_ids_BK"], layer_B=batch["layer_B"],
+                           split_B=batch["split_B"], membership_prob_BE=batch["membership_prob_BE"],
+                           candidates_BC=np.array([[1, 2, 3]]))

@@ -280,10 +280,14 @@ def _shadow(request: CollectRequest, info: data.SnapshotInfo, loaded: Any,
     heads = "own-layer head at boundary l" + (" + next-layer head (l+1) at boundary l"
                                                if nxt is not None else "")
     notes["shadow_io"] = f"{order}; P1 predictions: {heads}; {SIM_NOTE}"
+    controls = {}
+    if request.teacher is not None:  # the strongest offline control, at the same budget
+        controls["native_gate"] = model.ranked_predictions(model.native_gate_ranked(
+            info.directory, request.teacher, rows, max(budgets)))
     return model.shadow_evidence(
         trace, model.ranked_predictions(own, nxt), s.sim, budget=top_k, budgets=budgets,
         bandwidths=s.bandwidths, tau=s.tau, oracle_lead=1 if nxt is not None else 0,
-        notes={"note": SIM_NOTE, "trace": order, "predictions": heads})
+        notes={"note": SIM_NOTE, "trace": order, "predictions": heads}, controls=controls)
 
 
 def _decode(offline: OfflineEvidence, shadow: ShadowEvidence | None, top_k: int,

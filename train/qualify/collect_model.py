@@ -203,6 +203,24 @@ def sidecar_ranked(checkpoint: Any, rows: HoldoutRows, candidates: int,
     return shaped[0], shaped[1] if len(shaped) > 1 else None
 
 
+def native_gate_ranked(snapshot: Path, teacher: Path, rows: HoldoutRows,
+                       candidates: int) -> np.ndarray:
+    """The native-gate control's top-``candidates`` experts per (token, layer) on the same
+    holdout rows (the teacher's router of layer l on the lifted feature of layer l)."""
+    import torch
+
+    from hebrus_flywheel.train.data import Snapshot
+    from hebrus_flywheel.train.evaluate import NativeGate, teacher_router
+
+    opened = Snapshot(snapshot)
+    gate = NativeGate(teacher_router(teacher, opened), opened, None)
+    n, layers = rows.routes_NLK.shape[:2]
+    features = torch.from_numpy(np.ascontiguousarray(rows.features_NLD.reshape(n * layers, -1)))
+    scores_BE = gate.scores(features, torch.arange(layers, dtype=torch.long).repeat(n))
+    order = np.argsort(-scores_BE, axis=1, kind="stable")[:, :candidates]
+    return order.reshape(n, layers, candidates)
+
+
 def sweep_budgets(top_k: int, experts: int, extra: Sequence[int] = SWEEP_BUDGETS
                   ) -> tuple[int, ...]:
     """The native top-k and the extra budgets, clipped to the expert count, in order."""
@@ -212,10 +230,14 @@ def sweep_budgets(top_k: int, experts: int, extra: Sequence[int] = SWEEP_BUDGETS
 def shadow_evidence(trace: DecodeTrace, predictions: PredictionSet, config: SimConfig, *,
                     budget: int, budgets: Sequence[int], bandwidths: Sequence[float],
                     tau: Mapping[int, float] | None, oracle_lead: int,
-                    notes: Mapping[str, str]) -> ShadowEvidence:
+                    notes: Mapping[str, str],
+                    controls: Mapping[str, PredictionSet] | None = None) -> ShadowEvidence:
     """Shadow runs of ``predictions`` at ``budget``, the bandwidth x budget sweep, a
     perfect predictor with ``oracle_lead`` boundaries of lead, the previous-token
-    control and the break-even rows (only when ``tau`` is declared)."""
+    control, every other control of ``controls`` at the same budget (e.g. the native
+    gate) and the break-even rows (only when ``tau`` is declared)."""
+    extra = {name: shadow_io(trace, p.within_budget(budget), config)
+             for name, p in (controls or {}).items()}
     return ShadowEvidence(
         metrics=shadow_io(trace, predictions.within_budget(budget), config), budget=budget,
         sim_config={**config.to_dict(), "expert_bytes": config.expert_bytes,
@@ -225,7 +247,7 @@ def shadow_evidence(trace: DecodeTrace, predictions: PredictionSet, config: SimC
         break_even=tuple(break_even(trace, tau)) if tau else (),
         oracle=shadow_io(trace, oracle_predictions(trace, lead_boundaries=oracle_lead), config),
         controls={"previous_token": shadow_io(trace, previous_token_predictions(trace),
-                                              config)})
+                                              config), **extra})
 
 
 def evaluation_budgets(top_k: int) -> tuple[int, ...]:

@@ -230,6 +230,10 @@ def gate6_promotion(inputs: QualificationInputs, prior: Sequence[GateVerdict]) -
                                  threshold="simulator evidence (ServiceObjective.evidence)")]
             return gate_verdict(6, GATE6_NAME, [*checks, _prior_check(prior)], figures)
         metrics, preserved = inputs.shadow_io.metrics, None
+        figures["controls"] = {  # the same trace, configuration and candidate budget
+            name: {k: m.get(k) for k in ("exposed_wait_reduction", "timely_recall",
+                                         "byte_amplification", "tokens_per_s")}
+            for name, m in inputs.shadow_io.controls.items()}
     checks = evaluate_objective(objective, metrics, source=objective.evidence,
                                 output_preserved=preserved)
     figures["metrics"] = {k: metrics.get(k) for k in (
