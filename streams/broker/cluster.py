@@ -21,6 +21,7 @@ import fcntl
 import json
 import logging
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -58,6 +59,7 @@ class ClusterConfig:
         heap_mb: each node's JVM max heap (MiB).
         start_timeout_s, stop_timeout_s: as :class:`BrokerConfig`, per node.
         insecure_plaintext: as :class:`BrokerConfig` (throwaway runs only).
+        libs_dir: where the jars live (default ``<home>/kafka/libs``; tests share one).
     """
 
     home: Path = field(default_factory=flywheel_home)
@@ -68,6 +70,7 @@ class ClusterConfig:
     start_timeout_s: float = 120.0
     stop_timeout_s: float = 30.0
     insecure_plaintext: bool = False
+    libs_dir: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "home", Path(self.home).expanduser().resolve())
@@ -106,7 +109,7 @@ class ClusterConfig:
             heap_mb=self.heap_mb, start_timeout_s=self.start_timeout_s,
             stop_timeout_s=self.stop_timeout_s, insecure_plaintext=self.insecure_plaintext,
             node_id=i, voters=self.voters(), replication_factor=rf, min_insync_replicas=min_isr,
-            node_dir=self.kafka_dir / f"node-{i}", libs_dir=self.kafka_dir / "libs")
+            node_dir=self.kafka_dir / f"node-{i}", libs_dir=self.libs_dir)
 
 
 def read_layout(home: Path) -> ClusterConfig | None:
@@ -165,9 +168,10 @@ class LocalCluster:
             self.nodes[i].wait_ready()
 
     def down(self) -> bool:
-        """Stop every node; False if none was running. The layout file is removed."""
-        with self._locked():
-            stopped = [node.down() for node in self.nodes.values()]
+        """Stop every node at once (one by one, the last ones would wait for a quorum that
+        is gone); False if none was running. The layout file is removed."""
+        with self._locked(), ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
+            stopped = list(pool.map(EmbeddedBroker.down, self.nodes.values()))
             (self.config.kafka_dir / LAYOUT_FILE).unlink(missing_ok=True)
             return any(stopped)
 
