@@ -237,19 +237,28 @@ def broker_render_config(
     ] = Path("/etc/flywheel/kafka"),
     owner: Annotated[str | None, typer.Option(
         "--owner", help="UID:GID to own <home>/kafka (the broker image's user).")] = None,
+    nodes: Annotated[int, typer.Option(
+        "--nodes", help="Render N nodes: containers HOST-1..HOST-N on the same ports, files "
+        "under <home>/kafka/node-<i>, EXTERNAL on its port + 2(i-1); RF 3 / min ISR 2 "
+        "from 3 nodes.")] = 1,
 ) -> None:
     """Write everything a secure broker starts from without starting it (compose.yaml):
     CA, broker certificate, SCRAM passwords, server.properties, a start script and each
     role's client properties. Idempotent: existing keys and passwords are kept."""
     config = BrokerConfig(home=home, host=host, port=port, controller_port=controller_port,
                           bind_host=bind_host, external=external)
+    if not 1 <= nodes <= 9:
+        raise ConfigError(f"--nodes must be in 1..9, got {nodes}")
     written = container.render_config(
         config, clients_mount=clients_mount,
-        owner=container.parse_owner(owner) if owner else None)
+        owner=container.parse_owner(owner) if owner else None, nodes=nodes)
     for path in written:
         typer.echo(f"wrote    {path}")
-    typer.echo(f"start the broker with `sh {config.kafka_dir / container.START_SCRIPT}`, then "
-               f"`flywheel broker grant --home {home} -b {config.bootstrap}`")
+    configs = container.node_configs(config, nodes)
+    scripts = " and ".join(f"`sh {c.state_dir / container.START_SCRIPT}`" for c in configs)
+    bootstrap = ",".join(c.bootstrap for c in configs)
+    typer.echo(f"start the broker with {scripts}, then "
+               f"`flywheel broker grant --home {home} -b {bootstrap}`")
 
 
 @broker_app.command("grant")
