@@ -99,6 +99,9 @@ class ReplayWorkerConfig:
         content_policy: the secrets and tool-output policy run on every accepted window
             before replay (:mod:`consumers.content_policy`); recorded in the dataset's
             determinism record so a rebuild drops the same windows.
+        splits: the splits whose window topics this worker consumes (default: all). Every
+            worker of one group must consume the same splits; a group per split lets the
+            busy train split get more workers than the holdouts.
     """
 
     teacher: Path
@@ -122,6 +125,7 @@ class ReplayWorkerConfig:
     stats_interval_s: float = 30.0
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     content_policy: ContentPolicyConfig = field(default_factory=ContentPolicyConfig)
+    splits: tuple[str, ...] = SPLITS
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -142,14 +146,17 @@ class ReplayWorkerConfig:
             raise ConfigError("ReplayWorkerConfig.shard must be a ShardConfig")
         if not isinstance(self.content_policy, ContentPolicyConfig):
             raise ConfigError("ReplayWorkerConfig.content_policy must be a ContentPolicyConfig")
+        if not self.splits or not set(self.splits) <= set(SPLITS):
+            raise ConfigError(f"ReplayWorkerConfig.splits must be a non-empty subset of "
+                              f"{SPLITS}, got {self.splits!r}")
 
     @property
     def full_group_id(self) -> str:
         return f"{self.prefix}{self.group_id}"
 
     def window_topics(self) -> dict[str, str]:
-        """Topic name -> split, for every split."""
-        return {self.prefix + window_topic(s): s for s in SPLITS}
+        """Topic name -> split, for every split this worker consumes."""
+        return {self.prefix + window_topic(s): s for s in self.splits}
 
 
 class ReplayWorker:

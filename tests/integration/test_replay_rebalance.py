@@ -1,8 +1,10 @@
 """Replay workers join and leave a running group (cooperative-sticky) with nothing lost
 and nothing written twice.
 
-One worker (A) replays the first windows of every partition of the train topic alone; a
-second worker (B) joins and takes some partitions over incrementally (A keeps the rest);
+The workers consume the train split only (``splits``), so the group has the train
+topic's partitions to share. One worker (A) replays the first windows of every
+partition alone; a second worker (B) joins and takes some partitions over
+incrementally (A keeps the rest);
 more windows arrive, leaving every partition with a half-read block; B leaves (its
 complete blocks were committed, its open ones are re-read by A); the last windows
 complete every block and A finishes. The shards of that run are exactly those of one
@@ -125,7 +127,8 @@ def test_workers_join_and_leave_with_no_lost_or_duplicated_rows(
     def config(root: Path, group: str, **extra: Any) -> ReplayWorkerConfig:
         return ReplayWorkerConfig(teacher=teacher_dir, dataset=root, bootstrap=bootstrap,
                                   prefix=prefix, group_id=group, shard=SHARD, batch_windows=2,
-                                  torch_threads=1, session_timeout_s=10.0, **extra)
+                                  torch_threads=1, session_timeout_s=10.0,
+                                  splits=("train",), **extra)
 
     def committed_to(offset: int) -> Callable[[], bool]:
         tps = [(topic, p) for p in range(partitions)]
