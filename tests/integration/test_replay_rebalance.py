@@ -48,10 +48,12 @@ def teacher(teacher_dir: Path) -> Any:
 
 
 class Running:
-    """A replay worker in a thread of this process (sharing the loaded teacher)."""
+    """A replay worker in a thread of this process, with its own copy of the teacher (the
+    replay engine hooks the model's routers: two workers must not share one model, as
+    two worker processes never do)."""
 
-    def __init__(self, config: ReplayWorkerConfig, teacher: Any) -> None:
-        self.worker = ReplayWorker(config, teacher=teacher)
+    def __init__(self, config: ReplayWorkerConfig) -> None:
+        self.worker = ReplayWorker(config)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -137,9 +139,9 @@ def test_workers_join_and_leave_with_no_lost_or_duplicated_rows(
 
     root = tmp_path / "elastic"
     _publish(bootstrap, prefix, waves[0])
-    a = Running(config(root, "elastic"), teacher)
+    a = Running(config(root, "elastic"))
     wait_until("A alone commits the first block of every partition", committed_to(4), a)
-    b = Running(config(root, "elastic"), teacher)
+    b = Running(config(root, "elastic"))
     wait_until("B takes partitions over", lambda: bool(b.owned()) and bool(a.owned())
                and len(a.owned() | b.owned()) == partitions, a, b)
     assert not a.owned() & b.owned()
