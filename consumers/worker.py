@@ -99,6 +99,9 @@ class ReplayWorkerConfig:
         content_policy: the secrets and tool-output policy run on every accepted window
             before replay (:mod:`consumers.content_policy`); recorded in the dataset's
             determinism record so a rebuild drops the same windows.
+        splits: the splits whose window topics this worker consumes (default: all). Every
+            worker of one group must consume the same splits; a group per split lets the
+            busy train split get more workers than the holdouts.
     """
 
     teacher: Path
@@ -122,6 +125,7 @@ class ReplayWorkerConfig:
     stats_interval_s: float = 30.0
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     content_policy: ContentPolicyConfig = field(default_factory=ContentPolicyConfig)
+    splits: tuple[str, ...] = SPLITS
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -142,14 +146,17 @@ class ReplayWorkerConfig:
             raise ConfigError("ReplayWorkerConfig.shard must be a ShardConfig")
         if not isinstance(self.content_policy, ContentPolicyConfig):
             raise ConfigError("ReplayWorkerConfig.content_policy must be a ContentPolicyConfig")
+        if not self.splits or not set(self.splits) <= set(SPLITS):
+            raise ConfigError(f"ReplayWorkerConfig.splits must be a non-empty subset of "
+                              f"{SPLITS}, got {self.splits!r}")
 
     @property
     def full_group_id(self) -> str:
         return f"{self.prefix}{self.group_id}"
 
     def window_topics(self) -> dict[str, str]:
-        """Topic name -> split, for every split."""
-        return {self.prefix + window_topic(s): s for s in SPLITS}
+        """Topic name -> split, for every split this worker consumes."""
+        return {self.prefix + window_topic(s): s for s in self.splits}
 
 
 class ReplayWorker:
@@ -199,6 +206,7 @@ class ReplayWorker:
             self.kafka, log_name=_LOG,
             settings={"message.max.bytes": limits.QUARANTINE_MAX_MESSAGE_BYTES})
         self._consumed: dict[tuple[str, int], int] = {}
+        self._write_on_revoke = True  # False once a failed run closes: no more writes
         self.drained: str | None = None
         self.monitor = Monitor(
             MonitorTarget(kind="replay", name=config.full_group_id, topics=tuple(self.splits),
@@ -214,7 +222,9 @@ class ReplayWorker:
             **static, "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             "session.timeout.ms": int(c.session_timeout_s * 1000),
             "max.poll.interval.ms": int(c.max_poll_interval_s * 1000),
-            "partition.assignment.strategy": "range",
+            # incremental rebalances: a joining or leaving worker moves only the
+            # partitions that change owner; the others keep replaying undisturbed
+            "partition.assignment.strategy": "cooperative-sticky",
         }
 
     # -- group membership -----------------------------------------------------------
@@ -239,15 +249,37 @@ class ReplayWorker:
             self._consumed[(tp.topic, tp.partition)] = base
             log.info("assigned %s[%d]: resume at %d (committed %d), %d window ids already "
                      "written", tp.topic, tp.partition, base, resume, len(ids))
-        consumer.assign(committed)
+        # cooperative-sticky: ``partitions`` are only the newly added ones
+        consumer.incremental_assign(committed)
+        if self._paused and committed:  # a live seal intent holds every partition we own
+            consumer.pause(committed)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions leave this worker (cooperative: only those): every block of theirs
+        that is complete is written and committed first, while they are still ours, so
+        the next owner starts after it; the open rest is dropped (re-read there)."""
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        if self._write_on_revoke and not self._paused and revoked & set(self.logs):
+            try:
+                self._close_ready(only=revoked)
+            except WorkerError as exc:  # nothing is committed past an unwritten shard
+                log.warning("revoke: complete blocks left for the next owner: %s", exc)
+        self._forget(partitions, "revoked")
+        consumer.incremental_unassign(partitions)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions taken away without a revoke (this member's session expired): they
+        belong to another worker already, so nothing is written or committed for them."""
+        self._forget(partitions, "lost")
+        consumer.incremental_unassign(partitions)
+
+    def _forget(self, partitions: list[TopicPartition], how: str) -> None:
         for tp in partitions:
             dropped = self.logs.pop((tp.topic, tp.partition), None)
             self._consumed.pop((tp.topic, tp.partition), None)
             if dropped is not None and dropped.pending:
-                log.info("revoked %s[%d] with %d uncommitted windows (the next owner "
-                         "re-reads them)", tp.topic, tp.partition, len(dropped.pending))
+                log.info("%s %s[%d] with %d uncommitted windows (the next owner re-reads "
+                         "them)", how, tp.topic, tp.partition, len(dropped.pending))
 
     # -- messages -------------------------------------------------------------------
 
@@ -357,9 +389,12 @@ class ReplayWorker:
         log.warning("control topic unreadable for %.0fs; open blocks wait: %s", down, exc)
         return True
 
-    def _close_ready(self) -> None:
+    def _close_ready(self, only: set[tuple[str, int]] | None = None) -> None:
+        """Write and commit every complete block (of the partitions in ``only``, or all)."""
         synced = False
-        for plog in list(self.logs.values()):
+        for key, plog in list(self.logs.items()):
+            if only is not None and key not in only:
+                continue
             while (block := plog.next_block(self.plan)) is not None:
                 if not block.final and not synced:
                     synced = True
@@ -432,7 +467,7 @@ class ReplayWorker:
         """Consume until stopped (``stop()``, drained with ``watchdog.drain``, or
         ``stop_after_epoch``); the watchdog ends a stalled or broker-less process."""
         self.consumer.subscribe(list(self.splits), on_assign=self._on_assign,
-                                on_revoke=self._on_revoke)
+                                on_revoke=self._on_revoke, on_lost=self._on_lost)
         last_stats = time.monotonic()
         self.monitor.start()
         clean = False
@@ -474,7 +509,8 @@ class ReplayWorker:
         watchdog exit leaves it for ``flywheel replay status``)."""
         if not (clean and self.monitor.remove_health()):
             self.monitor.stop()
+        self._write_on_revoke = clean
+        self.consumer.close()  # revokes: a clean stop writes and commits complete blocks
         self.producer.close(30)
-        self.consumer.close()
         self.control.close()
         log.info("replay worker stopped: %s", self.stats.report())

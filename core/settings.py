@@ -21,6 +21,10 @@ EMBEDDED_BROKER_PORT = int(os.environ.get(PORT_ENV) or 19092)
 EMBEDDED_CONTROLLER_PORT = EMBEDDED_BROKER_PORT + 1
 EMBEDDED_BOOTSTRAP = f"127.0.0.1:{EMBEDDED_BROKER_PORT}"
 BOOTSTRAP_ENV = "FLYWHEEL_BOOTSTRAP_SERVERS"
+PARTITIONS_ENV = "FLYWHEEL_TOPIC_PARTITIONS"
+DEFAULT_TOPIC_PARTITIONS = 12
+"""Partitions of every keyed catalogue topic (capture, quarantine, windows): the most
+stream or replay workers of one group that can share the work (docs/operations.md)."""
 HOME_ENV = "FLYWHEEL_HOME"
 KAFKA_CONFIG_ENV = "FLYWHEEL_KAFKA_CONFIG"
 
@@ -30,6 +34,15 @@ def bootstrap_servers(cli_value: str | None = None) -> str:
     if cli_value:
         return cli_value
     return os.environ.get(BOOTSTRAP_ENV) or EMBEDDED_BOOTSTRAP
+
+
+def topic_partitions() -> int:
+    """Partitions of the keyed catalogue topics: ``$FLYWHEEL_TOPIC_PARTITIONS`` or 12. Read
+    when topics are created; existing topics keep theirs (a mismatch is refused)."""
+    raw = os.environ.get(PARTITIONS_ENV) or str(DEFAULT_TOPIC_PARTITIONS)
+    if not raw.isdigit() or not 1 <= int(raw) <= 1024:
+        raise ConfigError(f"{PARTITIONS_ENV} must be an integer in 1..1024, got {raw!r}")
+    return int(raw)
 
 
 def flywheel_home() -> Path:

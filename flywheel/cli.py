@@ -50,7 +50,8 @@ def _mount_subapps() -> None:
     from hebrus_flywheel.train.cli import evaluate_command, predictors_command, train_command
     from hebrus_flywheel.train.qualify_cli import qualify_command
 
-    app.add_typer(broker_app, name="broker", help="Run the embedded single-node Kafka (KRaft).")
+    app.add_typer(broker_app, name="broker",
+                  help="Run the embedded Kafka (KRaft): one node or a local cluster.")
     app.add_typer(topics_app, name="topics", help="Create and describe the topic catalogue.")
     app.add_typer(consent_app, name="consent", help="Grant, revoke and list owners' consent.")
     app.add_typer(teacher_app, name="teacher", help="Create or describe a frozen teacher.")

@@ -30,11 +30,15 @@ from hebrus_flywheel.streams import container, kafka_jars, security
 from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.broker import (
     BrokerConfig,
+    ClusterConfig,
     EmbeddedBroker,
+    LocalCluster,
+    cluster_view,
     grant_roles,
     is_embedded,
     pin_jars,
     probe_metadata,
+    read_layout,
 )
 from hebrus_flywheel.streams.retention import CONFIGURABLE, RETENTION_CONFIG_ENV, load_policy
 from hebrus_flywheel.streams.topics import (
@@ -50,7 +54,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 broker_app = typer.Typer(
-    help="Run the embedded single-node Kafka 4.x broker (KRaft).", no_args_is_help=True
+    help="Run the embedded Kafka 4.x broker (KRaft): one node, or a local cluster "
+    "(--nodes 3).", no_args_is_help=True
 )
 topics_app = typer.Typer(
     help="Create and inspect the flywheel topic catalogue.", no_args_is_help=True
@@ -103,6 +108,21 @@ def _broker(home: Path | None, **overrides: Any) -> EmbeddedBroker:
     return EmbeddedBroker(BrokerConfig(home=root, **overrides))
 
 
+def _cluster(home: Path | None, nodes: int | None = None, **overrides: Any) -> LocalCluster | None:
+    """The local cluster of ``nodes`` (None: the layout ``up`` recorded in the home, if
+    any); None for the single node."""
+    root = home or flywheel_home()
+    recorded = read_layout(root)
+    count = nodes if nodes is not None else (recorded.nodes if recorded else 1)
+    if count <= 1:
+        return None
+    if recorded is not None and recorded.nodes != count:
+        raise ConfigError(f"a {recorded.nodes}-node cluster is recorded in {root}; run "
+                          "`flywheel broker down` before starting one of another size")
+    overrides.setdefault("insecure_plaintext", insecure_marker(root).is_file())
+    return LocalCluster(ClusterConfig(home=root, nodes=count, **overrides))
+
+
 # --------------------------------------------------------------------------- broker
 
 
@@ -123,12 +143,22 @@ def broker_up(
             "in the home; every report made from such a run carries a red warning.",
         ),
     ] = False,
+    nodes: Annotated[int | None, typer.Option(
+        "--nodes", help="1: one node; 2..9: a local KRaft cluster (every node broker and "
+        "controller; node i on ports BASE+2(i-1) and the next; RF 3 / min ISR 2 from 3 "
+        "nodes) [default: the recorded cluster, else 1].", show_default=False)] = None,
 ) -> None:
-    """Start the embedded broker (idempotent) and wait until it answers metadata requests.
+    """Start the embedded broker or local cluster (idempotent) and wait until it answers
+    metadata requests.
 
     Secure by default: the first start generates a local CA, the broker's certificate and
     one SCRAM-SHA-512 credential per role under $FLYWHEEL_HOME/kafka/security/; clients
     reach one SASL_SSL listener and each role has only its ACLs."""
+    cluster = _cluster(home, nodes, start_timeout_s=max(start_timeout, 120.0),
+                       heap_mb=min(heap_mb, 512), insecure_plaintext=insecure_plaintext)
+    if cluster is not None:
+        _cluster_up(cluster, bootstrap_servers_, insecure_plaintext)
+        return
     broker = _broker(home, heap_mb=heap_mb, start_timeout_s=start_timeout,
                      insecure_plaintext=insecure_plaintext)
     bootstrap = bootstrap_servers(bootstrap_servers_)
@@ -148,6 +178,24 @@ def broker_up(
     else:
         typer.echo(f"client properties per role: `flywheel broker credentials --role ROLE` "
                    f"({security_dir(broker.config.home)})")
+
+
+def _cluster_up(cluster: LocalCluster, bootstrap_servers_: str | None, insecure: bool) -> None:
+    bootstrap = bootstrap_servers(bootstrap_servers_)
+    if not is_embedded(bootstrap, cluster.nodes[1].config, cluster.config.client_ports):
+        typer.echo(f"an external Kafka cluster is configured ({bootstrap}); not starting the "
+                   f"local cluster. Unset {BOOTSTRAP_ENV} / --bootstrap-servers first.")
+        return
+    started = cluster.up()
+    verb = "started" if started else "already running"
+    mode = "PLAINTEXT (insecure)" if insecure else "SASL_SSL, SCRAM-SHA-512, ACLs"
+    rf, isr = cluster.config.node(1).replication_factor, cluster.config.node(1).min_insync_replicas
+    typer.echo(f"local Kafka cluster of {cluster.config.nodes} nodes {verb}, {mode}; topics "
+               f"get replication factor {rf}, min.insync.replicas {isr}")
+    typer.echo(f"bootstrap (every node): {cluster.bootstrap}  -- export {BOOTSTRAP_ENV}="
+               f"{cluster.bootstrap} so clients start while any node is up")
+    if insecure:
+        typer.secho(f"WARNING: {INSECURE_WARNING}", fg=typer.colors.RED, bold=True, err=True)
 
 
 @broker_app.command("credentials")
@@ -189,19 +237,28 @@ def broker_render_config(
     ] = Path("/etc/flywheel/kafka"),
     owner: Annotated[str | None, typer.Option(
         "--owner", help="UID:GID to own <home>/kafka (the broker image's user).")] = None,
+    nodes: Annotated[int, typer.Option(
+        "--nodes", help="Render N nodes: containers HOST-1..HOST-N on the same ports, files "
+        "under <home>/kafka/node-<i>, EXTERNAL on its port + 2(i-1); RF 3 / min ISR 2 "
+        "from 3 nodes.")] = 1,
 ) -> None:
     """Write everything a secure broker starts from without starting it (compose.yaml):
     CA, broker certificate, SCRAM passwords, server.properties, a start script and each
     role's client properties. Idempotent: existing keys and passwords are kept."""
     config = BrokerConfig(home=home, host=host, port=port, controller_port=controller_port,
                           bind_host=bind_host, external=external)
+    if not 1 <= nodes <= 9:
+        raise ConfigError(f"--nodes must be in 1..9, got {nodes}")
     written = container.render_config(
         config, clients_mount=clients_mount,
-        owner=container.parse_owner(owner) if owner else None)
+        owner=container.parse_owner(owner) if owner else None, nodes=nodes)
     for path in written:
         typer.echo(f"wrote    {path}")
-    typer.echo(f"start the broker with `sh {config.kafka_dir / container.START_SCRIPT}`, then "
-               f"`flywheel broker grant --home {home} -b {config.bootstrap}`")
+    configs = container.node_configs(config, nodes)
+    scripts = " and ".join(f"`sh {c.state_dir / container.START_SCRIPT}`" for c in configs)
+    bootstrap = ",".join(c.bootstrap for c in configs)
+    typer.echo(f"start the broker with {scripts}, then "
+               f"`flywheel broker grant --home {home} -b {bootstrap}`")
 
 
 @broker_app.command("grant")
@@ -231,7 +288,14 @@ def broker_down(
         float, typer.Option("--stop-timeout", help="Seconds between SIGTERM and SIGKILL.")
     ] = 30.0,
 ) -> None:
-    """Stop the embedded broker started from this home (only the process in its pid file)."""
+    """Stop the embedded broker, or every node of the local cluster, started from this
+    home (only the processes in their pid files)."""
+    cluster = _cluster(home, stop_timeout_s=stop_timeout)
+    if cluster is not None:
+        stopped_nodes = cluster.down()
+        typer.echo(f"local Kafka cluster ({cluster.config.nodes} nodes) "
+                   + ("stopped" if stopped_nodes else "was not running"))
+        return
     broker = _broker(home, stop_timeout_s=stop_timeout)
     bootstrap = bootstrap_servers(bootstrap_servers_)
     if not is_embedded(bootstrap, broker.config):
@@ -244,15 +308,39 @@ def broker_down(
 
 @broker_app.command("status")
 @_fail_cleanly
-def broker_status(bootstrap_servers_: BootstrapOpt = None, home: HomeOpt = None) -> None:
-    """Show whether the embedded broker runs and answers metadata requests."""
-    broker = _broker(home)
-    for line in broker.status().lines():
+def broker_status(
+    bootstrap_servers_: BootstrapOpt = None,
+    home: HomeOpt = None,
+    prefix: Annotated[str, typer.Option(
+        "--prefix", help="Show the partitions of topics with this prefix only.")] = "",
+) -> None:
+    """Show whether the embedded broker (or each node of the local cluster) runs and
+    answers, which nodes are up, and each partition's leader and in-sync replicas."""
+    cluster = _cluster(home)
+    if cluster is not None:
+        for node in cluster.status():
+            typer.echo(f"node {node.node_id}")
+            for line in node.status.lines():
+                typer.echo(f"  {line}")
+        target: Any = cluster.admin_config()
+        expected: tuple[int, ...] = tuple(cluster.nodes)
+    else:
+        broker = _broker(home)
+        for line in broker.status().lines():
+            typer.echo(line)
+        bootstrap = bootstrap_servers(bootstrap_servers_)
+        if not is_embedded(bootstrap, broker.config):
+            ok = probe_metadata(bootstrap, 5.0)
+            typer.echo(f"configured:  {bootstrap} (external), metadata "
+                       f"{'ok' if ok else 'unreachable'}")
+        target, expected = bootstrap, ()
+    try:
+        view = cluster_view(target, prefix=prefix, timeout_s=5.0)
+    except FlywheelError as exc:
+        typer.echo(f"partitions:  unknown ({exc})")
+        return
+    for line in view.lines(expected):
         typer.echo(line)
-    bootstrap = bootstrap_servers(bootstrap_servers_)
-    if not is_embedded(bootstrap, broker.config):
-        ok = probe_metadata(bootstrap, 5.0)
-        typer.echo(f"configured:  {bootstrap} (external), metadata {'ok' if ok else 'unreachable'}")
 
 
 @broker_app.command("pin-jars")
@@ -278,7 +366,8 @@ def broker_logs(
 ) -> None:
     """Print the last lines of the embedded broker's server log."""
     del bootstrap_servers_  # accepted for uniformity; the log is always the embedded broker's
-    tail = _broker(home).log_tail(lines)
+    cluster = _cluster(home)
+    tail = cluster.log_tail(lines) if cluster is not None else _broker(home).log_tail(lines)
     if not tail:
         typer.echo("no broker log yet; start the broker with `flywheel broker up`", err=True)
     for line in tail:

@@ -17,6 +17,13 @@ each worker needs to reach it, under ``<home>``::
 
 The broker's credentials and ACLs are stored afterwards, once it answers, by
 ``flywheel broker grant`` (:func:`streams.broker.grant_roles`).
+
+With ``--nodes N`` (:func:`node_configs`, compose's 3-node topology) every node ``i`` is a
+container named ``<host>-<i>`` on the same client and controller ports, each node's own
+files (``server.properties``, ``start.sh``, data, logs) under ``kafka/node-<i>/`` and its
+EXTERNAL listener published on ``<external port> + 2(i-1)``; the CA, the one broker
+certificate (valid for every node's name), the passwords and the client bundles are
+shared, as with ``flywheel broker up --nodes N``.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import atomic_write_text
 from hebrus_flywheel.core.kafka.security import ROLES
 from hebrus_flywheel.streams import security
-from hebrus_flywheel.streams.broker import BrokerConfig, render
+from hebrus_flywheel.streams.broker import BrokerConfig, node_ports, render, replication_for
 
 START_SCRIPT = "start.sh"
 JAVA_ADMIN_PROPERTIES = "admin-java.properties"
@@ -39,7 +46,7 @@ CLIENTS_DIR = "clients"
 def start_script(config: BrokerConfig) -> str:
     """A POSIX sh script that formats ``config.data_dir`` once and starts the broker."""
     files = security.SecurityFiles.of(config.home)
-    kafka_dir = shlex.quote(str(config.kafka_dir))
+    kafka_dir = shlex.quote(str(config.state_dir))
     scram = (f'--add-scram "{security.SCRAM_MECHANISM}=[name={security.ADMIN_USER},'
              f'password=$(cat {shlex.quote(str(files.password_file(security.ADMIN_USER)))})]"')
     return "\n".join([
@@ -107,23 +114,44 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
             os.chown(Path(parent) / name, uid, gid)
 
 
+def node_configs(config: BrokerConfig, nodes: int) -> list[BrokerConfig]:
+    """``config`` as node 1 of ``nodes`` containers ``<host>-<i>`` (see the module
+    docstring); ``[config]`` itself for one node."""
+    if nodes <= 1:
+        return [config]
+    rf, min_isr = replication_for(nodes)
+    ext_host, _, ext_port = (config.external or "").rpartition(":")
+    voters = tuple(f"{i}@{config.host}-{i}:{config.controller_port}"
+                   for i in range(1, nodes + 1))
+    return [BrokerConfig(
+        home=config.home, host=f"{config.host}-{i}", port=config.port,
+        controller_port=config.controller_port, bind_host=config.bind_host,
+        external=(f"{ext_host}:{node_ports(int(ext_port), i)[0]}" if config.external
+                  else None),
+        node_id=i, voters=voters, replication_factor=rf, min_insync_replicas=min_isr,
+        node_dir=config.kafka_dir / f"node-{i}") for i in range(1, nodes + 1)]
+
+
 def render_config(config: BrokerConfig, *, clients_mount: Path,
-                  owner: tuple[int, int] | None = None) -> list[Path]:
-    """Render a secure broker's files under ``config.home`` (see the module docstring);
-    ``owner`` (uid, gid) is given ``<home>/kafka`` (the broker image's user). Returns the
-    paths written."""
+                  owner: tuple[int, int] | None = None, nodes: int = 1) -> list[Path]:
+    """Render a secure broker's files under ``config.home`` (see the module docstring),
+    or those of ``nodes`` nodes; ``owner`` (uid, gid) is given ``<home>/kafka`` (the
+    broker image's user). Returns the paths written."""
     if config.insecure_plaintext:
         raise ConfigError("render-config renders a secure broker only; drop "
                           "--insecure-plaintext")
-    render(config)
+    written: list[Path] = []
+    for node in node_configs(config, nodes):
+        render(node)
+        script = node.state_dir / START_SCRIPT
+        atomic_write_text(script, start_script(node))
+        os.chmod(script, 0o700)
+        written += [node.server_properties, script]
     files = security.SecurityFiles.of(config.home)
-    script = config.kafka_dir / START_SCRIPT
-    atomic_write_text(script, start_script(config))
-    os.chmod(script, 0o700)
     java = config.kafka_dir / JAVA_ADMIN_PROPERTIES
     atomic_write_text(java, java_admin_properties(files))
     os.chmod(java, security.SECRET_MODE)
     bundles = write_client_bundles(files, config.home / CLIENTS_DIR, clients_mount)
     if owner is not None:
         _chown_tree(config.kafka_dir, *owner)
-    return [config.server_properties, script, java, files.root, *bundles]
+    return [*written, java, files.root, *bundles]

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.settings import topic_partitions
 from hebrus_flywheel.streams.exceptions import TopicError
 from hebrus_flywheel.streams.limits import QUARANTINE_MAX_MESSAGE_BYTES
 from hebrus_flywheel.streams.retention import (
@@ -174,10 +175,25 @@ class TopicSpec:
         return replace(self, name=f"{prefix}{self.name}", configs=dict(self.configs))
 
 
+SCALED = 4
+"""Placeholder partition count of the keyed topics below; :func:`scale_partitions`
+gives them ``$FLYWHEEL_TOPIC_PARTITIONS`` (default 12) when the catalogue is built.
+Single-partition topics (ledgers, control, identities) stay at 1: their order matters."""
+
+
+def scale_partitions(specs: Iterable[TopicSpec], partitions: int | None = None
+                     ) -> tuple[TopicSpec, ...]:
+    """``specs`` with every keyed (multi-partition) topic at ``partitions`` (default
+    :func:`core.settings.topic_partitions`)."""
+    n = topic_partitions() if partitions is None else partitions
+    return tuple(replace(s, partitions=n, configs=dict(s.configs)) if s.partitions > 1 else s
+                 for s in specs)
+
+
 def _window_spec(split: str) -> TopicSpec:
     return TopicSpec(
         name=window_topic(split),
-        partitions=4,
+        partitions=SCALED,
         doc=f"Causal windows of {split} threads, cut after split and dedup; input of replay.",
     )
 
@@ -192,17 +208,17 @@ _BASE_CATALOGUE: tuple[TopicSpec, ...] = (
     ),
     TopicSpec(
         name=TRANSCRIPTS_TOPIC,
-        partitions=4,
+        partitions=SCALED,
         doc="Captured conversation turns (token ids and text) from live decode.",
     ),
     TopicSpec(
         name=OBSERVATIONS_TOPIC,
-        partitions=4,
+        partitions=SCALED,
         doc="Native top-k routing observations captured during live decode.",
     ),
     TopicSpec(
         name=QUARANTINE_TOPIC,
-        partitions=4,
+        partitions=SCALED,
         doc="Records refused by validation, with a reason code; never reach a shard.",
         # explicit, and the quarantine producers' maximum request size: every quarantine
         # record is cut and size-checked against it (streams.quarantine)
@@ -243,7 +259,8 @@ def apply_retention(specs: Iterable[TopicSpec], policy: RetentionPolicy) -> tupl
     return tuple(out)
 
 
-CATALOGUE: tuple[TopicSpec, ...] = apply_retention(_BASE_CATALOGUE, DEFAULT_POLICY)
+CATALOGUE: tuple[TopicSpec, ...] = apply_retention(scale_partitions(_BASE_CATALOGUE),
+                                                   DEFAULT_POLICY)
 """The catalogue with the default retention policy."""
 
 
@@ -254,7 +271,8 @@ def catalogue(prefix: str = "", policy: RetentionPolicy | None = None) -> tuple[
     if prefix:
         _check_kafka_legal(prefix)
     policy = load_policy() if policy is None else policy
-    return apply_retention((spec.with_prefix(prefix) for spec in _BASE_CATALOGUE), policy)
+    return apply_retention(scale_partitions(spec.with_prefix(prefix) for spec in _BASE_CATALOGUE),
+                           policy)
 
 
 def spec_for(name: str, specs: Iterable[TopicSpec] = CATALOGUE) -> TopicSpec:
@@ -367,6 +385,9 @@ class TopicInfo:
     name: str
     partitions: int
     configs: Mapping[str, str] = field(hash=False)
+    replication: int = 1
+    """Replicas of the topic's partitions (the largest count: a partition whose leader is
+    down still lists its replicas)."""
 
 
 def describe_topics(
@@ -387,7 +408,9 @@ def describe_topics(
     present = [n for n in wanted if n in metadata.topics and metadata.topics[n].error is None]
     configs = _topic_configs(admin, bootstrap, present, timeout_s)
     return {
-        n: TopicInfo(name=n, partitions=len(metadata.topics[n].partitions), configs=configs[n])
+        n: TopicInfo(name=n, partitions=len(metadata.topics[n].partitions), configs=configs[n],
+                     replication=max((len(p.replicas) for p in
+                                      metadata.topics[n].partitions.values()), default=1))
         for n in sorted(present)
     }
 

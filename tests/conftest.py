@@ -11,6 +11,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The single-node tests keep 4 partitions per keyed topic (the catalogue's default is 12,
+# see docs/operations.md): set FLYWHEEL_TOPIC_PARTITIONS to run them with another count.
+os.environ.setdefault("FLYWHEEL_TOPIC_PARTITIONS", "4")
 # One owner key store for the session (tests.support.sealing): the publisher, in-process
 # pipelines and worker subprocesses seal and open capture with the same keys.
 os.environ.setdefault("FLYWHEEL_OWNER_KEYS",

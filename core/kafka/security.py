@@ -94,11 +94,17 @@ def current_role() -> str:
     return check_role(os.environ.get(ROLE_ENV) or DEFAULT_ROLE)
 
 
+EMBEDDED_MAX_NODES = 9
+"""Nodes a local cluster may have (streams.broker.cluster); node i's client port is
+``EMBEDDED_BROKER_PORT + 2(i-1)``."""
+
+
 def is_embedded_bootstrap(bootstrap: str) -> bool:
-    """Whether ``bootstrap`` names only the embedded broker of this process's settings."""
-    host, _, port = bootstrap.strip().rpartition(":")
-    return ("," not in bootstrap and host in ("127.0.0.1", "localhost")
-            and port == str(EMBEDDED_BROKER_PORT))
+    """Whether ``bootstrap`` names only the embedded broker of this process's settings, or
+    only client ports of the local cluster's nodes (same home, same credentials)."""
+    ports = {str(EMBEDDED_BROKER_PORT + 2 * i) for i in range(EMBEDDED_MAX_NODES)}
+    entries = [e.strip().rpartition(":") for e in bootstrap.split(",")]
+    return all(host in ("127.0.0.1", "localhost") and port in ports for host, _, port in entries)
 
 
 def embedded_properties(bootstrap: str, role: str | None = None,

@@ -73,6 +73,7 @@ from hebrus_flywheel.streams.processors.state_seal import seal_table
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
 from hebrus_flywheel.streams.processors.window import WindowStage, window_key
 from hebrus_flywheel.streams.processors.window_seal import encode_window
+from hebrus_flywheel.streams.topics import describe_topics
 
 log = logging.getLogger(__name__)
 CAPTURE_TABLE = "capture-state"
@@ -105,6 +106,10 @@ class WorkerConfig:
         poison_after_crashes: a record that crashed the worker this many times in a row
             is quarantined by reference as ``poison`` on the next start
             (:mod:`streams.processors.poison`).
+        standby_replicas: faust ``table_standby_replicas``: with more than one worker,
+            each table partition is also kept warm on this many other workers, so a
+            killed worker's partitions resume without replaying the whole changelog
+            (with one worker there is no other to hold a standby).
     """
 
     bootstrap: str
@@ -118,6 +123,7 @@ class WorkerConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     data_dir: Path | None = None
     poison_after_crashes: int = 3
+    standby_replicas: int = 1
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -133,6 +139,9 @@ class WorkerConfig:
         if isinstance(self.poison_after_crashes, bool) or not isinstance(
                 self.poison_after_crashes, int) or self.poison_after_crashes < 1:
             raise ConfigError("WorkerConfig.poison_after_crashes must be an integer >= 1")
+        if isinstance(self.standby_replicas, bool) or not isinstance(
+                self.standby_replicas, int) or self.standby_replicas < 0:
+            raise ConfigError("WorkerConfig.standby_replicas must be an integer >= 0")
         if not self.app_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ConfigError("WorkerConfig.app_id may hold letters, digits, '-', '_' and '.'")
 
@@ -160,6 +169,10 @@ class StreamsWorker:
             app_id=config.full_app_id,
             tables={CAPTURE_TABLE: None, DEDUP_TABLE: 1},
         )
+        # topics faust creates itself (its assignor's leader topic) are replicated like
+        # the catalogue: 3 on a cluster of three or more nodes (min.insync.replicas 2)
+        self.replication = describe_topics(
+            config.bootstrap, [self.topics.transcripts])[self.topics.transcripts].replication
         self.streams_run = start_run(
             config.bootstrap, self.topics.runs, app_id=config.full_app_id,
             config=config.processors, capture_topics=self.topics.capture_kinds().values(),
@@ -191,8 +204,8 @@ class StreamsWorker:
             datadir=str(data_dir / c.full_app_id),
             processing_guarantee="at_least_once",
             topic_partitions=self.partitions,
-            topic_replication_factor=1,
-            table_standby_replicas=0,
+            topic_replication_factor=self.replication,
+            table_standby_replicas=c.standby_replicas,
             web_enabled=False,
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=c.commit_interval_s,

@@ -45,8 +45,10 @@ def test_compose_pom_and_broker_use_the_one_kafka_version() -> None:
     version = kafka_jars.kafka_version()
     assert (ROOT / ".env").resolve() == kafka_jars.VERSION_PATH.resolve()
     assert kafka_jars.kafka_version(ROOT / ".env") == version
-    image = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["kafka"]["image"]
-    substituted = re.sub(r"\$\{KAFKA_VERSION(:[?-][^}]*)?\}", version, image)
+    services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    images = {s["image"] for s in services.values() if "apache/kafka" in s.get("image", "")}
+    assert len(images) == 1 and {"kafka-1", "kafka-2", "kafka-3"} <= set(services)
+    substituted = re.sub(r"\$\{KAFKA_VERSION(:[?-][^}]*)?\}", version, images.pop())
     assert substituted == f"apache/kafka:{version}"
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
     pom = ET.parse(kafka_jars.POM_PATH).getroot()
