@@ -62,6 +62,14 @@ class Run:
         self.weights.append(record["weights"])
         self.last_wall = record["wall_time_ms"]
 
+    def extend(self, tokens: np.ndarray, ids_TLK: np.ndarray, weights_TLK: np.ndarray,
+               wall_ms: int) -> None:
+        """Append consecutive tokens at once (arrays already in the wire dtypes)."""
+        self.tokens.extend(tokens.tolist())
+        self.ids.append(ids_TLK.tobytes())
+        self.weights.append(weights_TLK.tobytes())
+        self.last_wall = wall_ms
+
     def chunk_header(self, counter: int) -> dict[str, Any]:
         """Every ``RouteObservationChunk.v1`` field but the sealed payload and key generation."""
         span = min(max(self.last_wall - self.first_wall, 0), _INT32_MAX)
@@ -106,6 +114,31 @@ class ChunkRuns:
         self.buffered += 1
         if len(run) >= self.max_tokens:
             closed.append(self._pop(key))
+        return closed
+
+    def add_block(self, ids: tuple[str, str, str], record: Mapping[str, Any],
+                  tokens: np.ndarray, ids_TLK: np.ndarray, weights_TLK: np.ndarray,
+                  now: float) -> list[Run]:
+        """Append a run of consecutive tokens (``record``: the first token's fields without
+        routes; arrays ``[n]``, ``[n, rows, k]`` in the wire dtypes) in as few chunks as
+        ``max_tokens`` allows; returns the runs this closed."""
+        key, closed, done = (ids[0], ids[1]), [], 0
+        while done < len(tokens):
+            first = {**record, "token_ordinal": record["token_ordinal"] + done}
+            sig = signature(first, ids)
+            run = self._runs.get(key)
+            if run is not None and not run.continues(first, sig):
+                closed.append(self._pop(key))
+                run = None
+            if run is None:
+                run = self._runs[key] = Run(ids, first, now, sig)
+            take = min(len(tokens) - done, self.max_tokens - len(run))
+            part = slice(done, done + take)
+            run.extend(tokens[part], ids_TLK[part], weights_TLK[part], record["wall_time_ms"])
+            self.buffered += take
+            done += take
+            if len(run) >= self.max_tokens:
+                closed.append(self._pop(key))
         return closed
 
     def pop_thread(self, owner: str, thread: str) -> Run | None:

@@ -47,9 +47,10 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 from confluent_kafka import KafkaError
 
 from hebrus_flywheel.core import kafka
@@ -204,6 +205,37 @@ class RuntimePublisher(ProducerSide):
         self._end_run(sealed["owner"], sealed["thread"])  # keep the thread's order
         return self._enqueue(OBSERVATION_SCHEMA, self.config.observations_topic,
                              _thread_key(sealed), sealed, ordered, stamp)
+
+    def publish_run(self, base: Mapping[str, Any], *, first_ordinal: int,
+                    token_ids: Sequence[int] | np.ndarray, expert_ids_TLK: np.ndarray,
+                    weights_TLK: np.ndarray, stages: Sequence[int] | None = None) -> int:
+        """Publish a run of consecutive decoded tokens of one request at once: ``base``
+        holds the request's fields (owner, thread, generation, sequence_id, turn_index,
+        identity_id; raw ids), token ``i`` has ordinal ``first_ordinal + i``, routes are
+        ``[tokens, layers, top_k]`` arrays in layer order. Checked as a whole with the
+        per-token reason codes (:func:`streams.routes.check_route_block`), then added to
+        the thread's chunks without a per-token object; returns the tokens accepted (0
+        when the owner has no live capture grant)."""
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        ids = np.ascontiguousarray(expert_ids_TLK)
+        layers = ids.shape[1] if ids.ndim == 3 else 0
+        probe, _ = self._stamped({**base, "token_ordinal": first_ordinal + len(tokens) - 1,
+                                  "token_id": int(tokens.min(initial=0)), "speculative": None,
+                                  "layers": list(range(layers)), "top_k": ids.shape[-1],
+                                  "stages": list(stages or [0] * layers)})
+        geometry = self._guarded(lambda: validation.resolve_geometry(probe, self._geometries))
+        self._guarded(lambda: validation.validate_observation_fields(probe, geometry))
+        self._guarded(lambda: routes.check_route_block(ids, weights_TLK, geometry))
+        self._guarded(lambda: validation.check_token_block(tokens, geometry))
+        if len(tokens) != len(ids):
+            raise PublishValidationError("weights_ids_length_mismatch", f"{len(tokens)} token "
+                                         f"ids for {len(ids)} tokens' routes", field="token_ids")
+        if not len(tokens) or not self._consented(probe):
+            return 0
+        self._add_block({**probe, "token_ordinal": first_ordinal}, tokens.astype("<i4"),
+                        ids.astype(routes.ID_DTYPE, copy=False),
+                        np.ascontiguousarray(weights_TLK, dtype=routes.WEIGHT_DTYPE))
+        return len(tokens)
 
     def end_thread(self, owner: str, thread: str) -> bool:
         """Publish the open chunk of a thread (raw ids) now, e.g. when its request ends;
@@ -363,6 +395,25 @@ class RuntimePublisher(ProducerSide):
         finally:
             self._lock.release()
         return True
+
+    def _add_block(self, first: dict[str, Any], tokens: np.ndarray, ids_TLK: np.ndarray,
+                   weights_TLK: np.ndarray) -> None:
+        key = validation.observation_ordinal_key(first)
+        last = first["token_ordinal"] + len(tokens) - 1
+        wait_s = self.config.max_block_ms / 1000.0
+        if not self._lock.acquire(timeout=wait_s):
+            self._queue_full(self.config.observations_topic)
+            return
+        try:
+            self._check_open()
+            self._guarded(lambda: self._obs_tracker.check(key, first["token_ordinal"]))
+            self._obs_tracker.check_and_advance(key, last)
+            closed = self._runs.add_block(self._sealer.ids(first), first, tokens, ids_TLK,
+                                          weights_TLK, time.monotonic())
+            for run in closed:
+                self._put_run(run, wait_s=wait_s)
+        finally:
+            self._lock.release()
 
     def _end_run(self, owner: str, thread: str) -> bool:
         """Publish the thread's open chunk (pseudonyms), if any."""

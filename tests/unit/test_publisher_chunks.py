@@ -7,15 +7,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.schemas.codec import decode_message
+from hebrus_flywheel.streams.exceptions import PublishValidationError
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.sealing import CaptureOpener
 from tests.support.consent import ledger_allowing
 from tests.support.sealing import session_keys
-from tests.unit.test_publisher import IDENTITY, packed_observation
+from tests.unit.test_publisher import IDENTITY, LAYERS, K, packed_observation
 
 UNREACHABLE = "127.0.0.1:1"
 
@@ -125,3 +127,76 @@ def test_end_thread_publishes_its_chunk_now(
 def test_chunk_config_errors_name_the_field(change: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         PublisherConfig(bootstrap_servers=UNREACHABLE, **change)
+
+
+# -- publish_run: a decoded run of tokens at once ------------------------------------------
+
+
+def _arrays(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    one = packed_observation(0)
+    ids = np.frombuffer(one["expert_ids"], "<u2").reshape(LAYERS, K)
+    weights = np.frombuffer(one["weights"], "<f4").reshape(LAYERS, K)
+    return (np.arange(n) + 40, np.repeat(ids[None], n, axis=0).copy(),
+            np.repeat(weights[None], n, axis=0).copy())
+
+
+BASE = {"owner": "o1", "thread": "t1", "generation": 0, "sequence_id": "r1", "turn_index": 0,
+        "identity_id": IDENTITY["identity_id"]}
+
+
+def test_a_run_chunks_exactly_like_the_same_tokens_one_by_one() -> None:
+    tokens, ids, weights = _arrays(10)
+    by_run, sent_run = _capturing(chunk_max_tokens=4)
+    by_token, sent_token = _capturing(chunk_max_tokens=4)
+    assert by_run.publish_run(BASE, first_ordinal=0, token_ids=tokens, expert_ids_TLK=ids,
+                              weights_TLK=weights) == 10
+    for i in range(10):
+        by_token.publish_observation(packed_observation(i, token_id=int(tokens[i])))
+    for pub in (by_run, by_token):
+        pub.close()
+    opener = CaptureOpener(session_keys())
+    runs = [opener.open_chunk(c) for _, c in _decoded(sent_run)]
+    singles = [opener.open_chunk(c) for _, c in _decoded(sent_token)]
+    assert [len(r) for r in runs] == [4, 4, 2]
+    fields = ("token_ordinal", "token_id", "expert_ids", "weights", "layers", "stages")
+    assert [[{f: t[f] for f in fields} for t in r] for r in runs] == \
+        [[{f: t[f] for f in fields} for t in r] for r in singles]
+
+
+@pytest.mark.parametrize(("mutate", "reason", "token"), [
+    (lambda ids, w, t: ids.__setitem__((3, 1, 2), ids[3, 1, 0]), "duplicate_expert_id", 3),
+    (lambda ids, w, t: ids.__setitem__((5, 0, 0), 999), "expert_id_out_of_range", 5),
+    (lambda ids, w, t: w.__setitem__((2, 3, 3), 0.9), "rank_order_violation", 2),
+    (lambda ids, w, t: w.__setitem__((1, 0, 0), np.nan), "non_finite_weight", 1),
+    (lambda ids, w, t: t.__setitem__(4, -1), "token_id_out_of_range", None),
+])
+def test_a_bad_token_refuses_the_whole_run_naming_it(mutate: Any, reason: str,
+                                                     token: int | None) -> None:
+    tokens, ids, weights = _arrays(8)
+    mutate(ids, weights, tokens)
+    pub, sent = _capturing()
+    try:
+        with pytest.raises(PublishValidationError) as info:
+            pub.publish_run(BASE, first_ordinal=0, token_ids=tokens, expert_ids_TLK=ids,
+                            weights_TLK=weights)
+        assert info.value.reason == reason
+        if token is not None:
+            assert f"token {token}," in str(info.value)
+        assert pub.stats().tokens_buffered == 0 and pub.stats().rejected_invalid == {reason: 1}
+    finally:
+        pub.close(timeout_s=0.5)
+    assert sent == []
+
+
+def test_a_run_must_continue_after_the_last_published_ordinal() -> None:
+    tokens, ids, weights = _arrays(4)
+    pub, _ = _capturing()
+    try:
+        pub.publish_run(BASE, first_ordinal=10, token_ids=tokens, expert_ids_TLK=ids,
+                        weights_TLK=weights)
+        with pytest.raises(PublishValidationError) as info:
+            pub.publish_run(BASE, first_ordinal=12, token_ids=tokens, expert_ids_TLK=ids,
+                            weights_TLK=weights)
+        assert info.value.reason in ("ordinal_not_increasing", "duplicate_ordinal")
+    finally:
+        pub.close(timeout_s=0.5)
