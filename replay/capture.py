@@ -10,7 +10,9 @@ tokens; the publisher pseudonymizes and seals them (:mod:`streams.sealing`), so 
 of that leaves the process.
 
 Publishing order per thread, which the stream processors rely on: for an assistant
-turn, its observations first and then its ``TranscriptTurn``; other turns when they
+turn, its observations first (the whole decoded run through
+:meth:`RuntimePublisher.publish_run`, which chunks it into ``RouteObservationChunk``
+records) and then its ``TranscriptTurn``; other turns when they
 occur; the last turn carries ``closes_thread=True``. ``interleave`` threads are
 decoded round-robin, turn by turn, so the topics see threads interleaved the way a
 serving runtime would produce them.
@@ -215,9 +217,11 @@ class CaptureSession:
             decoded = self.runtime.decode_turn(prefix, sampling=self._sampling(state, turn))
             segments = _generated_segments(len(head), len(decoded.token_ids), len(tail))
         base = self._lineage(state, turn)
-        for obs in observation_records(decoded, base=base):
-            self.publisher.publish_observation(obs)
-            self.summary.observations += 1
+        if len(decoded.token_ids):  # the whole decoded run at once: chunked, no per-token dict
+            self.publisher.publish_run(
+                base, first_ordinal=int(decoded.ordinals[0]), token_ids=decoded.token_ids,
+                expert_ids_TLK=decoded.expert_ids_TLK, weights_TLK=decoded.weights_TLK)
+            self.summary.observations += len(decoded.token_ids)
         self.summary.decoded_tokens += len(decoded.token_ids)
         self.summary.decode_seconds += decoded.timing.decode_s
         return head + list(decoded.token_ids) + tail, segments

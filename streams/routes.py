@@ -210,6 +210,10 @@ def _check_rows(record: Mapping[str, Any], geometry: IdentityRules) -> int:
     return rows
 
 
+check_rows = _check_rows
+"""``layers`` and ``stages`` of a packed record: one row per routed layer; the row count."""
+
+
 def _check_shape(record: Mapping[str, Any], rows: int, geometry: IdentityRules
                  ) -> tuple[bytes, bytes]:
     top_k = _present(record, "top_k")
@@ -295,3 +299,44 @@ def check_packed_routes(record: Mapping[str, Any], geometry: IdentityRules) -> N
     ids, weights = _check_shape(record, rows, geometry)
     _check_ids(np.ndarray((rows, geometry.top_k), ID_DTYPE, ids), geometry)
     _check_weights(np.frombuffer(weights, dtype=WEIGHT_DTYPE), rows, geometry)
+
+
+def check_route_block(ids_TLK: np.ndarray, weights_TLK: np.ndarray,
+                      geometry: IdentityRules) -> None:
+    """The checks of :func:`check_packed_routes` over a run of tokens at once: ``[tokens,
+    layers, top_k]`` arrays of consecutive tokens' routes, rows in layer order. Raises
+    :class:`PublishValidationError` with the same reason codes, naming the first bad token."""
+    ids, weights = np.asarray(ids_TLK), np.asarray(weights_TLK)
+    if ids.ndim != 3 or ids.dtype.kind not in "iu":
+        raise _fail("wrong_type", f"expert ids must be a [tokens, layers, top_k] integer array, "
+                    f"got {ids.dtype} of shape {ids.shape}", "expert_ids")
+    if weights.shape != ids.shape:
+        raise _fail("weights_ids_length_mismatch", f"weights of shape {weights.shape} do not "
+                    f"align with expert ids of shape {ids.shape}", "weights")
+    _, rows, k = ids.shape
+    if rows != geometry.routed_layer_count:
+        raise _fail("layer_count_mismatch", f"{rows} route rows; the identity has "
+                    f"{geometry.routed_layer_count} routed layers", "layers")
+    if k != geometry.top_k:
+        raise _fail("wrong_k", f"top_k={k}; the identity's top_k is {geometry.top_k}", "top_k")
+    if not ids.size:
+        return
+    limit = min(geometry.expert_count, ID_LIMIT)
+    _block_fail((ids < 0) | (ids >= limit), "expert_id_out_of_range",
+                f"has an id outside [0, {limit})", "expert_ids")
+    ranked = np.sort(ids, axis=2)
+    _block_fail(ranked[..., 1:] == ranked[..., :-1], "duplicate_expert_id", "repeats an id",
+                "expert_ids")
+    w = weights.astype(WEIGHT_DTYPE, copy=False)
+    _block_fail(~np.isfinite(w), "non_finite_weight", "is not finite", "weights")
+    _block_fail(w < 0, "negative_weight", "has a negative", "weights")
+    if geometry.monotone_weights:
+        _block_fail(w[..., 1:] > w[..., :-1], "rank_order_violation",
+                    "increases along rank; rank 0 must be the highest router score", "weights")
+
+
+def _block_fail(bad_TLK: np.ndarray, reason: str, what: str, field: str) -> None:
+    if not bad_TLK.any():
+        return
+    token, row = (int(v) for v in np.argwhere(bad_TLK)[0][:2])
+    raise _fail(reason, f"{field} of token {token}, row {row} {what}", field)

@@ -51,7 +51,8 @@ TURN_V2 = "hebrus.flywheel.v1.TranscriptTurn.v2"
 OBSERVATION_V1 = "hebrus.flywheel.v1.RouteObservation.v1"
 OBSERVATION_V2 = "hebrus.flywheel.v1.RouteObservation.v2"
 OBSERVATION_V3 = "hebrus.flywheel.v1.RouteObservation.v3"
-SEALED_SCHEMAS = frozenset({TURN_V2, OBSERVATION_V3})
+OBSERVATION_CHUNK_V1 = "hebrus.flywheel.v1.RouteObservationChunk.v1"
+SEALED_SCHEMAS = frozenset({TURN_V2, OBSERVATION_V3, OBSERVATION_CHUNK_V1})
 UNSEALED_SCHEMAS = frozenset({TURN_V1, OBSERVATION_V1, OBSERVATION_V2})
 
 SEALING_REASONS: dict[str, str] = {
@@ -146,7 +147,8 @@ class CaptureSealer:
         """A ``RouteObservation.v3`` dict from a packed v2-shaped dict with raw ids."""
         return seal_observation(self.keys, self._pseudonymized(record))
 
-    def _pseudonymized(self, record: Mapping[str, Any]) -> dict[str, Any]:
+    def ids(self, record: Mapping[str, Any]) -> tuple[str, str, str]:
+        """The pseudonyms of a raw-id record's ``(owner, thread, sequence_id)`` (cached)."""
         raw = (str(record["owner"]), str(record["thread"]), str(record["sequence_id"]))
         ids = self._ids.get(raw)
         if ids is None:
@@ -154,6 +156,17 @@ class CaptureSealer:
                 self._ids.clear()
             named = pseudonymized(record, self.names)
             ids = self._ids[raw] = (named["owner"], named["thread"], named["sequence_id"])
+        return ids
+
+    def chunk(self, header: Mapping[str, Any], payload: bytes) -> dict[str, Any]:
+        """A ``RouteObservationChunk.v1`` dict from its header (pseudonymous ids) and its
+        plaintext payload (:mod:`streams.chunks`), sealed under the owner's live key."""
+        from hebrus_flywheel.streams.chunks import seal_chunk
+
+        return seal_chunk(self.keys.data_key(header["owner"], create=True), header, payload)
+
+    def _pseudonymized(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        ids = self.ids(record)
         return {**record, "owner": ids[0], "thread": ids[1], "sequence_id": ids[2]}
 
 
@@ -205,7 +218,24 @@ class CaptureOpener:
             return self._open_turn(record)
         if schema == OBSERVATION_V3:
             return self._open_observation(record)
+        if schema == OBSERVATION_CHUNK_V1:
+            raise SealingError("sealed_field_invalid", f"{schema} holds many tokens: open it "
+                               "with CaptureOpener.open_chunk")
         raise SealingError("sealed_field_invalid", f"{schema} is not a capture record schema")
+
+    def open_chunk(self, record: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The plaintext ``RouteObservation.v2`` records of a ``RouteObservationChunk.v1``
+        (:func:`streams.chunks.unroll`), or :class:`SealingError`; a payload that does not
+        fit the chunk's header raises :class:`streams.chunks.ChunkError`."""
+        from hebrus_flywheel.streams import chunks
+
+        chunks.check_chunk(record)  # before any key look-up
+        key = self._key(record)
+        try:
+            opened = chunks.open_chunk(key, record)
+        except SealedFieldError as exc:
+            raise SealingError("sealed_field_invalid", str(exc)) from exc
+        return chunks.unroll(record, opened)
 
     def _key(self, record: Mapping[str, Any]) -> Any:
         for name, kind in (("owner", OWNER), ("thread", THREAD), ("sequence_id", SEQUENCE)):

@@ -369,6 +369,26 @@ def validate_observation(obs: Mapping[str, Any], geometry: IdentityRules, *,
         tracker.check_and_advance(observation_ordinal_key(obs), obs["token_ordinal"])
 
 
+def validate_observation_fields(obs: Mapping[str, Any], geometry: IdentityRules) -> None:
+    """:func:`validate_observation` of a packed record without the route values: ids,
+    lineage, ordinal, token id and the rows (``layers``, ``stages``). For a run of tokens
+    whose routes :func:`streams.routes.check_route_block` checks at once."""
+    obs = _mapping(obs, "observation")
+    check_string_lengths(obs)
+    _check_common(obs, geometry)
+    _int(obs, "token_ordinal")
+    _check_token_id(_int(obs, "token_id", INT64_MIN), "token_id", geometry)
+    _check_speculative(obs)
+    routes.check_rows(obs, geometry)
+
+
+def check_token_block(tokens: Any, geometry: IdentityRules) -> None:
+    """Every token id of an integer array lies in ``[0, token_id_limit)``."""
+    if len(tokens) and not (int(tokens.min()) >= 0 and int(tokens.max()) < geometry.token_id_limit):
+        raise _fail(Reason.TOKEN_ID_OUT_OF_RANGE, f"token_ids hold an id outside "
+                    f"[0, {geometry.token_id_limit})", "token_ids")
+
+
 def _check_segments(turn: Mapping[str, Any], length: int) -> None:
     end_prev = 0
     for index, segment in enumerate(_list(turn, "segments")):

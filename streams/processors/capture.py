@@ -33,6 +33,7 @@ from hebrus_flywheel.core.privacy import (
 )
 from hebrus_flywheel.core.privacy.pseudonyms import OWNER, THREAD
 from hebrus_flywheel.streams import quarantine
+from hebrus_flywheel.streams.chunks import CHUNK_V1, ChunkError
 from hebrus_flywheel.streams.exceptions import ConsentError
 from hebrus_flywheel.streams.processors import assemble as asm
 from hebrus_flywheel.streams.processors.common import (
@@ -171,6 +172,9 @@ class CaptureStage:
         too_long = check_lengths(record)  # hostile strings first, before any key lookup
         if too_long is not None:
             return [self._quarantine(source, too_long, value, key, headers, record, schema)]
+        raw = (value, key, headers, schema)
+        if schema == CHUNK_V1:
+            return self._chunk(source, record, now_ms, raw)
         try:
             record = self.opener.open(schema, record)
         except SealingError as exc:
@@ -186,7 +190,38 @@ class CaptureStage:
         if not self._consented(record):
             return [self._no_consent(source, record, value)]
         self.counters.inc("validate", "passed")
-        return self._assemble(source, kind, record, routes, now_ms, (value, key, headers, schema))
+        return self._assemble(source, kind, [(record, routes)], now_ms, raw)
+
+    def _chunk(self, source: SourceRef, chunk: dict[str, Any], now_ms: int,
+               raw: tuple[Any, ...]) -> list[Emit]:
+        """A ``RouteObservationChunk``: opened, unrolled into its tokens' observations,
+        every token checked like a single observation; any refusal quarantines the chunk
+        whole (the token's reason code, its position in the detail). Counter and consent
+        are the chunk's; assembly applies all tokens or none."""
+        value, key, headers, schema = raw
+        try:
+            tokens = self.opener.open_chunk(chunk)
+        except SealingError as exc:
+            return [self._sealing_quarantine(source, exc, value, key, headers, chunk, schema)]
+        except ChunkError as exc:
+            return [self._quarantine(source, Rejection(exc.reason, exc.detail), value, key, headers,
+                                     chunk, schema)]
+        checked: list[tuple[dict[str, Any], Any]] = []
+        for i, record in enumerate(tokens):
+            problem, routes = self._check_record("observations", record, key)
+            if problem is not None:
+                detail = f"token {i} of {len(tokens)} (ordinal {record['token_ordinal']}): "
+                return [self._quarantine(source, problem._replace(detail=detail + problem.detail),
+                                         value, key, headers, chunk, schema)]
+            checked.append((record, routes))
+        problem = self._check_counter(source, chunk)
+        if problem is not None:
+            return [self._quarantine(source, problem, value, key, headers, chunk, schema)]
+        if not self._consented(chunk):
+            return [self._no_consent(source, chunk, value)]
+        self.counters.inc("validate", "passed")
+        self.counters.inc("validate", "chunk_tokens", len(checked))
+        return self._assemble(source, "observations", checked, now_ms, raw)
 
     def tick(self, partition: int, now_ms: int) -> list[Emit]:
         """Complete (or refuse) the open generations of ``partition`` that went idle, and
@@ -272,11 +307,13 @@ class CaptureStage:
         self,
         source: SourceRef,
         kind: str,
-        record: dict[str, Any],
-        routes: Any,
+        records: list[tuple[dict[str, Any], Any]],
         now_ms: int,
         raw: tuple[Any, ...],
     ) -> list[Emit]:
+        """Apply one message's records (one, or a chunk's tokens: all or none) to their
+        thread generation."""
+        record = records[0][0]
         iid = instance_id(record["owner"], record["thread"], record["generation"])
         hkey = header_key(iid)
         stored = self.store.get(hkey)
@@ -289,22 +326,37 @@ class CaptureStage:
             # the record that completed the generation repeats its emits (lost in a crash?)
             completing = header.get("completed_by") == [kind, source.offset]
             return [Emit(*e) for e in header["outbox"]] if completing else []
-        if kind == "transcripts":
-            verdict = asm.apply_turn(self.store, header, iid, record)
-        else:
-            verdict = asm.apply_observation(self.store, header, iid, record, routes)
+        verdict = self._apply(header, iid, kind, records)
         asm.mark_handled(header, kind, source.offset, verdict, self.aconf)
         header["last_ms"] = now_ms
         emits: list[Emit] = []
         if verdict is not None:
             emits.append(self._quarantine(source, verdict, raw[0], raw[1], raw[2], record, raw[3]))
         else:
-            self.counters.inc("assemble", f"applied_{kind}")
+            self.counters.inc("assemble", f"applied_{kind}", len(records))
             if asm.completion(header, self.aconf, idle=False) == "complete":
                 emits.extend(self._finish(iid, header, idle=False))
                 header["completed_by"] = [kind, source.offset]
         self.store[hkey] = header
         return emits
+
+    def _apply(self, header: dict[str, Any], iid: str, kind: str,
+               records: list[tuple[dict[str, Any], Any]]) -> Rejection | None:
+        """Apply the records to ``header`` and the store, or (on the first refusal) none."""
+        if kind == "transcripts":
+            return asm.apply_turn(self.store, header, iid, records[0][0])
+        if len(records) == 1:
+            return asm.apply_observation(self.store, header, iid, *records[0])
+        staged: dict[str, Any] = {}
+        trial = dict(header)
+        for i, (record, routes) in enumerate(records):
+            verdict = asm.apply_observation(staged, trial, iid, record, routes)
+            if verdict is not None:
+                return verdict._replace(detail=f"token {i} of {len(records)} of a chunk: "
+                                               f"{verdict.detail}")
+        header.update(trial)
+        self.store.update(staged)
+        return None
 
     def _finish(self, iid: str, header: dict[str, Any], *, idle: bool) -> list[Emit]:
         state = asm.completion(header, self.aconf, idle=idle)

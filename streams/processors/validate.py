@@ -28,6 +28,7 @@ from hebrus_flywheel.schemas.exceptions import SchemaError
 from hebrus_flywheel.schemas.registry import SchemaEntry, SchemaKey, default_registry
 from hebrus_flywheel.streams import limits, quarantine, routes
 from hebrus_flywheel.streams import validation as sv
+from hebrus_flywheel.streams.chunks import CHUNK_NAME, CHUNK_REASONS
 from hebrus_flywheel.streams.exceptions import PublishValidationError
 from hebrus_flywheel.streams.rules import IdentityRules
 from hebrus_flywheel.streams.sealing import SEALING_REASONS
@@ -54,6 +55,7 @@ PROCESSOR_REASONS: dict[str, str] = {
     "poison": "the record crashed the streams worker N times in a row (--poison-after-crashes); "
     "quarantined by reference on the next start so its partition goes on",
     **SEALING_REASONS,
+    **CHUNK_REASONS,
 }
 """Reason codes only the stream processors produce (stateful or thread-level checks)."""
 
@@ -77,6 +79,10 @@ CAPTURE_KINDS: dict[str, str] = {
     "identities": "hebrus.flywheel.v1.RuntimeIdentity",
 }
 """Which record type each capture topic carries."""
+
+ALSO_ACCEPTED: dict[str, frozenset[str]] = {"observations": frozenset({CHUNK_NAME})}
+"""Further record types a capture topic carries: chunks of observations
+(:mod:`streams.chunks`) on the observations topic."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,7 +190,7 @@ def decode_capture(
     except SchemaError as exc:
         reason = getattr(exc, "reason", "undecodable")
         return reject(reason if reason in REASONS else "undecodable", str(exc))
-    if key.name != CAPTURE_KINDS[kind]:
+    if key.name != CAPTURE_KINDS[kind] and key.name not in ALSO_ACCEPTED.get(kind, ()):
         return reject(
             "unexpected_schema",
             f"a {key} record on the {kind} topic; publish {CAPTURE_KINDS[kind]} records only",

@@ -73,12 +73,15 @@ def _decode(readers: dict[bytes, avro.io.DatumReader], value: bytes) -> dict[str
     return reader.read(avro.io.BinaryDecoder(io.BytesIO(value[HEADER_SIZE:])))
 
 
-def _opened(readers: dict[bytes, avro.io.DatumReader], value: bytes) -> dict[str, Any]:
+def _opened(readers: dict[bytes, avro.io.DatumReader], value: bytes) -> list[dict[str, Any]]:
     """The record as the reference Avro library reads it, sealed fields opened as the
-    stream workers open them (pseudonymous ids stay)."""
+    stream workers open them (pseudonymous ids stay); a chunk unrolled into its tokens."""
     record = _decode(readers, value)
     schema = str(default_registry().by_fingerprint(value[2:HEADER_SIZE]).key)
-    return record if "Identity" in schema else CaptureOpener(session_keys()).open(schema, record)
+    if "Identity" in schema:
+        return [record]
+    opener = CaptureOpener(session_keys())
+    return opener.open_chunk(record) if "Chunk" in schema else [opener.open(schema, record)]
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +97,15 @@ def captured(kafka_bootstrap: str, teacher_dir: Path, topic_factory: Any) -> dic
     )
     readers = _reference_readers()
     out: dict[str, Any] = {"summary": summary}
+    # observations travel in chunks: every delivered record that is no identity or turn
     counts = {"identities": 1, "transcripts": summary["turns"],
-              "observations": summary["observations"]}
+              "observations": summary["delivered"] - 1 - summary["turns"]}
     for name, topic in (("identities", topics.IDENTITIES_TOPIC),
                         ("transcripts", topics.TRANSCRIPTS_TOPIC),
                         ("observations", topics.OBSERVATIONS_TOPIC)):
         msgs = _consume_all(kafka_bootstrap, prefix + topic, counts[name])
-        out[name] = [(m.key().decode(), m.partition(), m.offset(), _opened(readers, m.value()))
-                     for m in msgs]
+        out[name] = [(m.key().decode(), m.partition(), m.offset(), record)
+                     for m in msgs for record in _opened(readers, m.value())]
         out[f"{name}_fingerprints"] = {m.value()[2:HEADER_SIZE] for m in msgs}
     return out
 
@@ -117,8 +121,8 @@ def test_everything_published_was_delivered(captured: dict[str, Any]) -> None:
 
 
 def test_capture_is_published_pseudonymous_and_sealed(captured: dict[str, Any]) -> None:
-    v3 = default_registry().get("RouteObservation.v3")
-    assert captured["observations_fingerprints"] == {v3.fingerprint}
+    chunk = default_registry().get("RouteObservationChunk.v1")
+    assert captured["observations_fingerprints"] == {chunk.fingerprint}
     v2 = default_registry().get("TranscriptTurn.v2")
     assert captured["transcripts_fingerprints"] == {v2.fingerprint}
     for kind in ("observations", "transcripts"):

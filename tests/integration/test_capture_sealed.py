@@ -83,7 +83,9 @@ def test_sealed_capture_through_a_worker(topic_factory: Any, tmp_path: Path) -> 
 
     worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id="flywheel-streams",
                            log_path=tmp_path / "worker.log", home=tmp_path / "home").start()
-    expected_quarantine = 7 + 7  # every record of the erased thread and of the old runtime
+    # every record of the erased thread (2 turns, 1 chunk of its 5 tokens) and of the old
+    # runtime (2 turns, 5 per-token observations)
+    expected_quarantine = 3 + 7
     try:
         wait_until(lambda: len(read_windows(bootstrap, topics)) >= 1 and len(
             list(read_topic(bootstrap, topics.quarantine))) >= expected_quarantine,
@@ -93,7 +95,7 @@ def test_sealed_capture_through_a_worker(topic_factory: Any, tmp_path: Path) -> 
 
     (window,) = read_windows(bootstrap, topics)
     assert window["owner"] == owner_pseudonym(kept)
-    for topic, count in ((topics.transcripts, 3 * 2), (topics.observations, 3 * 5)):
+    for topic, count in ((topics.transcripts, 3 * 2), (topics.observations, 2 * 1 + 5)):
         data, messages = _all_bytes(bootstrap, topic)
         assert len(messages) == count
         assert hits(data) == [] and kept.encode() not in data and erased.encode() not in data
@@ -105,7 +107,7 @@ def test_sealed_capture_through_a_worker(topic_factory: Any, tmp_path: Path) -> 
     for q in records:
         by_reason.setdefault(q["reason"], []).append(q)
     assert sorted((r, len(qs)) for r, qs in by_reason.items()) == [
-        ("owner_erased", 7), ("unsealed_capture", 7)]
+        ("owner_erased", 3), ("unsealed_capture", 7)]
     for q in records:
         assert q["value"] == b"" and q["reference_only"]
     assert {q["owner"] for q in by_reason["owner_erased"]} == {owner_pseudonym(erased)}

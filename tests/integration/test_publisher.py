@@ -88,7 +88,11 @@ def consume(bootstrap: str, topics: list[str], expected: int, timeout_s: float =
     return messages
 
 
-def test_publish_and_consume_back(kafka_bootstrap: str, topic_factory: Any) -> None:
+@pytest.mark.parametrize("chunk_max_tokens", [1, 16])
+def test_publish_and_consume_back(kafka_bootstrap: str, topic_factory: Any,
+                                  chunk_max_tokens: int) -> None:
+    """One ``RouteObservation.v3`` per token, or chunks of up to 16 tokens per thread
+    (40 tokens: 16 + 16 + 8); every token arrives once, in order."""
     topics = {name: topic_factory(name, partitions=3)
               for name in ("identities", "transcripts", "observations")}
     consent_topic = topic_factory.grant_consent({owner for owner, _ in THREADS})
@@ -96,7 +100,7 @@ def test_publish_and_consume_back(kafka_bootstrap: str, topic_factory: Any) -> N
         bootstrap_servers=kafka_bootstrap, identities_topic=topics["identities"],
         transcripts_topic=topics["transcripts"], observations_topic=topics["observations"],
         producer_id=f"test-{uuid.uuid4().hex[:8]}", queue_capacity=1000, max_block_ms=1000,
-        consent_topic=consent_topic)
+        consent_topic=consent_topic, chunk_max_tokens=chunk_max_tokens, chunk_max_ms=60_000)
     with RuntimePublisher(config, identity=IDENTITY) as pub:
         assert pub.publish_identity(IDENTITY)
         for owner, thread in THREADS:
@@ -108,22 +112,53 @@ def test_publish_and_consume_back(kafka_bootstrap: str, topic_factory: Any) -> N
             assert pub.publish_turn(turn(owner, thread, 1))
         assert pub.flush(30.0) == 0
         stats = pub.stats()
-    total = 1 + len(THREADS) * (TOKENS + 2)
+    per_thread = -(-TOKENS // chunk_max_tokens)
+    total = 1 + len(THREADS) * (per_thread + 2)
     assert stats.enqueued == stats.delivered == total
     assert stats.failed == 0 and stats.dropped_queue_full == 0 and not stats.rejected_invalid
     assert stats.delivered_by_topic == {topics["identities"]: 1,
                                         topics["transcripts"]: 2 * len(THREADS),
-                                        topics["observations"]: TOKENS * len(THREADS)}
+                                        topics["observations"]: per_thread * len(THREADS)}
+    chunked = chunk_max_tokens > 1
+    assert stats.chunk_tokens_enqueued == (TOKENS * len(THREADS) if chunked else 0)
     assert set(stats.bytes_on_wire) == set(topics.values())
     assert stats.first_error is None
     assert stats.refused_no_consent == 0 and stats.consent_checked
 
     messages = consume(kafka_bootstrap, list(topics.values()), total)
     assert len(messages) == total
-    check_messages(messages, topics, config.producer_id)
+    check_messages(messages, topics, config.producer_id, chunked=chunked)
 
 
-def check_messages(messages: list[Message], topics: dict[str, str], producer_id: str) -> None:
+def test_close_publishes_open_chunks_once(kafka_bootstrap: str, topic_factory: Any) -> None:
+    """Nothing due, nothing flushed: ``close`` alone publishes every open chunk, and each
+    token reaches the topic exactly once (idempotent producer, acks=all)."""
+    topics = {name: topic_factory(name, partitions=3)
+              for name in ("identities", "transcripts", "observations")}
+    consent_topic = topic_factory.grant_consent({owner for owner, _ in THREADS})
+    config = PublisherConfig(
+        bootstrap_servers=kafka_bootstrap, identities_topic=topics["identities"],
+        transcripts_topic=topics["transcripts"], observations_topic=topics["observations"],
+        consent_topic=consent_topic, chunk_max_tokens=256, chunk_max_ms=600_000)
+    pub = RuntimePublisher(config, identity=IDENTITY)
+    for ordinal in range(TOKENS):
+        for owner, thread in THREADS:
+            assert pub.publish_observation(observation(owner, thread, ordinal))
+    assert pub.stats().tokens_buffered == TOKENS * len(THREADS)
+    pub.close()
+    stats = pub.stats()
+    assert stats.tokens_buffered == 0 and stats.delivered == stats.enqueued == len(THREADS)
+    messages = consume(kafka_bootstrap, [topics["observations"]], len(THREADS))
+    opener = CaptureOpener(session_keys())
+    ordinals: dict[bytes, list[int]] = defaultdict(list)
+    for msg in messages:
+        _, chunk = decode_message(msg.value(), msg.headers())
+        ordinals[msg.key()].extend(r["token_ordinal"] for r in opener.open_chunk(chunk))
+    assert sorted(ordinals.values()) == [list(range(TOKENS))] * len(THREADS)
+
+
+def check_messages(messages: list[Message], topics: dict[str, str], producer_id: str, *,
+                   chunked: bool = False) -> None:
     by_key: dict[tuple[str, bytes], list[dict[str, Any]]] = defaultdict(list)
     partitions: dict[tuple[str, bytes], set[int]] = defaultdict(set)
     for msg in messages:
@@ -132,21 +167,25 @@ def check_messages(messages: list[Message], topics: dict[str, str], producer_id:
         assert topic is not None and partition is not None
         schema, record = decode_message(value, msg.headers())
         assert msg.headers() == kafka_headers(schema)
-        if topic == topics["observations"]:
-            assert schema.version == 3  # RouteObservation.v3, whatever shape came in
+        if topic == topics["observations"]:  # whatever shape came in
+            assert str(schema).endswith("RouteObservationChunk.v1" if chunked
+                                        else "RouteObservation.v3")
         if topic == topics["identities"]:
             assert key == IDENTITY["identity_id"].encode() and record == IDENTITY
             continue
         assert is_pseudonym(record["owner"], "o") and is_pseudonym(record["thread"], "t")
-        record = CaptureOpener(session_keys()).open(str(schema), record)
-        assert key == f"{record['owner']}/{record['thread']}".encode()
-        assert record["producer_id"] == producer_id and record["wall_time_ms"] > 0
-        by_key[(topic, key)].append(record)
+        opener = CaptureOpener(session_keys())
+        records = (opener.open_chunk(record) if schema.name.endswith("Chunk")
+                   else [opener.open(str(schema), record)])
+        for record in records:
+            assert key == f"{record['owner']}/{record['thread']}".encode()
+            assert record["producer_id"] == producer_id and record["wall_time_ms"] > 0
+        by_key[(topic, key)].extend(records)
         partitions[(topic, key)].add(partition)
     assert all(len(p) == 1 for p in partitions.values())  # one key, one partition
     for (topic, _key), records in by_key.items():
-        counters = [r["counter"] for r in records]
-        assert counters == sorted(counters) and len(set(counters)) == len(counters)
+        counters = [r["counter"] for r in records]  # a chunk's tokens share its counter
+        assert counters == sorted(counters) and (chunked or len(set(counters)) == len(counters))
         if topic == topics["observations"]:
             assert [r["token_ordinal"] for r in records] == list(range(TOKENS))
             assert all(r["layers"] == list(range(LAYERS)) and r["top_k"] == K for r in records)

@@ -62,7 +62,10 @@ def test_publisher_lets_out_no_raw_id_and_no_plaintext_token(
         raw = {**record, "owner": owner, "thread": "thread-c", "sequence_id": f"{owner}#req"}
         (pub.publish_turn if kind == "transcripts" else pub.publish_observation)(raw)
     assert pub.flush(5.0) == 0
-    assert len(sent) == 2 + 5  # two turns, five generated tokens (4 canary + footer)
+    # two turns and one chunk of the five generated tokens (4 canary + footer), which the
+    # assistant turn closed: user turn, chunk, assistant turn
+    assert len(sent) == 3 and [item.tokens for item in sent] == [1, 5, 1]
+    assert b"RouteObservationChunk" in dict(sent[1].headers)["schema"]
     for item in sent:
         wire = item.key + item.value + b"".join(k.encode() + v for k, v in item.headers)
         assert owner.encode() not in wire and b"thread-c" not in wire

@@ -55,9 +55,12 @@ def observation(ordinal: int, **change: Any) -> dict[str, Any]:
 
 
 def stalled(**change: Any) -> RuntimePublisher:
+    """One record per token unless ``change`` says otherwise (queue tests count records;
+    chunks: tests/unit/test_publisher_chunks.py)."""
     config = PublisherConfig(
         bootstrap_servers=UNREACHABLE, queue_capacity=2, max_block_ms=MAX_BLOCK_MS,
-        producer_overrides={"queue.buffering.max.messages": 1}, **change)
+        producer_overrides={"queue.buffering.max.messages": 1},
+        **{"chunk_max_tokens": 1, **change})
     return RuntimePublisher(config, identity=IDENTITY, consent=ledger_allowing(["o1"]))
 
 
@@ -220,8 +223,10 @@ def packed_observation(ordinal: int, **change: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def capturing() -> Iterator[tuple[RuntimePublisher, list[Any]]]:
-    """A publisher whose drain thread hands records to a list instead of librdkafka."""
-    pub = RuntimePublisher(PublisherConfig(bootstrap_servers=UNREACHABLE, close_timeout_s=0.1),
+    """A publisher whose drain thread hands records to a list instead of librdkafka (one
+    ``RouteObservation.v3`` per token)."""
+    pub = RuntimePublisher(PublisherConfig(bootstrap_servers=UNREACHABLE, close_timeout_s=0.1,
+                                           chunk_max_tokens=1),
                            identity=IDENTITY, consent=ledger_allowing(["o1"]))
     sent: list[Any] = []
     pub._send = sent.append  # type: ignore[method-assign]

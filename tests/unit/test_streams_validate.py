@@ -541,7 +541,8 @@ def test_owner_without_capture_consent_is_quarantined_metadata_only() -> None:
 def test_every_reason_is_documented_and_tested() -> None:
     source = Path(__file__).read_text(encoding="utf-8")
     tested = source.split("def test_every_reason")[0] + (
-        Path(__file__).parent / "test_capture_sealing.py").read_text(encoding="utf-8")
+        Path(__file__).parent / "test_capture_sealing.py").read_text(encoding="utf-8") + (
+        Path(__file__).parent / "test_chunks.py").read_text(encoding="utf-8")
     untested = [r for r in REASONS if f'"{r}"' not in tested and r not in NOT_PRODUCED_AFTER_DECODE]
     assert untested == []
 

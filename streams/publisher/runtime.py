@@ -21,206 +21,74 @@ Privacy: callers pass raw owner, thread and sequence ids and plaintext tokens; n
 of them leaves the process. After validation every turn and observation goes through
 :class:`streams.sealing.CaptureSealer`: ids become pseudonyms (also in the Kafka key),
 token ids and routes are sealed under the owner's data key, and what is encoded is
-``TranscriptTurn.v2`` / ``RouteObservation.v3``, whose schemas have no plaintext token or
-raw-id field at all. The key store is ``LocalOwnerKeyStore(create=True)`` unless the
-caller gives one.
+``TranscriptTurn.v2`` / ``RouteObservationChunk.v1`` (``RouteObservation.v3`` for
+speculative tokens, or with ``chunk_max_tokens=1``), whose schemas have no plaintext
+token or raw-id field at all.
+
+Chunks (:mod:`streams.chunks`, :mod:`streams.publisher.batching`): an accepted
+observation joins its thread's open chunk; the chunk is sealed (one AES-GCM envelope),
+encoded and enqueued as one record when it is full (``chunk_max_tokens``), when
+``chunk_max_ms`` passed since its first token (the drain thread checks while idle),
+when the thread's next observation does not continue it, on a turn of the thread, on
+:meth:`RuntimePublisher.end_thread`, and on ``flush`` / ``close``. A chunk's
+``counter`` is stamped when it is enqueued. The producer is idempotent (``acks=all``):
+librdkafka's retries never duplicate a record, and ``close`` publishes every open chunk
+before it flushes, so nothing accepted is lost on a clean close. Observations still in
+an open chunk when the process dies are lost like anything in the in-process queue
+(``stats().tokens_buffered`` says how many are open at any moment).
+
+The key store is ``LocalOwnerKeyStore(create=True)`` unless the caller gives one.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import socket
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException, Message
+import numpy as np
+from confluent_kafka import KafkaError
 
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, OwnerKeyStore
-from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.schemas.codec import encode_entry, kafka_headers
 from hebrus_flywheel.schemas.exceptions import RecordEncodeError
 from hebrus_flywheel.schemas.registry import SchemaRegistry, default_registry
 from hebrus_flywheel.streams import routes, validation
-from hebrus_flywheel.streams.consent import CONSENT_TOPIC, ConsentCheck
+from hebrus_flywheel.streams.consent import ConsentCheck
 from hebrus_flywheel.streams.consent_book import capture_gate
 from hebrus_flywheel.streams.exceptions import (
     PublisherClosedError,
     PublishValidationError,
     QueueFullError,
 )
+from hebrus_flywheel.streams.publisher.batching import ChunkRuns, Run
+from hebrus_flywheel.streams.publisher.config import (
+    CHUNK_SCHEMA,
+    IDENTITY_SCHEMA,
+    OBSERVATION_SCHEMA,
+    TURN_SCHEMA,
+    PublisherConfig,
+    PublisherStats,
+)
+from hebrus_flywheel.streams.publisher.delivery import Item, ProducerSide
 from hebrus_flywheel.streams.rules import IdentityRules
-from hebrus_flywheel.streams.sealing import OBSERVATION_V3, TURN_V2, CaptureSealer
-from hebrus_flywheel.streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC, TRANSCRIPTS_TOPIC
+from hebrus_flywheel.streams.sealing import CaptureSealer
 
 if TYPE_CHECKING:
     from confluent_kafka._types import HeadersType
 
-log = logging.getLogger(__name__)
-_rdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
-
-FULL_POLICIES = ("block_then_drop_newest", "block_then_raise")
-COMPRESSIONS = ("lz4", "zstd")
-IDENTITY_SCHEMA = "hebrus.flywheel.v1.RuntimeIdentity.v2"
-TURN_SCHEMA = TURN_V2
-OBSERVATION_SCHEMA = OBSERVATION_V3
-_PROTECTED = frozenset({"bootstrap.servers", "enable.idempotence", "acks", "on_delivery",
-                        "error_cb", "logger", "client.id"})
-_IDLE_POLL_S = 0.02
+log = logging.getLogger("hebrus_flywheel.streams.publisher")
+_rdkafka_log = logging.getLogger("hebrus_flywheel.streams.publisher.librdkafka")
 _T = TypeVar("_T")
-_BUFFER_RETRY_S = 0.05
 
 
-def default_producer_id() -> str:
-    """``<host>-<pid>-<random>``: unique per process lifetime, since counters restart at 0."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class PublisherConfig:
-    """Configuration of :class:`RuntimePublisher`.
-
-    Attributes:
-        bootstrap_servers: Kafka bootstrap list (default: ``flywheel.settings``).
-        identities_topic: topic of ``RuntimeIdentity`` records (keyed by identity id).
-        transcripts_topic: topic of ``TranscriptTurn`` records (keyed ``owner/thread``).
-        observations_topic: topic of ``RouteObservation`` records (keyed ``owner/thread``).
-        producer_id: stamped into records that leave it unset; unique per process.
-        queue_capacity: encoded records the in-process queue holds (~3.3 KB each for a
-            48x10 observation) before ``publish_*`` waits.
-        max_block_ms: longest a ``publish_*`` call waits for the lock and queue space, on
-            top of its validate + encode CPU time.
-        full_policy: after ``max_block_ms`` of a full queue, ``block_then_drop_newest``
-            drops the record (``publish_*`` returns False); ``block_then_raise`` raises
-            :class:`QueueFullError`. Both count ``dropped_queue_full``.
-        linger_ms: librdkafka ``linger.ms`` (batching delay).
-        compression: ``lz4`` or ``zstd``.
-        delivery_timeout_ms: librdkafka ``delivery.timeout.ms``; undelivered after that
-            counts as failed.
-        vocab_size: when set, token ids are checked against ``[0, vocab_size)``.
-        close_timeout_s: how long ``close()`` waits for outstanding deliveries.
-        producer_overrides: extra librdkafka settings (cannot change idempotence, acks,
-            bootstrap or callbacks).
-        consent_topic: the consent ledger (:mod:`streams.consent`).
-        consent_check: refuse (not publish, count ``refused_no_consent``) every turn and
-            observation whose owner has no live ``capture`` grant at its
-            ``wall_time_ms``. False is for tests and benchmarks only: the publisher
-            then logs a warning at start and every stats snapshot says so
-            (``consent_checked=False``).
-    """
-
-    bootstrap_servers: str = field(default_factory=lambda: bootstrap_servers(None))
-    identities_topic: str = IDENTITIES_TOPIC
-    transcripts_topic: str = TRANSCRIPTS_TOPIC
-    observations_topic: str = OBSERVATIONS_TOPIC
-    producer_id: str = field(default_factory=default_producer_id)
-    queue_capacity: int = 10_000
-    max_block_ms: float = 5.0
-    full_policy: str = "block_then_drop_newest"
-    linger_ms: int = 5
-    compression: str = "lz4"
-    delivery_timeout_ms: int = 120_000
-    vocab_size: int | None = None
-    close_timeout_s: float = 30.0
-    producer_overrides: Mapping[str, Any] = field(default_factory=dict)
-    consent_topic: str = CONSENT_TOPIC
-    consent_check: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("bootstrap_servers", "identities_topic", "transcripts_topic",
-                     "observations_topic", "producer_id", "consent_topic"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ConfigError(f"PublisherConfig.{name} must be a non-empty string")
-        for name, low in (("queue_capacity", 1), ("max_block_ms", 0), ("linger_ms", 0),
-                          ("delivery_timeout_ms", 1), ("close_timeout_s", 0)):
-            if getattr(self, name) < low:
-                raise ConfigError(f"PublisherConfig.{name} must be ≥ {low}, got "
-                                  f"{getattr(self, name)}")
-        if self.full_policy not in FULL_POLICIES:
-            raise ConfigError(f"PublisherConfig.full_policy must be one of {FULL_POLICIES}, "
-                              f"got {self.full_policy!r}")
-        if self.compression not in COMPRESSIONS:
-            raise ConfigError(f"PublisherConfig.compression must be one of {COMPRESSIONS}, "
-                              f"got {self.compression!r}")
-        if self.vocab_size is not None and self.vocab_size < 1:
-            raise ConfigError(f"PublisherConfig.vocab_size must be ≥ 1, got {self.vocab_size}")
-        clash = sorted(_PROTECTED & set(self.producer_overrides))
-        if clash:
-            raise ConfigError(f"PublisherConfig.producer_overrides may not set {clash}; the "
-                              "publisher fixes them (idempotent, acks=all, own callbacks)")
-        object.__setattr__(self, "producer_overrides",
-                           MappingProxyType(dict(self.producer_overrides)))
-
-    def producer_settings(self) -> dict[str, Any]:
-        """The librdkafka configuration (without callbacks)."""
-        return {
-            "bootstrap.servers": self.bootstrap_servers,
-            "client.id": f"flywheel-publisher-{self.producer_id}",
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": self.linger_ms,
-            "compression.type": self.compression,
-            "delivery.timeout.ms": self.delivery_timeout_ms,
-            **self.producer_overrides,
-        }
-
-
-@dataclass(frozen=True, kw_only=True)
-class PublisherStats:
-    """A snapshot of the publisher's counters.
-
-    Attributes:
-        enqueued: records accepted onto the in-process queue.
-        delivered: records the broker acknowledged.
-        failed: enqueued records that librdkafka refused or did not deliver
-            (``first_error`` has the first reason).
-        dropped_queue_full: records dropped (or refused) because the queue stayed full.
-        dropped_on_close: queued records discarded because ``close()`` timed out.
-        rejected_invalid: records refused by validation, by reason code.
-        delivered_by_topic / failed_by_topic: the same counts per topic.
-        bytes_on_wire: key + value + header bytes of delivered records per topic
-            (before compression).
-        queue_depth: records waiting in the in-process queue now.
-        in_flight: records inside librdkafka awaiting delivery now.
-        first_error: the first delivery / produce / fatal error, if any.
-        refused_no_consent: turns and observations not published because their owner
-            had no live ``capture`` grant (or the consent ledger could not be read).
-        consent_checked: False when the publisher runs with ``consent_check=False``.
-    """
-
-    enqueued: int
-    delivered: int
-    failed: int
-    dropped_queue_full: int
-    dropped_on_close: int
-    rejected_invalid: Mapping[str, int]
-    delivered_by_topic: Mapping[str, int]
-    failed_by_topic: Mapping[str, int]
-    bytes_on_wire: Mapping[str, int]
-    queue_depth: int
-    in_flight: int
-    first_error: str | None
-    refused_no_consent: int = 0
-    consent_checked: bool = True
-
-
-class _Item(NamedTuple):
-    topic: str
-    key: bytes
-    value: bytes
-    headers: HeadersType
-
-
-class RuntimePublisher:
+class RuntimePublisher(ProducerSide):
     """Publishes identities, transcript turns and route observations. Thread-safe.
 
     ``identity`` (a ``RuntimeIdentity`` dict) registers the geometry that turns and
@@ -247,7 +115,7 @@ class RuntimePublisher:
             topic=self.config.consent_topic, who=f"publisher {self.config.producer_id}")
         reg = registry if registry is not None else default_registry()
         self._entries = {name: reg.get(name) for name in
-                         (IDENTITY_SCHEMA, TURN_SCHEMA, OBSERVATION_SCHEMA)}
+                         (IDENTITY_SCHEMA, TURN_SCHEMA, OBSERVATION_SCHEMA, CHUNK_SCHEMA)}
         self._headers: dict[str, HeadersType] = {
             name: list(kafka_headers(e)) for name, e in self._entries.items()}
         self._geometries: dict[str, IdentityRules] = {}
@@ -255,7 +123,9 @@ class RuntimePublisher:
             self._register(identity)
         self._obs_tracker = validation.OrdinalTracker(field="token_ordinal")
         self._turn_tracker = validation.OrdinalTracker(field="turn_index")
-        self._queue: queue.Queue[_Item] = queue.Queue(maxsize=self.config.queue_capacity)
+        self._runs = ChunkRuns(max_tokens=self.config.chunk_max_tokens,
+                               max_ms=self.config.chunk_max_ms)
+        self._queue: queue.Queue[Item] = queue.Queue(maxsize=self.config.queue_capacity)
         self._lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._counts: Counter[str] = Counter()
@@ -264,6 +134,7 @@ class RuntimePublisher:
         self._first_error: str | None = None
         self._fatal: KafkaError | None = None
         self._next_counter = 0
+        self._next_due_scan = 0.0
         self._closed = False
         self._abort = threading.Event()
         self._last_warning = 0.0
@@ -307,6 +178,7 @@ class RuntimePublisher:
             return False
         key = (record["owner"], record["thread"], record["generation"])
         sealed = self._sealer.turn(record)
+        self._end_run(sealed["owner"], sealed["thread"])  # the thread's routes go first
         return self._enqueue(
             TURN_SCHEMA, self.config.transcripts_topic, _thread_key(sealed), sealed,
             lambda: self._turn_tracker.check_and_advance(key, record["turn_index"]), stamp)
@@ -323,15 +195,62 @@ class RuntimePublisher:
         record = stamped if routes.is_packed(stamped) else self._guarded(
             lambda: routes.to_v2(stamped))
         key = validation.observation_ordinal_key(record)
+
+        def ordered() -> None:
+            self._obs_tracker.check_and_advance(key, record["token_ordinal"])
+
+        if self.config.chunk_max_tokens > 1 and record.get("speculative") is None:
+            return self._buffer(record, ordered)
         sealed = self._sealer.observation(record)
-        return self._enqueue(
-            OBSERVATION_SCHEMA, self.config.observations_topic, _thread_key(sealed), sealed,
-            lambda: self._obs_tracker.check_and_advance(key, record["token_ordinal"]), stamp)
+        self._end_run(sealed["owner"], sealed["thread"])  # keep the thread's order
+        return self._enqueue(OBSERVATION_SCHEMA, self.config.observations_topic,
+                             _thread_key(sealed), sealed, ordered, stamp)
+
+    def publish_run(self, base: Mapping[str, Any], *, first_ordinal: int,
+                    token_ids: Sequence[int] | np.ndarray, expert_ids_TLK: np.ndarray,
+                    weights_TLK: np.ndarray, stages: Sequence[int] | None = None) -> int:
+        """Publish a run of consecutive decoded tokens of one request at once: ``base``
+        holds the request's fields (owner, thread, generation, sequence_id, turn_index,
+        identity_id; raw ids), token ``i`` has ordinal ``first_ordinal + i``, routes are
+        ``[tokens, layers, top_k]`` arrays in layer order. Checked as a whole with the
+        per-token reason codes (:func:`streams.routes.check_route_block`), then added to
+        the thread's chunks without a per-token object; returns the tokens accepted (0
+        when the owner has no live capture grant)."""
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        ids = np.ascontiguousarray(expert_ids_TLK)
+        layers = ids.shape[1] if ids.ndim == 3 else 0
+        probe, _ = self._stamped({**base, "token_ordinal": first_ordinal + len(tokens) - 1,
+                                  "token_id": int(tokens.min(initial=0)), "speculative": None,
+                                  "layers": list(range(layers)), "top_k": ids.shape[-1],
+                                  "stages": list(stages or [0] * layers)})
+        geometry = self._guarded(lambda: validation.resolve_geometry(probe, self._geometries))
+        self._guarded(lambda: validation.validate_observation_fields(probe, geometry))
+        self._guarded(lambda: routes.check_route_block(ids, weights_TLK, geometry))
+        self._guarded(lambda: validation.check_token_block(tokens, geometry))
+        if len(tokens) != len(ids):
+            raise PublishValidationError("weights_ids_length_mismatch", f"{len(tokens)} token "
+                                         f"ids for {len(ids)} tokens' routes", field="token_ids")
+        if not len(tokens) or not self._consented(probe):
+            return 0
+        self._add_block({**probe, "token_ordinal": first_ordinal}, tokens.astype("<i4"),
+                        ids.astype(routes.ID_DTYPE, copy=False),
+                        np.ascontiguousarray(weights_TLK, dtype=routes.WEIGHT_DTYPE))
+        return len(tokens)
+
+    def end_thread(self, owner: str, thread: str) -> bool:
+        """Publish the open chunk of a thread (raw ids) now, e.g. when its request ends;
+        False when none was open."""
+        ids = self._sealer.ids({"owner": owner, "thread": thread, "sequence_id": ""})
+        return self._end_run(ids[0], ids[1])
 
     def flush(self, timeout_s: float = 30.0) -> int:
-        """Wait until every queued record is delivered or ``timeout_s`` passes; returns
+        """Publish every open chunk, then wait until every queued record is delivered or
+        ``timeout_s`` passes; returns
         how many are still outstanding (0 when all were delivered or failed)."""
         deadline = time.monotonic() + timeout_s
+        with self._lock:
+            for run in self._runs.pop_all():
+                self._put_run(run, wait_s=max(0.0, deadline - time.monotonic()))
         with self._queue.all_tasks_done:
             while self._queue.unfinished_tasks and (left := deadline - time.monotonic()) > 0:
                 self._queue.all_tasks_done.wait(left)
@@ -375,7 +294,11 @@ class RuntimePublisher:
                 queue_depth=self._queue.qsize(), in_flight=len(self._producer),
                 first_error=self._first_error,
                 refused_no_consent=self._counts["refused_no_consent"],
-                consent_checked=self._consent is not None)
+                consent_checked=self._consent is not None,
+                chunks_enqueued=self._counts["chunks_enqueued"],
+                chunk_tokens_enqueued=self._counts["chunk_tokens_enqueued"],
+                tokens_buffered=self._runs.buffered,
+                chunk_tokens_dropped=self._counts["chunk_tokens_dropped"])
 
     def __enter__(self) -> RuntimePublisher:
         return self
@@ -436,7 +359,7 @@ class RuntimePublisher:
             self._check_open()
             if stamp_counter:
                 record["counter"] = self._next_counter
-            item = _Item(topic, key, self._encode(schema, record), self._headers[schema])
+            item = Item(topic, key, self._encode(schema, record), self._headers[schema])
             if ordered_check is not None:
                 self._guarded(ordered_check)
             self._next_counter += stamp_counter
@@ -447,6 +370,90 @@ class RuntimePublisher:
         finally:
             self._lock.release()
         self._bump("enqueued")
+        return True
+
+    # -- chunks ---------------------------------------------------------------------
+
+    def _buffer(self, record: dict[str, Any], ordered: Callable[[], None]) -> bool:
+        """Add an accepted observation to its thread's open chunk; publish the chunks
+        that closed (full, not continued, or due)."""
+        ids = self._sealer.ids(record)
+        wait_s = self.config.max_block_ms / 1000.0
+        deadline = time.monotonic() + wait_s
+        if not self._lock.acquire(timeout=wait_s):
+            return self._queue_full(self.config.observations_topic)
+        try:
+            self._check_open()
+            self._guarded(ordered)
+            now = time.monotonic()
+            closed = self._runs.add(ids, record, now)
+            if now >= self._next_due_scan:
+                closed += self._runs.pop_due(now)
+                self._next_due_scan = now + self._runs.max_s / 4
+            for run in closed:
+                self._put_run(run, wait_s=max(0.0, deadline - time.monotonic()))
+        finally:
+            self._lock.release()
+        return True
+
+    def _add_block(self, first: dict[str, Any], tokens: np.ndarray, ids_TLK: np.ndarray,
+                   weights_TLK: np.ndarray) -> None:
+        key = validation.observation_ordinal_key(first)
+        last = first["token_ordinal"] + len(tokens) - 1
+        wait_s = self.config.max_block_ms / 1000.0
+        if not self._lock.acquire(timeout=wait_s):
+            self._queue_full(self.config.observations_topic)
+            return
+        try:
+            self._check_open()
+            self._guarded(lambda: self._obs_tracker.check(key, first["token_ordinal"]))
+            self._obs_tracker.check_and_advance(key, last)
+            closed = self._runs.add_block(self._sealer.ids(first), first, tokens, ids_TLK,
+                                          weights_TLK, time.monotonic())
+            for run in closed:
+                self._put_run(run, wait_s=wait_s)
+        finally:
+            self._lock.release()
+
+    def _end_run(self, owner: str, thread: str) -> bool:
+        """Publish the thread's open chunk (pseudonyms), if any."""
+        with self._lock:
+            run = self._runs.pop_thread(owner, thread)
+            if run is not None:
+                self._put_run(run, wait_s=self.config.max_block_ms / 1000.0)
+        return run is not None
+
+    def _flush_due_chunks(self) -> None:
+        """The drain thread's idle hook: publish chunks ``chunk_max_ms`` old (the queue is
+        empty then, so nothing waits; a caller holding the lock is left alone)."""
+        if not self._runs.buffered or not self._lock.acquire(blocking=False):
+            return
+        try:
+            for run in self._runs.pop_due(time.monotonic()):
+                self._put_run(run, wait_s=0.0)
+        except QueueFullError:
+            log.warning("a due chunk was dropped on a full queue")
+        finally:
+            self._lock.release()
+
+    def _put_run(self, run: Run, *, wait_s: float) -> bool:
+        """Seal, encode and enqueue one closed chunk (lock held); its counter is the next."""
+        topic = self.config.observations_topic
+        header = run.chunk_header(self._next_counter)
+        self._next_counter += 1
+        sealed = self._sealer.chunk(header, run.payload())
+        item = Item(topic, _thread_key(sealed), self._encode(CHUNK_SCHEMA, sealed),
+                    self._headers[CHUNK_SCHEMA], len(run))
+        try:
+            self._queue.put(item, timeout=wait_s)
+        except queue.Full:
+            with self._stats_lock:
+                self._counts["chunk_tokens_dropped"] += len(run)
+            return self._queue_full(topic)
+        with self._stats_lock:
+            self._counts["enqueued"] += 1
+            self._counts["chunks_enqueued"] += 1
+            self._counts["chunk_tokens_enqueued"] += len(run)
         return True
 
     def _encode(self, schema: str, record: dict[str, Any]) -> bytes:
@@ -474,96 +481,6 @@ class RuntimePublisher:
                                        "close this publisher and create a new one")
         if self._closed:
             raise PublisherClosedError("publisher is closed; create a new one to publish more")
-
-    # -- background side ----------------------------------------------------------
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                item = self._queue.get(timeout=_IDLE_POLL_S)
-            except queue.Empty:
-                self._producer.poll(0)
-                if self._abort.is_set():
-                    return
-                continue
-            try:
-                if self._abort.is_set():
-                    self._bump("dropped_on_close")
-                else:
-                    self._send(item)
-            except Exception as exc:  # one bad record must not stop the drain thread
-                self._record_failure(item.topic, f"unexpected: {exc!r}")
-                log.exception("publisher thread failed on a record for %s", item.topic)
-            finally:
-                self._queue.task_done()
-            self._producer.poll(0)
-
-    def _send(self, item: _Item) -> None:
-        while True:
-            try:
-                self._producer.produce(item.topic, item.value, item.key, headers=item.headers,
-                                       on_delivery=self._on_delivery)
-                return
-            except BufferError:
-                if self._abort.is_set():
-                    self._bump("dropped_on_close")
-                    return
-                self._producer.poll(_BUFFER_RETRY_S)
-            except KafkaException as exc:
-                self._record_failure(item.topic, f"produce: {exc}")
-                return
-
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        topic = msg.topic() or "?"
-        if err is not None:
-            self._record_failure(topic, f"delivery: {err}")
-            return
-        size = len(msg.value() or b"") + len(msg.key() or b"") + _headers_size(msg.headers())
-        with self._stats_lock:
-            self._counts["delivered"] += 1
-            self._by_topic["delivered", topic] += 1
-            self._by_topic["bytes", topic] += size
-
-    def _on_error(self, err: KafkaError) -> None:
-        if err.fatal():
-            self._fatal = err
-            self._record_failure("", f"fatal: {err}", count=False)
-            log.error("Kafka producer fatal error: %s; the publisher refuses further records",
-                      err)
-            return
-        self._warn_throttled("Kafka producer error (librdkafka keeps retrying): %s", err)
-
-    # -- counters -----------------------------------------------------------------
-
-    def _bump(self, name: str) -> None:
-        with self._stats_lock:
-            self._counts[name] += 1
-
-    def _count_rejected(self, reason: str) -> None:
-        with self._stats_lock:
-            self._rejected[reason] += 1
-
-    def _record_failure(self, topic: str, message: str, *, count: bool = True) -> None:
-        with self._stats_lock:
-            if count:
-                self._counts["failed"] += 1
-                self._by_topic["failed", topic] += 1
-            if self._first_error is None:
-                self._first_error = f"{topic}: {message}" if topic else message
-
-    def _topic_counts(self, name: str) -> dict[str, int]:
-        return {topic: n for (kind, topic), n in self._by_topic.items() if kind == name}
-
-    def _warn_throttled(self, fmt: str, *args: object) -> None:
-        now = time.monotonic()
-        if now - self._last_warning >= 10.0:
-            self._last_warning = now
-            log.warning(fmt, *args)
-
-
-def _headers_size(headers: HeadersType | None) -> int:
-    pairs = headers.items() if isinstance(headers, dict) else headers or ()
-    return sum(len(name) + len(value or b"") for name, value in pairs)
 
 
 def _thread_key(record: Mapping[str, Any]) -> bytes:
