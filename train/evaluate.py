@@ -65,8 +65,8 @@ class EvaluateConfig:
     """Evaluation splits to score; empty means every evaluation split the snapshot has."""
     batch_size: int = 8192
     """(token, layer) rows per batch."""
-    budgets: tuple[int, ...] = (10, 12, 16, 20, 32)
-    """Candidate budgets of recall and precision."""
+    budgets: tuple[int, ...] | None = None
+    """Candidate budgets of recall and precision; None: the teacher's k, 2k, 3k, 4k."""
     union_max_window: int = 8
     """Largest token window of route-union growth; 0 turns it off."""
     calibration_bins: int = 10
@@ -80,7 +80,8 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", tuple(self.splits))
-        object.__setattr__(self, "budgets", tuple(self.budgets))
+        if self.budgets is not None:
+            object.__setattr__(self, "budgets", tuple(self.budgets))
         if TRAIN_SPLIT in self.splits or set(self.splits) - set(EVALUATION_SPLITS):
             raise ConfigError(f"EvaluateConfig.splits {self.splits!r}: evaluate only "
                               f"{', '.join(EVALUATION_SPLITS)}, never {TRAIN_SPLIT}")
