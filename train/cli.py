@@ -147,6 +147,7 @@ def evaluate_command(
                       expected_id=snapshot_id,
                       consent=consent_source(snapshot, bootstrap, no_consent_ledger))
     print_report(report)
+    print_projection(report["collection_projection"])
     _print_consent(report["snapshot"]["consent"])
     if out is not None:
         write_report(report, out)
@@ -203,6 +204,20 @@ def snapshot_expert_bytes(snapshot: Path) -> int:
 
     directory = snapshot.parent if snapshot.name == "manifest.json" else snapshot
     return StreamGeometry.from_identity(load_manifest(directory).identity).expert_bytes
+
+
+def print_projection(table: dict[str, Any]) -> None:
+    """The collection-time projection as a text table, then one JSON figure line each."""
+    import json
+
+    from hebrus_flywheel.train.projection import projection_figures, projection_lines
+
+    typer.echo("collection-time projection (hours; design note formula "
+               "replay_tokens / measured teacher-prefill tokens/s):")
+    for line in projection_lines(table):
+        typer.echo(f"  {line}")
+    for figure in projection_figures(table):
+        typer.echo(json.dumps(figure, sort_keys=False))
 
 
 def _cell(value: Any) -> str:

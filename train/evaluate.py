@@ -52,6 +52,7 @@ from hebrus_flywheel.train.metrics import (
     MetricsConfig,
 )
 from hebrus_flywheel.train.models import membership_probability
+from hebrus_flywheel.train.projection import ReplayThroughput, projection
 
 log = logging.getLogger(__name__)
 REPORT_SCHEMA = "flywheel.train.evaluation.v1"
@@ -330,6 +331,7 @@ def evaluate(snapshot_path: Path, checkpoint_path: Path, config: EvaluateConfig,
         "offline": {"candidate": method, "features": {method: "pre_attention"},
                     "results": [acc.result() for acc in run.accumulators.values()]},
         "auxiliary": [] if run.auxiliary is None else [run.auxiliary.result()],
+        "collection_projection": projection(ReplayThroughput.from_manifest(snapshot.manifest)),
     }
 
 

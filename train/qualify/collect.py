@@ -32,6 +32,7 @@ from typing import Any
 from hebrus_flywheel.core.configfile import read_toml
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.geometry import StreamGeometry
+from hebrus_flywheel.train.projection import ReplayThroughput
 from hebrus_flywheel.train.qualify import collect_data as data
 from hebrus_flywheel.train.qualify import collect_ids
 from hebrus_flywheel.train.qualify import collect_model as model
@@ -374,5 +375,9 @@ def collect_inputs(request: CollectRequest) -> Collected:
         geometry=geometry, expert_bytes=sim.expert_bytes, dtype_bytes=sim.dtype_bytes,
         offline=found["offline"], decode=found["decode"],
         shadow_io=found["shadow_io"], objective=s.objective, throughput=s.throughput,
-        economics=s.economics, predictor_figures=_figures(request, notes), **pieces)
+        economics=s.economics, predictor_figures=_figures(request, notes),
+        collection=ReplayThroughput.from_manifest(info.manifest), **pieces)
+    notes["collection"] = ("the manifest's replay_throughput (teacher prefill timed by the "
+                           "replay worker)" if inputs.collection is not None else
+                           "not measured: the manifest has no replay_throughput")
     return Collected(inputs=inputs, notes=notes, timings_s=timings)
