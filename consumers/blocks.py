@@ -10,6 +10,7 @@ poll timing, so labels do not depend on which other partitions happened to be po
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from hebrus_flywheel.consumers.shards import (
     shard_relpath,
     write_shard,
 )
+from hebrus_flywheel.consumers.throughput import record_block
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.core.snapshot import ShardLayout, shard_metadata
@@ -66,13 +68,28 @@ class BlockSettings:
     feature_contract: Mapping[str, Any] | None = None
 
 
+@dataclass
+class ReplayMeasure:
+    """Window tokens the teacher replayed in one block and the wall seconds it took."""
+
+    tokens: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+
+
 def _replay_batches(engine: Replayer, items: Sequence[Accepted], batch: int,
-                    stats: Counters) -> list[tuple[Any, SourceRef]]:
+                    stats: Counters, measure: ReplayMeasure) -> list[tuple[Any, SourceRef]]:
     out: list[tuple[Any, SourceRef]] = []
     for start in range(0, len(items), batch):
         chunk = items[start:start + batch]
+        started = time.perf_counter()
         with stats.timer("replay"):
             labels = engine.replay([a.window for a in chunk])
+        measure.seconds += time.perf_counter() - started
+        tokens = sum(len(a.window.get("token_ids") or ()) for a in chunk)
+        measure.tokens += tokens
+        measure.batches += 1
+        stats.inc("replay", "tokens", tokens)
         got = [getattr(lab, "window_id", None) for lab in labels]
         want = [a.window["window_id"] for a in chunk]
         if got != want:
@@ -112,7 +129,8 @@ def close_block(engine: Replayer, settings: BlockSettings, block: Block, split: 
     if not items:
         stats.inc("write", "empty_blocks")
         return None
-    labelled = _replay_batches(engine, items, settings.batch_windows, stats)
+    measure = ReplayMeasure()
+    labelled = _replay_batches(engine, items, settings.batch_windows, stats, measure)
     layout = _layout(settings, labelled[0][0])
     with stats.timer("pack"):
         table = pack_rows(labelled, layout)
@@ -127,6 +145,8 @@ def close_block(engine: Replayer, settings: BlockSettings, block: Block, split: 
     with stats.timer("write"):
         info = write_shard(settings.root, shard_relpath(block.epoch, split, name), table,
                            settings.shard, windows=len(items))
+    record_block(settings.root, block.epoch, info.relpath, windows=len(items), rows=info.rows,
+                 tokens=measure.tokens, batches=measure.batches, seconds=measure.seconds)
     stats.inc("write", "shards")
     stats.inc("write", "rows", info.rows)
     stats.inc("write", "bytes", info.bytes)

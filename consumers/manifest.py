@@ -143,9 +143,11 @@ def build_manifest(*, epoch: int, dataset: Mapping[str, Any], boundary: EpochBou
                    splits_by_topic: Mapping[str, str], shards: Sequence[Mapping[str, Any]],
                    parity: Mapping[str, Any] | None, parity_override: str | None,
                    previous_snapshot: str | None,
-                   consent: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   consent: Mapping[str, Any] | None = None,
+                   replay_throughput: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The manifest of one epoch, ``snapshot_id`` included; ``consent`` is the seal's
-    consent measurement (:mod:`consumers.consent_seal`), absent from a rebuild's."""
+    consent measurement (:mod:`consumers.consent_seal`), absent from a rebuild's;
+    ``replay_throughput`` the replay's measured speed (:mod:`consumers.throughput`)."""
     geometry = _geometry(shards)
     encryption = _encryption(shards)
     identity = dict(dataset["identity"])
@@ -173,6 +175,8 @@ def build_manifest(*, epoch: int, dataset: Mapping[str, Any], boundary: EpochBou
     }
     if consent is not None:
         manifest["consent"] = dict(consent)
+    if replay_throughput is not None:
+        manifest["replay_throughput"] = dict(replay_throughput)
     manifest["content_id"] = content_digest(manifest)
     manifest["snapshot_id"] = manifest_digest(manifest)
     return manifest

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hebrus_flywheel.consumers import throughput
 from hebrus_flywheel.consumers.blocks import BlockSettings, close_block
 from hebrus_flywheel.consumers.content_policy import (
     ContentPolicy,
@@ -301,9 +302,11 @@ def rebuild_snapshot(config: RebuildConfig, *, teacher: Any = None) -> dict[str,
     dataset = {"identity": manifest["identity"], "determinism": manifest["determinism"],
                "writer": writer_versions()}
     dataset["source"] = {k: v for k, v in manifest["source"].items() if k != "topics"}
+    shards = describe_shards(out, manifest["epoch"])
     rebuilt = build_manifest(
         epoch=manifest["epoch"], dataset=dataset, boundary=boundary, splits_by_topic=splits,
-        shards=describe_shards(out, manifest["epoch"]), parity=manifest["parity"],
+        shards=shards, parity=manifest["parity"],
+        replay_throughput=throughput.summarize(out, manifest["epoch"], shards),
         parity_override=(manifest["parity_override"] or {}).get("reason"),
         previous_snapshot=manifest["previous_snapshot"])
     write_manifest(out, target, rebuilt)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hebrus_flywheel.consumers import consent_seal
+from hebrus_flywheel.consumers import consent_seal, throughput
 from hebrus_flywheel.consumers.control import (
     ControlChannel,
     ControlState,
@@ -262,11 +262,11 @@ def seal_epoch(config: SealConfig) -> SealResult:
         check_policy(parity, config.override_parity, dataset["identity"]["identity_id"])
         source = {**dataset["source"], "capture": capture_source(config, prefix, boundary)}
         consent = check_consent(config, root, prefix)
+        shards = describe_shards(root, config.epoch)
         manifest = build_manifest(
-            consent=consent,
+            consent=consent, replay_throughput=throughput.summarize(root, config.epoch, shards),
             epoch=config.epoch, dataset={**dataset, "source": source}, boundary=boundary,
-            splits_by_topic=_topics(prefix),
-            shards=describe_shards(root, config.epoch), parity=parity,
+            splits_by_topic=_topics(prefix), shards=shards, parity=parity,
             parity_override=config.override_parity,
             previous_snapshot=_previous_snapshot(root, config.epoch))
         path = write_manifest(root, edir, manifest)

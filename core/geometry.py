@@ -133,3 +133,88 @@ class RouteGeometry:
             weight_rule=str(identity["weight_rule"]),
             tie_break_rule=str(identity["tie_break_rule"]),
         )
+
+
+WEIGHT_DTYPE_BYTES: dict[str, float] = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
+"""Bytes per weight element of each dtype a teacher executes (the identity's ``dtype``)."""
+UNQUANTIZED = "none"
+
+
+def teacher_budgets(top_k: int) -> tuple[int, ...]:
+    """The candidate budgets every evaluation uses: k, 2k, 3k and 4k of the teacher's k."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ConfigError(f"top_k must be a positive integer, got {top_k!r}")
+    return tuple(m * top_k for m in (1, 2, 3, 4))
+
+
+def weight_dtype_bytes(dtype: str, quantization: str = UNQUANTIZED) -> float:
+    """Bytes per stored weight element of an unquantized ``dtype``; ConfigError otherwise."""
+    if quantization != UNQUANTIZED:
+        raise ConfigError(f"quantization {quantization!r}: expert bytes are only derived for "
+                          "unquantized teachers (quantization 'none')")
+    if dtype not in WEIGHT_DTYPE_BYTES:
+        raise ConfigError(f"dtype {dtype!r} has no known element size; one of "
+                          f"{sorted(WEIGHT_DTYPE_BYTES)}")
+    return WEIGHT_DTYPE_BYTES[dtype]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamGeometry:
+    """What an SSD-streaming runtime of one teacher reads: routed experts only.
+
+    Shared experts and the MLPs of dense layers run for every token, so they stay
+    resident and are never streamed; only the ``expert_count`` routed experts of each of
+    the ``routed_layer_count`` routed layers are. Built from the identity alone (no
+    model load), so qualification, the simulator and the predictor figures size bytes
+    with this one function.
+
+    Fields:
+        route: the teacher's routing geometry.
+        dtype: the dtype the teacher executes (the identity's ``dtype``).
+        dtype_bytes: bytes per weight element of ``dtype``.
+    """
+
+    route: RouteGeometry
+    dtype: str
+    dtype_bytes: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.route, RouteGeometry):
+            raise ConfigError("StreamGeometry.route must be a RouteGeometry")
+        if not (isinstance(self.dtype_bytes, int | float) and self.dtype_bytes > 0):
+            raise ConfigError(f"StreamGeometry.dtype_bytes must be > 0, got {self.dtype_bytes!r}")
+
+    @classmethod
+    def from_identity(cls, identity: Mapping[str, Any]) -> StreamGeometry:
+        """The stream geometry a ``RuntimeIdentity`` record pins."""
+        dtype = str(identity["dtype"])
+        quantization = str(identity.get("quantization") or UNQUANTIZED)
+        return cls(route=RouteGeometry.from_identity(identity), dtype=dtype,
+                   dtype_bytes=weight_dtype_bytes(dtype, quantization))
+
+    @property
+    def expert_bytes(self) -> int:
+        """One routed expert: intermediate x hidden x 3 matrices x dtype bytes."""
+        return round(self.route.expert_bytes(self.dtype_bytes))
+
+    @property
+    def budgets(self) -> tuple[int, ...]:
+        """k, 2k, 3k, 4k (:func:`teacher_budgets`)."""
+        return teacher_budgets(self.route.top_k)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures a report prints: shape, element size, streamed and resident parts."""
+        r = self.route
+        return {
+            "family": r.family, "layer_count": r.layer_count,
+            "routed_layer_count": r.routed_layer_count,
+            "dense_layer_count": r.layer_count - r.routed_layer_count,
+            "expert_count": r.expert_count, "top_k": r.top_k, "hidden_size": r.hidden_size,
+            "routed_intermediate_size": r.routed_intermediate_size, "dtype": self.dtype,
+            "dtype_bytes": self.dtype_bytes, "expert_bytes": self.expert_bytes,
+            "streamed_bytes_per_token": r.routed_layer_count * r.top_k * self.expert_bytes,
+            "routed_expert_bytes_total": r.routed_layer_count * r.expert_count
+            * self.expert_bytes,
+            "resident": "shared experts, dense layers, attention and embeddings (not streamed)",
+            "budgets": list(self.budgets),
+        }

@@ -164,6 +164,7 @@ def evaluate_command(
                       expected_id=snapshot_id,
                       consent=consent_source(snapshot, bootstrap, no_consent_ledger))
     print_report(report)
+    print_projection(report["collection_projection"])
     _print_consent(report["snapshot"]["consent"])
     if out is not None:
         write_report(report, out)
@@ -181,7 +182,8 @@ def predictors_command(
                                     "ablate)."),
     seed: int = typer.Option(0, "--seed", help="Seed of init, batches and random control."),
     expert_bytes: int | None = typer.Option(None, "--expert-bytes", help="Bytes of one "
-                                            "expert [default: the teacher's at bf16]."),
+                                            "expert [default: the snapshot identity's, as "
+                                            "the simulator sizes it]."),
     threads: int = typer.Option(1, "--threads", help="torch threads (0: leave as is; "
                                 "one is fastest on a shared CPU)."),
 ) -> None:
@@ -198,19 +200,41 @@ def predictors_command(
 
     if threads:
         torch.set_num_threads(threads)
-    if expert_bytes is None and teacher is not None:
-        from hebrus_flywheel.replay.teacher import load_teacher
-
-        expert_bytes = round(load_teacher(teacher).geometry.expert_bytes(2.0))
+    if expert_bytes is None:
+        expert_bytes = snapshot_expert_bytes(snapshot)
     specs = default_specs(tuple(width))
     if teacher is None:
         specs = tuple(s for s in specs if not s.gate_prior and s.architecture != "gate_adapter")
-    config = BenchConfig(specs=specs, steps=steps, seed=seed, expert_bytes=expert_bytes or 1)
+    config = BenchConfig(specs=specs, steps=steps, seed=seed, expert_bytes=expert_bytes)
     report = bench_snapshot(snapshot, out, config, teacher_dir=teacher)
     for line in goal_lines(report):
         typer.echo(line)
     typer.echo(f"figures written to {report['outputs']['figures']}; ablation table in "
                f"{report['outputs']['report']}")
+
+
+def snapshot_expert_bytes(snapshot: Path) -> int:
+    """Bytes of one routed expert of the snapshot's teacher, from its identity alone:
+    the same :class:`~core.geometry.StreamGeometry` the qualification simulator uses."""
+    from hebrus_flywheel.core.geometry import StreamGeometry
+    from hebrus_flywheel.core.snapshot import load_manifest
+
+    directory = snapshot.parent if snapshot.name == "manifest.json" else snapshot
+    return StreamGeometry.from_identity(load_manifest(directory).identity).expert_bytes
+
+
+def print_projection(table: dict[str, Any]) -> None:
+    """The collection-time projection as a text table, then one JSON figure line each."""
+    import json
+
+    from hebrus_flywheel.train.projection import projection_figures, projection_lines
+
+    typer.echo("collection-time projection (hours; design note formula "
+               "replay_tokens / measured teacher-prefill tokens/s):")
+    for line in projection_lines(table):
+        typer.echo(f"  {line}")
+    for figure in projection_figures(table):
+        typer.echo(json.dumps(figure, sort_keys=False))
 
 
 def _cell(value: Any) -> str:

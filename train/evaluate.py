@@ -51,6 +51,7 @@ from hebrus_flywheel.train.metrics import (
     MetricsAccumulator,
     MetricsConfig,
 )
+from hebrus_flywheel.train.projection import ReplayThroughput, projection
 
 log = logging.getLogger(__name__)
 REPORT_SCHEMA = "flywheel.train.evaluation.v1"
@@ -64,8 +65,8 @@ class EvaluateConfig:
     """Evaluation splits to score; empty means every evaluation split the snapshot has."""
     batch_size: int = 8192
     """(token, layer) rows per batch."""
-    budgets: tuple[int, ...] = (10, 12, 16, 20, 32)
-    """Candidate budgets of recall and precision."""
+    budgets: tuple[int, ...] | None = None
+    """Candidate budgets of recall and precision; None: the teacher's k, 2k, 3k, 4k."""
     union_max_window: int = 8
     """Largest token window of route-union growth; 0 turns it off."""
     calibration_bins: int = 10
@@ -79,7 +80,8 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", tuple(self.splits))
-        object.__setattr__(self, "budgets", tuple(self.budgets))
+        if self.budgets is not None:
+            object.__setattr__(self, "budgets", tuple(self.budgets))
         if TRAIN_SPLIT in self.splits or set(self.splits) - set(EVALUATION_SPLITS):
             raise ConfigError(f"EvaluateConfig.splits {self.splits!r}: evaluate only "
                               f"{', '.join(EVALUATION_SPLITS)}, never {TRAIN_SPLIT}")
@@ -330,6 +332,7 @@ def evaluate(snapshot_path: Path, checkpoint_path: Path, config: EvaluateConfig,
         "offline": {"candidate": method, "features": {method: model_features(checkpoint)},
                     "results": [acc.result() for acc in run.accumulators.values()]},
         "auxiliary": [] if run.auxiliary is None else [run.auxiliary.result()],
+        "collection_projection": projection(ReplayThroughput.from_manifest(snapshot.manifest)),
     }
 
 

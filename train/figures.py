@@ -33,6 +33,7 @@ from typing import Any
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import atomic_write_text
+from hebrus_flywheel.core.geometry import teacher_budgets
 from hebrus_flywheel.train.exceptions import SnapshotError
 
 FIGURES_FILE = "predictor-figures.jsonl"
@@ -45,10 +46,8 @@ REQUIRED_LEARNED = ("exact_match_at_k", "ece")
 
 
 def literature_budgets(top_k: int) -> tuple[int, ...]:
-    """The budgets k, 2k, 3k and 4k of the teacher's top-k."""
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ConfigError(f"top_k must be a positive integer, got {top_k!r}")
-    return tuple(m * top_k for m in (1, 2, 3, 4))
+    """The budgets k, 2k, 3k and 4k of the teacher's top-k (:func:`teacher_budgets`)."""
+    return teacher_budgets(top_k)
 
 
 def _line(figure: str, value: float | None, **fields: Any) -> dict[str, Any] | None:

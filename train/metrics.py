@@ -5,7 +5,7 @@ candidates (ties broken by the lower expert id):
 
 * ``exact_match``: ``set(P_K) == T`` (order ignored).
 * ``recall[b] = |P_b & T| / K`` and ``precision[b] = |P_b & T| / b`` for every budget,
-  budgets clipped to E and deduplicated.
+  budgets clipped to E and deduplicated (by default k, 2k, 3k and 4k of the teacher's k).
 * ``rr_first``: ``1 / r`` with ``r`` the 1-based rank of the best-ranked native expert
   (classic reciprocal rank); ``rr_top1``: ``1 / r`` of the native rank-0 expert. Both
   are 0 when the expert is absent from a candidate list and 1 for a perfect ranking.
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.geometry import teacher_budgets
 from hebrus_flywheel.train.exceptions import BatchError, SplitMixingError
 
 TRAIN_SPLIT = "train"
@@ -105,8 +106,9 @@ class MetricsConfig:
     """E: experts per routed layer."""
     top_k: int = 10
     """K: native experts per row; targets must have exactly K columns."""
-    budgets: tuple[int, ...] = (10, 12, 16, 20, 32)
-    """Candidate budgets for recall/precision; clipped to E and deduplicated."""
+    budgets: tuple[int, ...] | None = None
+    """Candidate budgets for recall/precision, clipped to E and deduplicated; None: the
+    teacher's k, 2k, 3k and 4k (:func:`core.geometry.teacher_budgets`)."""
     calibration_bins: int = 10
     """Equal-width probability bins of the ECE reliability table."""
     calibration_candidates: int = 0
@@ -122,7 +124,7 @@ class MetricsConfig:
                 raise ConfigError(f"MetricsConfig.{name} must be a positive integer, got {value!r}")
         if self.top_k > self.expert_count:
             raise ConfigError("MetricsConfig.top_k must not exceed MetricsConfig.expert_count")
-        if not self.budgets or min(self.budgets) < 1:
+        if self.budgets is not None and (not self.budgets or min(self.budgets) < 1):
             raise ConfigError(f"MetricsConfig.budgets must be positive, got {self.budgets!r}")
         if self.union_max_window < 0:
             raise ConfigError("MetricsConfig.union_max_window must be >= 0 (0 = off)")
@@ -138,7 +140,8 @@ class MetricsConfig:
     @property
     def effective_budgets(self) -> tuple[int, ...]:
         """The budgets clipped to E, sorted, without repeats."""
-        return tuple(sorted({min(b, self.expert_count) for b in self.budgets}))
+        budgets = teacher_budgets(self.top_k) if self.budgets is None else self.budgets
+        return tuple(sorted({min(b, self.expert_count) for b in budgets}))
 
 
 def row_metrics(candidates_BC: np.ndarray, target_ids_BK: np.ndarray,

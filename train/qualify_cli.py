@@ -71,6 +71,7 @@ def qualify_command(
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     print_verdicts(outcome)
+    print_collection(outcome.report_json)
     typer.echo(f"report: {outcome.report_html} (json: {outcome.report_json}); "
                f"evidence sources: {out / COLLECTION_FILE}; {seconds:.1f} s")
 
@@ -115,6 +116,27 @@ def _write_collection(out: Path, notes: dict[str, str], timings: dict[str, float
 
 def _short(text: str, width: int = 110) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def print_collection(report_json: Path) -> None:
+    """The simulator geometry and the collection-time projection of the written report."""
+    import json
+
+    from hebrus_flywheel.train.projection import projection_lines
+
+    report = json.loads(Path(report_json).read_text(encoding="utf-8"))
+    g = report["simulator_geometry"]
+    typer.echo(f"simulator geometry ({g['source']}): {g['family']}, {g['routed_layers']} "
+               f"routed of {g['layers']} layers ({g['dense_layers']} dense, resident), "
+               f"{g['experts']} experts, top-{g['top_k']}, hidden {g['hidden_size']}, "
+               f"routed intermediate {g['routed_intermediate_size']}")
+    typer.echo(f"simulator geometry: expert {g['expert_bytes']:,} B = 3 x "
+               f"{g['hidden_size']} x {g['routed_intermediate_size']} x {g['dtype_bytes']} B; "
+               f"{g['streamed_bytes_per_token']:,} B streamed per token (L x k x expert); "
+               f"budgets {g['budgets']} (k..4k)")
+    typer.echo("collection-time projection (hours):")
+    for line in projection_lines(report["collection_projection"]):
+        typer.echo(f"  {line}")
 
 
 def print_verdicts(outcome: Any) -> None:

@@ -9,7 +9,8 @@ Shards are encrypted with random data keys, so a rebuild writes different cipher
 (other ``sha256`` and, by a few bytes, other ``bytes``) and hence gets another snapshot
 id. What a rebuild reproduces is the *content*: ``content_id`` is the SHA-256 of the
 canonical JSON without the ids, the ``encryption`` record, the ``consent`` measurement
-(taken at seal time against the consent ledger), and every ciphertext-dependent
+(taken at seal time against the consent ledger), the ``replay_throughput`` measurement
+(how fast this machine replayed), and every ciphertext-dependent
 field (each shard's ``sha256`` and ``bytes``, ``totals.bytes``, ``splits.*.bytes``); it
 covers each shard's ``plaintext_sha256``, the digest of its deterministic plaintext
 encoding.
@@ -66,7 +67,8 @@ def manifest_digest(manifest: Mapping[str, Any]) -> str:
 def content_digest(manifest: Mapping[str, Any]) -> str:
     """The content id: what a rebuild reproduces, whatever the keys (see the module doc)."""
     view = {k: v for k, v in manifest.items()
-            if k not in ("snapshot_id", "content_id", "encryption", "consent")}
+            if k not in ("snapshot_id", "content_id", "encryption", "consent",
+                         "replay_throughput")}
     view["shards"] = [{k: v for k, v in s.items() if k not in _CIPHERTEXT_ENTRY_KEYS}
                       for s in manifest.get("shards") or []]
     view["totals"] = {k: v for k, v in (manifest.get("totals") or {}).items() if k != "bytes"}

@@ -280,8 +280,10 @@ def test_sidecar_ranking_is_the_model_score_order(snapshot: data.SnapshotInfo) -
 
 
 def test_sweep_budgets_include_top_k_and_fit_the_experts() -> None:
-    assert model.sweep_budgets(10, 512) == (10, 16, 32)
-    assert model.sweep_budgets(4, 20) == (4, 16, 20)
+    assert model.sweep_budgets(10, 512) == (10, 20, 30, 40)  # the teacher's k..4k
+    assert model.sweep_budgets(4, 14) == (4, 8, 12, 14)
+    assert model.sweep_budgets(4, 20, (16, 32)) == (4, 16, 20)  # declared in [sweep]
+    assert model.evaluation_budgets(8) == (8, 16, 24, 32)
 
 
 def test_checkpoint_lineage_lists_the_checkpoint_then_its_parents() -> None:
@@ -300,7 +302,8 @@ def test_settings_declare_objective_sim_sweep_and_tau(tmp_path: Path) -> None:
                     '[gates.offline]\nmargin = 0.05\n', encoding="utf-8")
     s = load_settings(path)
     assert s.objective.name == "hide-ssd-wait" and s.objective.min_exposed_wait_reduction == 0.3
-    assert s.sim.ssd_bandwidth_bytes_per_s == 3e9 and s.sim.attention_time_s == (1e-4, 2e-4)
+    assert s.sim_fields == {"ssd_bandwidth_bytes_per_s": 3e9,
+                            "attention_time_s": (1e-4, 2e-4)}
     assert (s.bandwidths, s.budgets, s.tau) == ((1e9, 2e9), (8,), {1: 1.0, 4: 2.5})
     assert s.throughput is not None and s.thresholds.offline.margin == 0.05
     defaults = load_settings(None)
@@ -311,6 +314,33 @@ def test_settings_declare_objective_sim_sweep_and_tau(tmp_path: Path) -> None:
         settings_from_mapping({"objective": {"min_exposed_wait_reduction": 2.0}})
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="runtime identity"):
+        settings_from_mapping({"sim": {"dtype_bytes": 0.5}})
+    with pytest.raises(ConfigError, match="runtime identity"):
+        settings_from_mapping({"sim": {"geometry": {"hidden_size": 2048}}})
+    with pytest.raises(ConfigError, match="ssd_queue_depth"):
+        settings_from_mapping({"sim": {"ssd_queue_depth": 0}})
+
+
+def test_the_simulator_is_sized_from_the_snapshot_identity(
+        snapshot: data.SnapshotInfo) -> None:
+    """Expert bytes, experts, k and layers of the shadow simulator are the snapshot
+    teacher's, read from its identity (no model load), with [sim] timing overrides."""
+    geometry = data.geometry_evidence(snapshot)
+    stream = data.stream_geometry(snapshot, geometry)
+    ident = snapshot.identity
+    element = {"float32": 4, "bfloat16": 2, "float16": 2}[ident["dtype"]]
+    assert stream.expert_bytes == (3 * ident["hidden_size"] * ident["routed_intermediate_size"]
+                                   * element)
+    settings = settings_from_mapping({"sim": {"ssd_bandwidth_bytes_per_s": 3e9}})
+    sim = settings.sim_for(stream)
+    assert sim.geometry == geometry and sim.expert_bytes == stream.expert_bytes
+    assert sim.ssd_bandwidth_bytes_per_s == 3e9
+    assert sim.capacity_experts == round(0.125 * 3 * 16)  # 1/8 of L x E routed experts
+    # the predictor figures' byte budgets use the same source (flywheel predictors)
+    from hebrus_flywheel.train.cli import snapshot_expert_bytes
+
+    assert snapshot_expert_bytes(snapshot.directory) == sim.expert_bytes
 
 
 def test_window_id_reuse_is_measured_on_the_sealed_shards(

@@ -120,7 +120,7 @@ def test_4_uses_the_declared_bandwidth() -> None:
     assert inputs.shadow_io is not None
     bandwidth, rows = reference_rows(inputs.shadow_io)
     assert bandwidth == 1.5e8
-    assert [r["candidate_budget"] for r in rows] == [2, 4, 6, 8]
+    assert [r["candidate_budget"] for r in rows] == [4, 8, 12, 16]  # the fixture's k..4k
 
 
 def test_5_late_predictions() -> None:

@@ -263,7 +263,7 @@ def test_gate3_passes_at_equal_budget_and_reports_bytes() -> None:
     assert verdict.status == PASS
     f = verdict.figures
     assert f["budget"] == 4 and f["byte_budget"] == 4 * 12288
-    assert [b["bytes"] for b in f["budgets"]] == [b * 12288 for b in (2, 4, 8, 12)]
+    assert [b["bytes"] for b in f["budgets"]] == [b * 12288 for b in (4, 8, 12, 16)]
     assert f["strongest_control"]["validation"]["method"] == "lru"
     assert set(f["methods"]["validation"]) == {"random", "frequency", "lru", "previous_token",
                                               "adjacent_layer", "sidecar"}

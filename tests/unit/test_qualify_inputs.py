@@ -47,7 +47,8 @@ def test_fixture_loads_with_every_piece() -> None:
     assert inputs.offline is not None and inputs.offline.candidate == "sidecar"
     assert inputs.offline.controls == ("random", "frequency", "lru", "previous_token",
                                        "adjacent_layer")
-    assert inputs.offline.common_budgets == (2, 4, 8, 12)
+    assert inputs.offline.common_budgets == (4, 8, 12, 16)  # k..4k of top-4
+    assert inputs.collection is not None and inputs.collection.tokens_per_s == 800.0
     assert inputs.parity is not None and inputs.parity.per_layer_mismatch_rate[0] == 0.0
     assert inputs.integrity is not None
     assert inputs.integrity.splits["train"].thread_ids is not None

@@ -103,7 +103,8 @@ def test_report_json_round_trips_with_every_verdict(report_dir: Path) -> None:
 
 def test_report_html_parses_and_is_self_contained(report_dir: Path) -> None:
     walker = _walk((report_dir / "report.html").read_text(encoding="utf-8"))
-    assert walker.sections == ["summary", *(f"gate-{n}" for n in range(1, 7)), "falsifiers",
+    assert walker.sections == ["summary", "collection", *(f"gate-{n}" for n in range(1, 7)),
+                               "falsifiers",
                                "claim-boundary", "configuration"]
     assert len(walker.images) == len(PLOT_TITLES)
     for src in walker.images:
@@ -191,3 +192,22 @@ def test_unwritable_directory_is_a_report_error(tmp_path: Path) -> None:
     with pytest.raises(ReportError, match="cannot write the report"):
         write_report(inputs, evaluate_gates(inputs), evaluate_falsifiers(inputs),
                      blocker / "out")
+
+
+def test_report_carries_the_simulator_geometry_and_the_collection_projection(
+        report_dir: Path) -> None:
+    """The fixture's measured 800 replay tokens/s (200 labelled tokens/s) become the
+    design note's table; the candidate path has no snapshot: "not measured"."""
+    report = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))
+    geometry = report["simulator_geometry"]
+    assert geometry["expert_bytes"] == report["expert_bytes"] == 3 * 64 * 32 * 2
+    assert geometry["budgets"] == [4, 8, 12, 16]
+    assert geometry["streamed_bytes_per_token"] == 4 * 4 * geometry["expert_bytes"]
+    rows = {r["tokens"]: r for r in report["collection_projection"]["rows"]}
+    assert rows[100_000]["clean_replay_hours"] == round(100_000 / 800 / 3600, 3)
+    assert rows[10_000_000]["clean_replay_hours"] == round(10_000_000 / 800 / 3600, 3)
+    assert rows[1_000_000]["clean_labelled_hours"] == round(1_000_000 / 200 / 3600, 3)
+    assert all(r["candidate_replay_hours"] is None for r in rows.values())
+    html = (report_dir / "report.html").read_text(encoding="utf-8")
+    assert "Collection-time projection" in html and "not measured" in html
+    assert "10,000,000" in html and f"{10_000_000 / 800 / 3600:,.3g} h" in html

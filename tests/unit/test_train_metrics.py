@@ -206,7 +206,14 @@ def test_optional_inputs_and_torch_tensors() -> None:
 
 
 def test_budgets_clip_to_expert_count_and_config_is_checked() -> None:
-    assert MetricsConfig(expert_count=16, top_k=4).effective_budgets == (10, 12, 16)
+    # the default budgets follow the teacher's k: k, 2k, 3k, 4k, clipped to E
+    assert MetricsConfig(expert_count=512, top_k=10).effective_budgets == (10, 20, 30, 40)
+    assert MetricsConfig(expert_count=64, top_k=8).effective_budgets == (8, 16, 24, 32)
+    assert MetricsConfig(expert_count=10, top_k=4).effective_budgets == (4, 8, 10)
+    assert MetricsConfig(expert_count=16, top_k=4, budgets=(10, 12, 20)).effective_budgets \
+        == (10, 12, 16)
+    with pytest.raises(ConfigError, match="budgets"):
+        MetricsConfig(budgets=())
     with pytest.raises(ConfigError, match="top_k"):
         MetricsConfig(expert_count=4, top_k=5)
     with pytest.raises(ConfigError, match="union_max_window"):

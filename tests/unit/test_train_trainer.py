@@ -262,8 +262,14 @@ def test_the_cli_trains_and_prints_the_evaluation_table(small: PlantedSnapshot,
                                 str(tmp_path / "ck"), "--out", str(tmp_path / "r.json"),
                                 "--no-progress", "--no-consent-ledger"])
     assert shown.exit_code == 0, shown.output
-    for word in ("previous_token", "adjacent_layer", "sidecar", "R@32", "ECE", "exact@10"):
+    for word in ("previous_token", "adjacent_layer", "sidecar", "ECE", "exact@10"):
         assert word in shown.output
+    # the recall columns follow the teacher's top-10: k, 2k, 3k, 4k
+    assert all(f"R@{b}" in shown.output for b in (10, 20, 30, 40)) and "R@32" not in shown.output
+    # the planted snapshot records no replay throughput: the projection says so
+    assert "collection-time projection" in shown.output
+    assert '"figure": "collection_hours", "tokens": 10000000' in shown.output
+    assert "clean path not measured" in shown.output
     assert json.loads((tmp_path / "r.json").read_text())["snapshot"]["splits"] == ["validation"]
 
 

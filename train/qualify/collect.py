@@ -12,9 +12,9 @@ The optional TOML file (``flywheel qualify --config``) declares what is not meas
     [throughput]         # ThroughputEvidence (falsifier #10), when measured elsewhere
     [economics]          # EconomicsEvidence (falsifier #6)
     [authorization]      # Authorization (policy, approved, production_transcripts, ...)
-    [sim]                # SimConfig overrides (default: the illustrative deployment);
-    [sim.geometry]       # its model shape, a full RouteGeometry (hidden_size, ...)
-    [sweep]              # bandwidths = [...] (bytes/s), budgets = [...]
+    [sim]                # SimConfig timing/SSD/cache overrides; the model shape and
+                         # expert bytes always come from the snapshot's identity
+    [sweep]              # bandwidths = [...] (bytes/s), budgets = [...] (default k..4k)
     [break_even]         # tau = { "1" = 1.0, "4" = 2.5 }  accepted tokens per block
     [gates.offline]      # any QualificationConfig section: replay, integrity, offline,
                          # decode, shadow, falsifiers
@@ -31,6 +31,8 @@ from typing import Any
 
 from hebrus_flywheel.core.configfile import read_toml
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.geometry import StreamGeometry
+from hebrus_flywheel.train.projection import ReplayThroughput
 from hebrus_flywheel.train.qualify import collect_data as data
 from hebrus_flywheel.train.qualify import collect_ids
 from hebrus_flywheel.train.qualify import collect_model as model
@@ -50,9 +52,10 @@ from hebrus_flywheel.train.sim import SimConfig
 DEFAULT_OBJECTIVE = ServiceObjective(name="hide-ssd-wait", min_exposed_wait_reduction=0.2,
                                      max_p95_regression=0.0, max_p99_regression=0.0,
                                      evidence="simulator")
-SIM_NOTE = ("SimConfig is the illustrative Qwen4Exp-like deployment geometry and timing "
-            "(declared, not measured); expert_bytes comes from it because the tiny teacher's "
-            "own expert sizes are meaningless for SSD timing")
+SIM_NOTE = ("geometry from the teacher's identity (routed experts only: intermediate x "
+            "hidden x 3 x dtype bytes; shared experts and dense layers resident, not "
+            "streamed); SSD, timing and cache share are illustrative deployment settings "
+            "(declared, not measured)")
 DECODE_NOTE = (" Real-decode recall is the own-layer head's recall@top_k; timely recall counts "
                "every P1 candidate list (own-layer and, when present, next-layer head) that "
                "landed before its MoE in the simulator")
@@ -69,10 +72,16 @@ class QualifySettings:
     throughput: ThroughputEvidence | None = None
     economics: EconomicsEvidence | None = None
     authorization: dict[str, Any] | None = None
-    sim: SimConfig = field(default_factory=SimConfig)
+    sim_fields: dict[str, Any] = field(default_factory=dict)
+    """``[sim]`` overrides of :meth:`SimConfig.for_teacher` (never geometry or dtype)."""
     bandwidths: tuple[float, ...] = model.SWEEP_BANDWIDTHS
-    budgets: tuple[int, ...] = model.SWEEP_BUDGETS
+    budgets: tuple[int, ...] | None = None
+    """Sweep budgets; None: the teacher's k, 2k, 3k, 4k."""
     tau: dict[int, float] | None = None
+
+    def sim_for(self, stream: StreamGeometry) -> SimConfig:
+        """The simulator of ``stream``'s teacher with the declared ``[sim]`` overrides."""
+        return SimConfig.for_teacher(stream, **self.sim_fields)
 
 
 def _table(data_: Mapping[str, Any], name: str, where: str) -> dict[str, Any] | None:
@@ -132,13 +141,23 @@ def settings_from_mapping(raw: Mapping[str, Any], where: str = "config") -> Qual
     for name, key, cls in (("gates", "thresholds", QualificationConfig),
                            ("objective", "objective", ServiceObjective),
                            ("throughput", "throughput", ThroughputEvidence),
-                           ("economics", "economics", EconomicsEvidence),
-                           ("sim", "sim", SimConfig)):
+                           ("economics", "economics", EconomicsEvidence)):
         table = t[name]
         if table is not None:
             out[key] = from_mapping(cls, table, f"{where}: [{name}]")
+    if t["sim"] is not None:
+        out["sim_fields"] = _sim_fields(t["sim"], where, from_mapping)
     out.update(_sweep(t["sweep"], where))
     return QualifySettings(**out)
+
+
+def _sim_fields(table: Mapping[str, Any], where: str, parse: Any) -> dict[str, Any]:
+    fixed = sorted({"geometry", "dtype_bytes"} & set(table))
+    if fixed:
+        raise ConfigError(f"{where}: [sim] {fixed}: the model shape and expert bytes come "
+                          "from the snapshot's runtime identity, not from the config")
+    checked = parse(SimConfig, table, f"{where}: [sim]")  # validates every value
+    return {k: getattr(checked, k) for k in table}
 
 
 def load_settings(path: Path | None) -> QualifySettings:
@@ -264,13 +283,14 @@ def _data_pieces(request: CollectRequest, info: data.SnapshotInfo,
                 consent=data.consent_evidence(info, summary))}
 
 
-def _shadow(request: CollectRequest, info: data.SnapshotInfo, loaded: Any,
-            experts: int, top_k: int, notes: dict[str, str]) -> ShadowEvidence | None:
+def _shadow(request: CollectRequest, info: data.SnapshotInfo, loaded: Any, sim: SimConfig,
+            notes: dict[str, str]) -> ShadowEvidence | None:
     rows = model.read_holdout(info)
     if rows is None:
         notes["shadow_io"] = "the snapshot has no runtime_holdout rows: no decode trace"
         return None
     s = request.settings
+    top_k, experts = sim.geometry.top_k, sim.geometry.expert_count
     budgets = model.sweep_budgets(top_k, experts, s.budgets)
     own, nxt = model.sidecar_ranked(loaded, rows, max(budgets))
     trace = model.decode_trace(rows, experts)
@@ -285,7 +305,7 @@ def _shadow(request: CollectRequest, info: data.SnapshotInfo, loaded: Any,
         controls["native_gate"] = model.ranked_predictions(model.native_gate_ranked(
             info.directory, request.teacher, rows, max(budgets)))
     return model.shadow_evidence(
-        trace, model.ranked_predictions(own, nxt), s.sim, budget=top_k, budgets=budgets,
+        trace, model.ranked_predictions(own, nxt), sim, budget=top_k, budgets=budgets,
         bandwidths=s.bandwidths, tau=s.tau, oracle_lead=1 if nxt is not None else 0,
         notes={"note": SIM_NOTE, "trace": order, "predictions": heads}, controls=controls)
 
@@ -298,10 +318,11 @@ def _decode(offline: OfflineEvidence, shadow: ShadowEvidence | None, top_k: int,
 
 
 def _model_pieces(request: CollectRequest, info: data.SnapshotInfo, parity: Any,
-                  notes: dict[str, str], timings: dict[str, float]) -> dict[str, Any]:
+                  sim: SimConfig, notes: dict[str, str],
+                  timings: dict[str, float]) -> dict[str, Any]:
     from hebrus_flywheel.train.checkpoint import load_checkpoint
 
-    top_k, experts = int(info.manifest["geometry"]["top_k"]), int(info.identity["expert_count"])
+    top_k = int(info.manifest["geometry"]["top_k"])
     started = time.perf_counter()
     offline, report = model.offline_evidence(info.directory, request.checkpoint,
                                              teacher=request.teacher, top_k=top_k,
@@ -312,7 +333,7 @@ def _model_pieces(request: CollectRequest, info: data.SnapshotInfo, parity: Any,
                         + (f" (skipped {skipped})" if skipped else ""))
     loaded = load_checkpoint(request.checkpoint)
     started = time.perf_counter()
-    shadow = _shadow(request, info, loaded, experts, top_k, notes)
+    shadow = _shadow(request, info, loaded, sim, notes)
     timings["simulate"] = time.perf_counter() - started
     notes["decode"] = model.holdout_label_note(info, parity) + DECODE_NOTE
     return {"offline": offline, "shadow_io": shadow,
@@ -344,16 +365,23 @@ def collect_inputs(request: CollectRequest) -> Collected:
                                                       "runtime_holdout_labels": label})
         pieces["parity"] = parity
     timings["data"] = time.perf_counter() - started
-    found = _model_pieces(request, info, parity, notes, timings)
     s = request.settings
+    geometry = data.geometry_evidence(info)
+    stream = data.stream_geometry(info, geometry)
+    sim = s.sim_for(stream)
+    found = _model_pieces(request, info, parity, sim, notes, timings)
     notes["break_even"] = ("tau(B) declared in [break_even]" if s.tau else "not measurable: "
                            "no speculative acceptance data yet (declare [break_even] tau)")
     inputs = QualificationInputs(
         snapshot_id=info.snapshot_id, checkpoint_lineage=found["lineage"],
         identity=dataclasses.replace(data.identity_evidence(info), teacher_name=(
             request.teacher.name if request.teacher is not None else None)),
-        geometry=data.geometry_evidence(info),
-        expert_bytes=s.sim.expert_bytes, offline=found["offline"], decode=found["decode"],
+        geometry=geometry, expert_bytes=sim.expert_bytes, dtype_bytes=sim.dtype_bytes,
+        offline=found["offline"], decode=found["decode"],
         shadow_io=found["shadow_io"], objective=s.objective, throughput=s.throughput,
-        economics=s.economics, predictor_figures=_figures(request, notes), **pieces)
+        economics=s.economics, predictor_figures=_figures(request, notes),
+        collection=ReplayThroughput.from_manifest(info.manifest), **pieces)
+    notes["collection"] = ("the manifest's replay_throughput (teacher prefill timed by the "
+                           "replay worker)" if inputs.collection is not None else
+                           "not measured: the manifest has no replay_throughput")
     return Collected(inputs=inputs, notes=notes, timings_s=timings)

@@ -14,6 +14,7 @@ gates report it as not measurable. No torch, no Kafka.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -25,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.core.geometry import RouteGeometry
+from hebrus_flywheel.core.geometry import RouteGeometry, StreamGeometry
 from hebrus_flywheel.core.snapshot import (
     SnapshotContractError,
     load_manifest,
@@ -123,8 +124,8 @@ def identity_evidence(info: SnapshotInfo) -> Identity:
 
 def geometry_evidence(info: SnapshotInfo) -> RouteGeometry:
     """The teacher's :class:`RouteGeometry` from the snapshot's identity, checked against
-    the shards' own routed layers and top-k. Its widths are the (tiny) teacher's: expert
-    bytes for SSD timing come from the simulator's declared deployment instead."""
+    the shards' own routed layers and top-k; the simulator and every byte budget are
+    sized from it (:func:`stream_geometry`)."""
     shard = info.manifest.get("geometry") or {}
     try:
         geometry = RouteGeometry.from_identity(info.identity)
@@ -137,6 +138,17 @@ def geometry_evidence(info: SnapshotInfo) -> RouteGeometry:
                          f"{top_k} but the identity pins {geometry.routed_layer_count} x top-"
                          f"{geometry.top_k}; the snapshot is inconsistent")
     return geometry
+
+
+def stream_geometry(info: SnapshotInfo, geometry: RouteGeometry) -> StreamGeometry:
+    """What a streaming runtime of the snapshot's teacher reads, from its identity alone
+    (``geometry`` is :func:`geometry_evidence`'s, already checked against the shards)."""
+    try:
+        stream = StreamGeometry.from_identity(info.identity)
+    except (KeyError, ConfigError) as exc:
+        raise InputError(f"snapshot {info.snapshot_id}: cannot size the teacher's experts "
+                         f"from its identity ({exc})") from exc
+    return dataclasses.replace(stream, route=geometry)
 
 
 def _percentile_name(quantile: str) -> str:

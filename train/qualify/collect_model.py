@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from hebrus_flywheel.core.geometry import teacher_budgets
 from hebrus_flywheel.core.snapshot import read_parquet
 from hebrus_flywheel.train.qualify.collect_data import HOLDOUT_SPLIT, SnapshotInfo
 from hebrus_flywheel.train.qualify.data_evidence import ParityEvidence
@@ -51,8 +52,6 @@ from hebrus_flywheel.train.sim import (
 
 SWEEP_BANDWIDTHS: tuple[float, ...] = (1.5e9, 3e9, 6e9, 12e9)
 """SSD bandwidths (bytes/s) of the shadow sweep."""
-SWEEP_BUDGETS: tuple[int, ...] = (16, 32)
-"""Candidate budgets of the sweep, besides the native top-k."""
 _HOLDOUT_COLUMNS = ("owner", "thread", "generation", "token_ordinal", "features", "expert_ids")
 
 
@@ -221,9 +220,11 @@ def native_gate_ranked(snapshot: Path, teacher: Path, rows: HoldoutRows,
     return order.reshape(n, layers, candidates)
 
 
-def sweep_budgets(top_k: int, experts: int, extra: Sequence[int] = SWEEP_BUDGETS
+def sweep_budgets(top_k: int, experts: int, extra: Sequence[int] | None = None
                   ) -> tuple[int, ...]:
-    """The native top-k and the extra budgets, clipped to the expert count, in order."""
+    """The native top-k and the extra budgets (None: the teacher's k, 2k, 3k, 4k),
+    clipped to the expert count, in order."""
+    extra = teacher_budgets(top_k) if extra is None else extra
     return tuple(sorted({min(b, experts) for b in (top_k, *extra)}))
 
 
@@ -251,10 +252,8 @@ def shadow_evidence(trace: DecodeTrace, predictions: PredictionSet, config: SimC
 
 
 def evaluation_budgets(top_k: int) -> tuple[int, ...]:
-    """The evaluator's default budgets plus the native top-k (and the sweep's)."""
-    from hebrus_flywheel.train.evaluate import EvaluateConfig
-
-    return tuple(sorted({top_k, *SWEEP_BUDGETS, *EvaluateConfig().budgets}))
+    """The budgets every method is scored at: the teacher's k, 2k, 3k and 4k."""
+    return teacher_budgets(top_k)
 
 
 def offline_evidence(snapshot: Path, checkpoint: Path, *, teacher: Path | None, top_k: int,

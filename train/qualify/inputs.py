@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hebrus_flywheel.core.geometry import RouteGeometry
+from hebrus_flywheel.train.projection import ReplayThroughput
 from hebrus_flywheel.train.qualify import checks as v
 from hebrus_flywheel.train.qualify.data_evidence import (
     Authorization,
@@ -114,6 +115,9 @@ class QualificationInputs:
     """Falsifier #6."""
     predictor_figures: tuple[dict[str, Any], ...] | None = None
     """Gate 3: the lines of ``predictor-figures.jsonl`` (None: not given)."""
+    collection: ReplayThroughput | None = None
+    """The snapshot's measured clean-path replay throughput (the manifest's
+    ``replay_throughput``): the collection-time projection. None: not measured."""
 
     def __post_init__(self) -> None:
         v.freeze(self, "checkpoint_lineage", tuple)
@@ -139,7 +143,7 @@ class QualificationInputs:
                  "offline": OfflineEvidence, "decode": DecodeEvidence,
                  "shadow_io": ShadowEvidence, "objective": ServiceObjective,
                  "runtime": RuntimeEvidence, "throughput": ThroughputEvidence,
-                 "economics": EconomicsEvidence}
+                 "economics": EconomicsEvidence, "collection": ReplayThroughput}
         for name, kind in kinds.items():
             v.instance(name, getattr(self, name), kind)
         if self.opaque_ids is not None:

@@ -13,6 +13,7 @@ from typing import Any
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import atomic_write_json
 from hebrus_flywheel.core.geometry import RouteGeometry
+from hebrus_flywheel.train.projection import ReplayThroughput
 from hebrus_flywheel.train.qualify.config import CONTROL_METHODS
 from hebrus_flywheel.train.qualify.errors import InputError
 from hebrus_flywheel.train.qualify.inputs import (
@@ -142,6 +143,7 @@ _NESTED: dict[str, Converter] = {
     "runtime": _of(RuntimeEvidence),
     "throughput": _of(ThroughputEvidence),
     "economics": _of(EconomicsEvidence),
+    "collection": _of(ReplayThroughput, {"machines": _tuple}),
 }
 
 

@@ -20,7 +20,9 @@ from hebrus_flywheel.core.files import (
     atomic_write_text,
     make_dirs,
 )
+from hebrus_flywheel.core.geometry import teacher_budgets
 from hebrus_flywheel.core.kafka.security import INSECURE_WARNING, insecure_plaintext
+from hebrus_flywheel.train.projection import projection
 from hebrus_flywheel.train.qualify.config import QualificationConfig
 from hebrus_flywheel.train.qualify.errors import ReportError
 from hebrus_flywheel.train.qualify.inputs import QualificationInputs
@@ -75,6 +77,23 @@ def decision(verdicts: Sequence[GateVerdict],
             "reasons": reasons}
 
 
+def simulator_geometry(inputs: QualificationInputs) -> dict[str, Any]:
+    """What the shadow simulator and every byte budget were sized with: the teacher's
+    routed experts (shared experts and dense layers resident, not streamed)."""
+    g = inputs.geometry
+    return {
+        "family": g.family, "routed_layers": g.routed_layer_count, "layers": g.layer_count,
+        "dense_layers": g.layer_count - g.routed_layer_count, "experts": g.expert_count,
+        "top_k": g.top_k, "hidden_size": g.hidden_size,
+        "routed_intermediate_size": g.routed_intermediate_size,
+        "dtype_bytes": inputs.dtype_bytes, "expert_bytes": inputs.expert_bytes,
+        "streamed_bytes_per_token": g.routed_layer_count * g.top_k * inputs.expert_bytes,
+        "budgets": list(teacher_budgets(g.top_k)),
+        "source": "the snapshot's runtime identity" if inputs.dtype_bytes is not None
+        else "declared expert bytes",
+    }
+
+
 def build_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
                  falsifiers: Sequence[FalsifierVerdict], *,
                  config: QualificationConfig | None = None,
@@ -93,6 +112,8 @@ def build_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
         "identity": dataclasses.asdict(inputs.identity),
         "geometry": inputs.geometry.to_dict(),
         "expert_bytes": inputs.expert_bytes,
+        "simulator_geometry": simulator_geometry(inputs),
+        "collection_projection": projection(inputs.collection),
         "decision": decision(verdicts, falsifiers),
         "gates": [v.to_dict() for v in sorted(verdicts, key=lambda v: v.gate)],
         "falsifiers": [f.to_dict() for f in sorted(falsifiers, key=lambda f: f.number)],

@@ -297,6 +297,36 @@ def insecure_banner(report: Mapping[str, Any]) -> str:
             f"{escape(str(warning))}</div>")
 
 
+def _collection(report: Mapping[str, Any]) -> str:
+    """The simulator geometry and the collection-time projection."""
+    geometry = report.get("simulator_geometry") or {}
+    shown = {**geometry, "expert_bytes": fmt_bytes(geometry.get("expert_bytes")),
+             "streamed_bytes_per_token": fmt_bytes(geometry.get("streamed_bytes_per_token"))}
+    proj = report.get("collection_projection") or {"rows": []}
+    clean = proj.get("clean") or {}
+
+    def hours(value: Any) -> str:
+        return "not measured" if value is None else f"{value:,.3g} h"
+
+    rows = [(f"{r['tokens']:,}", hours(r["clean_replay_hours"]),
+             hours(r["clean_labelled_hours"]), hours(r["candidate_replay_hours"]))
+            for r in proj["rows"]]
+    rate = (f"Clean path measured at {fmt_num(clean.get('tokens_per_s'))} replay tokens/s "
+            f"({fmt_num(clean.get('labelled_tokens_per_s'))} labelled tokens/s) on "
+            f"{', '.join(clean.get('machines') or [])}." if clean else
+            "Clean path not measured: the snapshot's manifest has no replay_throughput.")
+    note = proj.get("candidate_note") or ""
+    return ('<section id="collection"><h2>Teacher geometry and collection time</h2>'
+            "<h3>Simulator geometry (from the teacher)</h3>"
+            f"{kv_table(shown, ordered=True)}"
+            "<h3>Collection-time projection</h3>"
+            f"<p>{escape(str(proj.get('formula', '')))}. {escape(rate)} "
+            f"{escape('Candidate path: ' + note if note else '')} Excludes "
+            f"{escape(str(proj.get('excludes', '')))}.</p>"
+            + table(("tokens", "clean path (replay tokens)", "clean path (labelled tokens)",
+                     "candidate path"), rows, "meta") + "</section>")
+
+
 def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes]) -> str:
     """The whole page."""
     title = report_title(report)
@@ -315,7 +345,7 @@ def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes]) -> str:
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
             f"{insecure_banner(report)}"
             f"<header><h1>{escape(title)}</h1>{kv_table(meta, ordered=True)}</header>"
-            f"{_summary(report)}{gates}{_falsifiers(report)}"
+            f"{_summary(report)}{_collection(report)}{gates}{_falsifiers(report)}"
             f'<section id="claim-boundary"><h2>Claim boundary</h2><ul>{boundary}</ul>'
             "</section>"
             f'<section id="configuration"><h2>Thresholds judged against</h2>'

@@ -1,9 +1,14 @@
 """Configuration of the shadow SSD-prefetch simulator.
 
-Every default below is *illustrative*, chosen to look like a Qwen4Exp-class model
-streamed from a laptop SSD; none is a measurement. A qualification run must declare
-the figures it used (``SimConfig`` is a frozen dataclass, so ``dataclasses.asdict``
-gives a record for the report).
+The model shape comes from the teacher: :meth:`SimConfig.for_teacher` takes the
+:class:`~core.geometry.StreamGeometry` of a runtime identity (expert bytes = routed
+intermediate x hidden x 3 matrices x the identity dtype's bytes; shared experts and
+dense layers are resident, not streamed) and sizes the cache as a fraction of the
+teacher's routed experts. The timing, SSD and cache-fraction defaults are
+*illustrative* deployment settings, not measurements; a qualification run declares the
+figures it used (``to_dict`` gives a record for the report). The bare ``SimConfig()``
+default geometry (:data:`ILLUSTRATIVE_GEOMETRY`) only serves the simulator's own unit
+tests and ``bench/sim.py``; qualification never uses it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.core.geometry import RouteGeometry
+from hebrus_flywheel.core.geometry import RouteGeometry, StreamGeometry
 
 EvictionPolicy = Literal["lru", "priority"]
 EVICTION_POLICIES: tuple[str, ...] = ("lru", "priority")
@@ -26,6 +31,9 @@ ILLUSTRATIVE_GEOMETRY = RouteGeometry(
     expert_count=512, top_k=10, hidden_size=2048, routed_intermediate_size=640)
 """The default model shape: Qwen4Exp-like (public config: intermediate 640), not a
 measurement; only ``hidden_size`` and ``routed_intermediate_size`` set expert bytes."""
+DEFAULT_CACHE_FRACTION = 0.125
+"""Resident-cache share of a teacher's routed experts (``L x E``) when none is declared:
+the illustrative default's 3072 of 48 x 512 experts; a deployment setting."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +119,26 @@ class SimConfig:
             _positive_ints(self, "cache_capacity_experts")
         else:
             _positive_ints(self, "cache_capacity_bytes")
+
+    @classmethod
+    def for_teacher(cls, stream: StreamGeometry, **fields: Any) -> SimConfig:
+        """The simulator of ``stream``'s teacher: its geometry and dtype bytes; the cache
+        holds :data:`DEFAULT_CACHE_FRACTION` of its routed experts unless ``fields`` set
+        a capacity. ``fields`` may not set ``geometry`` or ``dtype_bytes``: they come
+        from the identity only."""
+        fixed = sorted({"geometry", "dtype_bytes"} & set(fields))
+        if fixed:
+            raise ConfigError(f"{fixed} come from the teacher's identity (StreamGeometry); "
+                              "they cannot be overridden")
+        if "cache_capacity_experts" not in fields and "cache_capacity_bytes" not in fields:
+            routed = stream.route.routed_layer_count * stream.route.expert_count
+            fields["cache_capacity_experts"] = max(stream.route.top_k,
+                                                   round(DEFAULT_CACHE_FRACTION * routed))
+        elif fields.get("cache_capacity_experts") is not None:
+            fields.setdefault("cache_capacity_bytes", None)
+        else:
+            fields.setdefault("cache_capacity_experts", None)
+        return cls(geometry=stream.route, dtype_bytes=stream.dtype_bytes, **fields)
 
     @property
     def expert_bytes(self) -> int:
