@@ -180,12 +180,47 @@ def _flywheel(*args: str, log_name: str, ctx: DemoContext) -> list[str]:
     return lines
 
 
+VALIDATION_FRACTION, RUNTIME_HOLDOUT_FRACTION = 0.25, 0.15
+DEFAULT_SALT = "hebrus-flywheel-split-v1"
+# Threads the owner and runtime draws must give each split (the temporal and stress
+# rules then move some out): training needs validation, the parity gate the holdout.
+SPLIT_MINIMUM = {"train": 6, "validation": 3, "runtime_holdout": 2}
+
+
+def _split_salt(ctx: DemoContext) -> str:
+    """The home's split salt: chosen once, on the first epoch, so that this key store's
+    owner pseudonyms fill every split the later stages need, then kept (an owner never
+    changes split across epochs). A home sealed before the salt was recorded keeps the
+    default salt it used."""
+    from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, Pseudonymizer
+    from hebrus_flywheel.streams.processors.split import SplitConfig, search_salt
+
+    path = ctx.home / "demo" / "split-salt"
+    if path.is_file():
+        return path.read_text().strip()
+    salt: str | None = DEFAULT_SALT
+    if ctx.epoch == 0:
+        withheld = ctx.results.get("consent", {}).get("withheld_owner")
+        names = Pseudonymizer(LocalOwnerKeyStore(create=True))
+        ids = [(names.owner(t.owner), names.thread(t.owner, t.thread_id))
+               for t in _epoch_threads(ctx) if t.owner != withheld]
+        config = SplitConfig(salt=DEFAULT_SALT, validation_fraction=VALIDATION_FRACTION,
+                             runtime_holdout_fraction=RUNTIME_HOLDOUT_FRACTION)
+        salt = search_salt(ids, config, minimum=SPLIT_MINIMUM)
+        if salt is None:
+            raise FlywheelError(f"{len(ids)} demo threads cannot fill {SPLIT_MINIMUM}; "
+                                "raise FLYWHEEL_DEMO_THREADS")
+    atomic_write_text(path, salt + "\n")
+    return salt
+
+
 def _stage_streams(ctx: DemoContext) -> None:
     # Small demo epochs need larger evaluation shares than production defaults so that
     # every split (and the parity sample) is non-empty.
     temporal_cut = ctx.temporal_cut_ms or int(time.time() * 1000)
-    _flywheel("streams", "worker", "--drain", "--validation-fraction", "0.25",
-              "--runtime-holdout-fraction", "0.15", "--stress-rate", "0.3",
+    _flywheel("streams", "worker", "--drain", "--validation-fraction", str(VALIDATION_FRACTION),
+              "--runtime-holdout-fraction", str(RUNTIME_HOLDOUT_FRACTION), "--stress-rate", "0.3",
+              "--salt", _split_salt(ctx),
               "--temporal-cut-ms", str(temporal_cut), log_name="streams-worker", ctx=ctx)
     lines = _flywheel("streams", "inspect", log_name="streams-inspect", ctx=ctx)
     print("[streams] split, dedup and quarantine summary:")

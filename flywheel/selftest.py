@@ -193,28 +193,21 @@ VALIDATION_FRACTION, RUNTIME_HOLDOUT_FRACTION = 0.2, 0.5
 
 def split_salt(run: _Run) -> str:
     """A split salt under which the synthetic threads fill train, validation and the
-    runtime holdout (training needs the first two, the parity gate the third). Splits
-    hash owner pseudonyms, which depend on this machine's key store, so no fixed salt
-    does it for every key store: search a few, deterministically."""
+    runtime holdout (training needs the first two, the parity gate the third)."""
     from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, Pseudonymizer
     from hebrus_flywheel.replay.capture import load_threads
-    from hebrus_flywheel.streams.processors.common import unit_interval
-    from hebrus_flywheel.streams.processors.split import SplitConfig, owner_split
+    from hebrus_flywheel.streams.processors.split import SplitConfig, search_salt
 
     names = Pseudonymizer(LocalOwnerKeyStore())
     ids = [(names.owner(t.owner), names.thread(t.owner, t.thread_id))
            for t in load_threads(None, run.config.threads, seed=run.config.seed)]
-    for attempt in range(1000):
-        salt = f"flywheel-selftest-{attempt}"
-        config = SplitConfig(salt=salt, validation_fraction=VALIDATION_FRACTION,
-                             runtime_holdout_fraction=RUNTIME_HOLDOUT_FRACTION)
-        splits = {"runtime_holdout" if unit_interval(salt, "runtime", owner, thread)
-                  < RUNTIME_HOLDOUT_FRACTION else owner_split(owner, config)
-                  for owner, thread in ids}
-        if {"train", "validation", "runtime_holdout"} <= splits:
-            return salt
-    raise SelftestError(f"{len(ids)} threads cannot fill train, validation and the runtime "
-                        "holdout; capture more threads (--threads)")
+    config = SplitConfig(salt="flywheel-selftest", validation_fraction=VALIDATION_FRACTION,
+                         runtime_holdout_fraction=RUNTIME_HOLDOUT_FRACTION)
+    salt = search_salt(ids, config, minimum={"train": 1, "validation": 1, "runtime_holdout": 1})
+    if salt is None:
+        raise SelftestError(f"{len(ids)} threads cannot fill train, validation and the "
+                            "runtime holdout; capture more threads (--threads)")
+    return salt
 
 
 def _stage_streams(run: _Run) -> dict[str, Any]:

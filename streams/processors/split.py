@@ -22,8 +22,9 @@ holdout threads; the dedup stage keeps their content apart.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hebrus_flywheel.core.errors import ConfigError
@@ -126,3 +127,28 @@ def assign_split(summary: Mapping[str, Any], config: SplitConfig) -> SplitDecisi
     if stress and unit_interval(config.salt, "stress", owner, thread) < config.stress_rate:
         return SplitDecision(split="stress_holdout", rule="stress:" + ",".join(stress), tags=tags)
     return SplitDecision(split=owner_split(owner, config), rule="owner", tags=tags)
+
+
+def draw_splits(ids: Sequence[tuple[str, str]], config: SplitConfig) -> Counter[str]:
+    """Threads per split from the runtime and owner draws alone, for (owner, thread)
+    pseudonyms of real decode captures. The temporal and stress rules need a thread's
+    timing and tags; they can only move threads out of train and validation."""
+    return Counter("runtime_holdout"
+                   if unit_interval(config.salt, "runtime", owner, thread)
+                   < config.runtime_holdout_fraction else owner_split(owner, config)
+                   for owner, thread in ids)
+
+
+def search_salt(ids: Sequence[tuple[str, str]], config: SplitConfig, *,
+                minimum: Mapping[str, int], attempts: int = 1000) -> str | None:
+    """The first of ``config.salt``, ``config.salt-1``, ... under which every split of
+    ``minimum`` draws at least that many of ``ids``' threads (None: none of
+    ``attempts``). Splits hash owner pseudonyms, which depend on the owner key store,
+    so a small synthetic run needs a salt chosen for this key store; a deterministic
+    search keeps the choice reproducible."""
+    for attempt in range(attempts):
+        salt = config.salt if attempt == 0 else f"{config.salt}-{attempt}"
+        counts = draw_splits(ids, replace(config, salt=salt))
+        if all(counts[split] >= n for split, n in minimum.items()):
+            return salt
+    return None

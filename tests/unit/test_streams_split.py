@@ -105,3 +105,20 @@ def test_no_owner_or_thread_in_two_splits_end_to_end() -> None:
     assert all(len(s) == 1 for s in thread_splits.values())
     assert not any({"train", "validation"} <= s for s in owner_splits.values())
     assert {"train", "temporal_holdout", "runtime_holdout"} <= set().union(*thread_splits.values())
+
+
+def test_search_salt_fills_every_required_split_or_says_none() -> None:
+    from hebrus_flywheel.streams.processors.split import draw_splits, search_salt
+
+    ids = [(f"o{owner:032x}", f"t{owner:02d}{n:030x}") for owner in range(9) for n in range(3)]
+    config = SplitConfig(salt="s", validation_fraction=0.25, runtime_holdout_fraction=0.15)
+    minimum = {"train": 6, "validation": 3, "runtime_holdout": 2}
+    salt = search_salt(ids, config, minimum=minimum)
+    assert salt is not None and salt == search_salt(ids, config, minimum=minimum)
+    counts = draw_splits(ids, SplitConfig(salt=salt, validation_fraction=0.25,
+                                          runtime_holdout_fraction=0.15))
+    assert all(counts[split] >= n for split, n in minimum.items())
+    assert sum(counts.values()) == len(ids)
+    # one owner cannot be both train and validation
+    assert search_salt(ids[:3], config, minimum={"train": 1, "validation": 1},
+                       attempts=50) is None
