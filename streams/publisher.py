@@ -70,7 +70,7 @@ _rdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
 
 FULL_POLICIES = ("block_then_drop_newest", "block_then_raise")
 COMPRESSIONS = ("lz4", "zstd")
-IDENTITY_SCHEMA = "hebrus.flywheel.v1.RuntimeIdentity.v2"
+IDENTITY_SCHEMA = "hebrus.flywheel.v1.RuntimeIdentity.v3"
 TURN_SCHEMA = TURN_V2
 OBSERVATION_SCHEMA = OBSERVATION_V3
 _PROTECTED = frozenset({"bootstrap.servers", "enable.idempotence", "acks", "on_delivery",
