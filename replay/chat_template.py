@@ -149,10 +149,10 @@ def _assistant_pieces(renderer: TemplateRenderer, messages: list[dict[str, Any]]
         head, content, tail = _split_at_content(
             renderer, messages[:turn], message, opened, text, turn, len(header))
     except ContentNotLocatedError:  # the reply is still all generated: one content piece
-        rest, eot = text[len(header):], renderer.end_of_turn
-        cut = rest.find(eot) if eot and eot in rest else len(rest.rstrip())
+        rest, end_text = text[len(header):], renderer.end_of_turn
+        cut = rest.find(end_text) if end_text and end_text in rest else len(rest.rstrip())
         return [Piece(turn, "header", False, header), Piece(turn, "content", True, rest[:cut]),
-                *_footer_pieces(turn, rest[cut:], True, eot)]
+                *_footer_pieces(turn, rest[cut:], True, end_text)]
     if not head.startswith(header):
         raise RenderError(f"message {turn}'s content starts inside the generation prompt; "
                           "the template's assistant header is not a prompt prefix")

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -340,7 +340,7 @@ def _write_checkpoint(target: Path, preset: TeacherPreset | None, seed: int, fam
         spec = get_family(family)
         config = spec.config(vocab_size=vocab, eos_id=eos_id, pad_id=pad_id)
         model = build_family_model(spec, config, seed)
-    model = model.to(DTYPES[storage.weights_dtype])
+    model = cast(Any, model).to(DTYPES[storage.weights_dtype])  # .to is typed oddly
     model.config.dtype = storage.weights_dtype
     with _quiet_progress():
         model.save_pretrained(target, max_shard_size=storage.max_shard_size)
@@ -437,7 +437,7 @@ def _load_model(path: Path, torch_dtype: torch.dtype, experts_implementation: st
             )
     except (OSError, ValueError) as exc:
         raise TeacherError(f"transformers cannot load the checkpoint in {path}: {exc}") from None
-    return model.to(execution.device)
+    return cast(Any, model).to(execution.device)  # transformers types .to oddly
 
 
 def _on_cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:

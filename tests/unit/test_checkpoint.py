@@ -123,7 +123,8 @@ def test_the_identity_records_the_kernel_path_and_replay_refuses_another(sharded
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_parity_per_dtype_on_a_bf16_checkpoint(sharded: Path, attention: str) -> None:
     """Decode and replay on the SAME kernel path; fp32 compute is exact, bf16 compute is
-    not on this CPU (measured: bench/kernel_parity.py) and the gate must say so."""
+    not in general on this CPU (measured: bench/kernel_parity.py) and the gate says so:
+    its verdict is exactly "no mismatch and no weight violation"."""
     verdicts = {}
     for dtype in ("float32", "bfloat16"):
         teacher = load_teacher(sharded, dtype=dtype, attention=attention)
@@ -134,8 +135,10 @@ def test_parity_per_dtype_on_a_bf16_checkpoint(sharded: Path, attention: str) ->
                                         and result.weight_violations == 0)
         verdicts[dtype] = result
     assert verdicts["float32"].authoritative and verdicts["float32"].mismatched_pairs == 0
-    assert not verdicts["bfloat16"].authoritative
-    assert verdicts["bfloat16"].mismatched_pairs + verdicts["bfloat16"].weight_violations > 0
+    if attention == "sdpa":  # measured: bf16 + sdpa flips routes on these windows already;
+        # bf16 + eager is exact on these three but not on bench/kernel_parity.py's four
+        assert not verdicts["bfloat16"].authoritative
+        assert verdicts["bfloat16"].mismatched_pairs > 0
 
 
 @pytest.mark.parametrize("method", ["gptq", "bitsandbytes", "awq", "fp8"])
