@@ -17,6 +17,7 @@ from typing import Any
 import typer
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.execution import ATTENTION_OPTION, DEVICE_OPTION, DTYPE_OPTION
 from hebrus_flywheel.core.kafka.security import declare_role
 from hebrus_flywheel.core.settings import bootstrap_servers
 
@@ -52,7 +53,9 @@ def worker_command(
     group_id: str = typer.Option("flywheel-replay", "--group-id",
                                  help="Consumer group (within the namespace)."),
     tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer directory."),
-    dtype: str = typer.Option("float32", "--dtype", help="Teacher compute dtype."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    attention: str = ATTENTION_OPTION,
     offsets_per_shard: int = typer.Option(256, "--offsets-per-shard",
                                           help="Source offsets per shard (per partition)."),
     row_group_rows: int = typer.Option(8192, "--row-group-rows", help="Rows per row group."),
@@ -99,7 +102,8 @@ def worker_command(
     config = ReplayWorkerConfig(
         teacher=teacher, dataset=dataset, bootstrap=bootstrap_servers(bootstrap),
         prefix=resolve_prefix(prefix, teacher=teacher),
-        group_id=group_id, tokenizer_dir=tokenizer, dtype=dtype,
+        group_id=group_id, tokenizer_dir=tokenizer, dtype=dtype, device=device,
+        attention=attention,
         shard=ShardConfig(offsets_per_shard=offsets_per_shard, row_group_rows=row_group_rows,
                           weight_encoding=weight_encoding),
         batch_windows=batch_windows, torch_threads=torch_threads,

@@ -43,7 +43,8 @@ def _plain(value: Any) -> Any:
 
 def load_engine(*, teacher_dir: Path | None, dtype: str, replay_options: Mapping[str, Any],
                 torch_threads: int | None, tokenizer_dir: Path | None = None,
-                teacher: Any = None) -> EngineBundle:
+                teacher: Any = None, device: str = "cpu", attention: str = "sdpa"
+                ) -> EngineBundle:
     """Load (or reuse ``teacher``), set torch threads, build ``PrefillReplayer``."""
     import torch
 
@@ -56,7 +57,7 @@ def load_engine(*, teacher_dir: Path | None, dtype: str, replay_options: Mapping
     if teacher is None:
         if teacher_dir is None:
             raise ConfigError("teacher: pass --teacher DIR (a local checkpoint directory)")
-        teacher = load_teacher(teacher_dir, dtype=dtype)
+        teacher = load_teacher(teacher_dir, dtype=dtype, device=device, attention=attention)
     identity = build_runtime_identity(teacher, tokenizer_dir)
     try:
         replay_config = ReplayConfig(**{"dtype": dtype, **dict(replay_options)})

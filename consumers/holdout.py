@@ -119,7 +119,8 @@ def holdout_parity(bootstrap: str, topic: str, root: Path, boundary: EpochBounda
     acc = ParityAccumulator(
         ParityConfig(weight_atol=_TOLERANCE[weight_column]),
         identity_id=str(identity["identity_id"]), teacher_dtype=str(identity["dtype"]),
-        tie_break_rule=str(identity["tie_break_rule"]), weight_rule=str(identity["weight_rule"]))
+        tie_break_rule=str(identity["tie_break_rule"]), weight_rule=str(identity["weight_rule"]),
+        kernel_path=str(identity.get("kernel_path") or ""))
     seen: set[str] = set()
     captured = _captured_windows(bootstrap, topic, boundary)
     for window in captured:

@@ -63,6 +63,7 @@ from hebrus_flywheel.consumers.manifest import (
 from hebrus_flywheel.consumers.shards import ShardConfig, epoch_dir
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.execution import parse_kernel_path
 from hebrus_flywheel.core.snapshot import load_manifest
 from hebrus_flywheel.streams.consent import CONSENT_TOPIC, now_ms, scope_for_split
 from hebrus_flywheel.streams.consent_book import ConsentBook
@@ -112,7 +113,9 @@ def _boundary(manifest: dict[str, Any]) -> tuple[EpochBoundary, dict[str, str]]:
 
 def _load(config: RebuildConfig, manifest: dict[str, Any], teacher: Any) -> Any:
     det = manifest["determinism"]
+    path = parse_kernel_path(manifest["identity"].get("kernel_path") or "")
     bundle = load_engine(teacher_dir=config.teacher, dtype=det["dtype"],
+                         device=path.get("device", "cpu"), attention=path.get("attention", "sdpa"),
                          replay_options=det["replay_options"],
                          torch_threads=det["torch_threads"],
                          tokenizer_dir=config.tokenizer_dir, teacher=teacher)
@@ -120,7 +123,8 @@ def _load(config: RebuildConfig, manifest: dict[str, Any], teacher: Any) -> Any:
     if bundle.identity["identity_id"] != want:
         raise RebuildError(
             f"the teacher in {config.teacher} has identity {bundle.identity['identity_id']}, "
-            f"the snapshot was made with {want}; load the same checkpoint, tokenizer and dtype"
+            f"the snapshot was made with {want}; load the same checkpoint, tokenizer, dtype "
+            "and kernel path"
         )
     if bundle.replay_config != det["replay_config"]:
         raise RebuildError(

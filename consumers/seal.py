@@ -194,7 +194,7 @@ def check_policy(parity: dict[str, Any], override: str | None, identity_id: str)
     if parity.get("authoritative") is True or override is not None:
         return
     keys = ("windows_compared", "windows_skipped", "pairs", "mismatched_pairs",
-            "weight_violations", "source")
+            "weight_violations", "teacher_dtype", "kernel_path", "source")
     summary = {k: parity.get(k) for k in keys if k in parity}
     if not parity.get("pairs") and not parity.get("windows_compared"):
         why = ("no runtime_holdout window with captured routes could be compared, so parity "

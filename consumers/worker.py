@@ -49,6 +49,7 @@ from hebrus_flywheel.consumers.shards import ShardConfig, clean_staging
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.execution import Execution
 from hebrus_flywheel.core.liveness import Monitor, MonitorTarget
 from hebrus_flywheel.core.progress import DRAINED, WatchdogConfig
 from hebrus_flywheel.core.progress import Verdict as WatchdogVerdict
@@ -76,6 +77,9 @@ class ReplayWorkerConfig:
         group_id: consumer group; workers with the same group share the partitions.
         tokenizer_dir: tokenizer directory (default: the teacher's own).
         dtype: teacher compute dtype (part of the runtime identity).
+        device, attention: the teacher's device and attention kernel (with ``dtype``,
+            the kernel path in the identity: windows captured on another path are
+            refused as identity mismatches).
         shard: block cutting and Parquet writer settings.
         batch_windows: windows per engine call (consecutive windows of one block).
         torch_threads: torch intra-op threads (None: torch's default); recorded.
@@ -111,6 +115,8 @@ class ReplayWorkerConfig:
     group_id: str = "flywheel-replay"
     tokenizer_dir: Path | None = None
     dtype: str = "float32"
+    device: str = "cpu"
+    attention: str = "sdpa"
     shard: ShardConfig = field(default_factory=ShardConfig)
     batch_windows: int = 8
     torch_threads: int | None = None
@@ -130,6 +136,7 @@ class ReplayWorkerConfig:
     def __post_init__(self) -> None:
         if not self.bootstrap:
             raise ConfigError("ReplayWorkerConfig.bootstrap must name at least one broker")
+        Execution(device=self.device, dtype=self.dtype, attention=self.attention)
         for name in ("batch_windows", "max_quarantine_value_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -169,6 +176,7 @@ class ReplayWorker:
         self.stats = Counters()
         self._stop = threading.Event()
         self.bundle = load_engine(teacher_dir=config.teacher, dtype=config.dtype,
+                                  device=config.device, attention=config.attention,
                                   replay_options=config.replay_options,
                                   torch_threads=config.torch_threads,
                                   tokenizer_dir=config.tokenizer_dir, teacher=teacher)

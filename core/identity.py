@@ -15,7 +15,7 @@ from typing import Any
 from hebrus_flywheel.core.jsonio import canonical_json
 
 TIE_BREAK_SCORE_DESC_ID_ASC = "score_desc_then_expert_id_asc"
-DEFAULTED_FIELDS: dict[str, Any] = {"routed_layers": [], "layer_count": 0}
+DEFAULTED_FIELDS: dict[str, Any] = {"routed_layers": [], "layer_count": 0, "kernel_path": ""}
 """Fields added to the schema with a default: left out of the digest while they hold it,
 so records written before the field existed (and decoded with the default) keep their id."""
 

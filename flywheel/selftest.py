@@ -32,6 +32,12 @@ from typing import Any
 import typer
 
 from hebrus_flywheel.core.errors import ConfigError, FlywheelError
+from hebrus_flywheel.core.execution import (
+    ATTENTION_OPTION,
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    Execution,
+)
 from hebrus_flywheel.core.files import create_file, make_dirs
 from hebrus_flywheel.core.kafka.security import acting_as
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
@@ -55,6 +61,9 @@ class SelftestConfig:
         train_steps: training steps on the sealed snapshot.
         stage_timeout_s: longest any one stage may take.
         keep_topics: leave the namespace's topics on the broker afterwards.
+        execution: device, compute dtype and attention kernel of capture AND replay
+            (parity is established per kernel path; bf16 compute is not exact on CPU,
+            so such a run fails at the parity gate and says so).
     """
 
     teacher: Path
@@ -66,6 +75,7 @@ class SelftestConfig:
     train_steps: int = 1
     stage_timeout_s: float = 600.0
     keep_topics: bool = False
+    execution: Execution = field(default_factory=Execution)
 
     def __post_init__(self) -> None:
         if not (self.teacher / "config.json").is_file():
@@ -132,11 +142,16 @@ def _json_tail(lines: list[str]) -> dict[str, Any]:
 
 
 def _stage_teacher(run: _Run) -> dict[str, Any]:
-    from hebrus_flywheel.replay.teacher import read_geometry
+    from hebrus_flywheel.replay.teacher import DEFAULT_EXPERTS_IMPLEMENTATION, read_geometry
 
     geometry = read_geometry(run.config.teacher)
     run.figures["family"] = geometry.family
-    return {"family": geometry.family, "routed_layers": list(geometry.routed_layers),
+    run.figures["kernel_path"] = run.config.execution.kernel_path(DEFAULT_EXPERTS_IMPLEMENTATION)
+    run.figures["dtype"] = run.config.execution.dtype
+    return {"family": geometry.family, "dtype": run.config.execution.dtype,
+            "device": run.config.execution.device,
+            "attention": run.config.execution.attention,
+            "routed_layers": list(geometry.routed_layers),
             "experts": geometry.expert_count, "top_k": geometry.top_k,
             "weight_rule": geometry.weight_rule, "namespace": run.config.namespace}
 
@@ -178,7 +193,7 @@ def _stage_capture(run: _Run) -> dict[str, Any]:
     threads = load_threads(None, run.config.threads, seed=run.config.seed)
     summary = run_capture(teacher_dir=run.config.teacher, threads=threads, config=config,
                           bootstrap=run.config.bootstrap, topic_prefix=run.config.namespace,
-                          create_topics=False)
+                          create_topics=False, execution=run.config.execution)
     if summary["failed"] or summary["dropped"] or sum(summary["rejected"].values()):
         raise SelftestError(f"capture lost records: failed {summary['failed']}, dropped "
                             f"{summary['dropped']}, rejected {summary['rejected']}")
@@ -224,7 +239,8 @@ def _stage_replay_and_seal(run: _Run) -> dict[str, Any]:
     log_path = run.config.work_dir / "replay-worker.log"
     cmd = [sys.executable, "-m", "hebrus_flywheel.cli", "replay", "worker", "--teacher",
            str(run.config.teacher), "--dataset", str(run.dataset), "--bootstrap-servers",
-           run.config.bootstrap, "--prefix", run.config.namespace, "--drain"]
+           run.config.bootstrap, "--prefix", run.config.namespace, "--drain",
+           *_execution_args(run.config.execution)]
     with create_file(log_path) as log_file:
         worker = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
     try:
@@ -242,6 +258,11 @@ def _stage_replay_and_seal(run: _Run) -> dict[str, Any]:
     summary = _json_tail(lines)
     run.snapshot = Path(summary["manifest"]).parent
     return _parity_figures(run, summary)
+
+
+def _execution_args(execution: Execution) -> list[str]:
+    return ["--device", execution.device, "--dtype", execution.dtype,
+            "--attention", execution.attention]
 
 
 def _wait_for_dataset(run: _Run, worker: subprocess.Popen[bytes], log_path: Path) -> None:
@@ -388,6 +409,9 @@ def selftest_command(
                                      help="Leave the run's topics on the broker."),
     bootstrap: str | None = typer.Option(
         None, "--bootstrap-servers", help="Kafka bootstrap (default: env or embedded broker)."),
+    device: str = DEVICE_OPTION,
+    dtype: str = DTYPE_OPTION,
+    attention: str = ATTENTION_OPTION,
 ) -> None:
     """Capture, stream, replay, parity, seal, verify and train one step, on a private topic
     namespace; one JSON line per stage, exit 1 with the reason if any stage fails."""
@@ -400,7 +424,8 @@ def selftest_command(
         teacher=teacher.resolve(), bootstrap=servers, namespace=namespace,
         work_dir=(work_dir or flywheel_home() / "selftest" / namespace.rstrip(".")).resolve(),
         threads=threads, seed=seed, train_steps=train_steps,
-        stage_timeout_s=stage_timeout_s, keep_topics=keep_topics)
+        stage_timeout_s=stage_timeout_s, keep_topics=keep_topics,
+        execution=Execution(device=device, dtype=dtype, attention=attention))
     _ensure_broker(servers)
     verdict = run_selftest(config, emit=lambda line: typer.echo(json.dumps(line, default=str)))
     if verdict["selftest"] != "passed":

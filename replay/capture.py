@@ -91,6 +91,8 @@ class CaptureSummary:
     """What a capture run produced (``bytes`` counts the Avro bytes handed to Kafka)."""
 
     threads: int = 0
+    episodes: int = 0
+    """Per-assistant-turn streams of threads whose template is not prefix-stable."""
     turns: int = 0
     decoded_tokens: int = 0
     observations: int = 0
@@ -166,11 +168,11 @@ class CaptureSession:
     def run(self, threads: Iterable[Thread]) -> CaptureSummary:
         start = time.perf_counter()
         self.publisher.publish_identity(self.identity)
-        source = iter(threads)
+        source = self._streams(threads)
         active: deque[_ThreadState] = deque()
         while True:
             while len(active) < self.config.interleave and (t := next(source, None)) is not None:
-                active.append(self._open(t))
+                active.append(t)
             if not active:
                 break
             state = active.popleft()
@@ -179,12 +181,17 @@ class CaptureSession:
         self.summary.wall_seconds = time.perf_counter() - start
         return self.summary
 
-    def _open(self, thread: Thread) -> _ThreadState:
-        from hebrus_flywheel.replay.render import render_thread
+    def _streams(self, threads: Iterable[Thread]) -> Iterator[_ThreadState]:
+        """One state per token stream: the thread, or its episodes when the chat template
+        is not prefix-stable (:func:`replay.render.render_episodes`)."""
+        from hebrus_flywheel.replay.render import render_episodes
 
-        self.summary.threads += 1
-        rendered = render_thread(thread, self.tokenizer)
-        return _ThreadState(thread=thread, turns=iter(rendered.turns))
+        for thread in threads:
+            self.summary.threads += 1
+            episodes = render_episodes(thread, self.tokenizer)
+            self.summary.episodes += len(episodes) if episodes[0][0] is not thread else 0
+            for stream, rendered in episodes:
+                yield _ThreadState(thread=stream, turns=iter(rendered.turns))
 
     def _advance(self, state: _ThreadState) -> bool:
         """Decode and publish the thread's next turn; False once the thread is done."""

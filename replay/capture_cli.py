@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 
+from hebrus_flywheel.core.execution import ATTENTION_OPTION, DEVICE_OPTION, DTYPE_OPTION
 from hebrus_flywheel.core.files import atomic_write_json
 from hebrus_flywheel.core.kafka.security import declare_role
 from hebrus_flywheel.core.settings import bootstrap_servers
@@ -32,11 +33,16 @@ def capture_command(
     bootstrap: str | None = typer.Option(
         None, "--bootstrap-servers", help="Kafka bootstrap (default: env or embedded broker)."
     ),
+    device: str = DEVICE_OPTION,
+    dtype: str = DTYPE_OPTION,
+    attention: str = ATTENTION_OPTION,
 ) -> None:
     """Run real KV-cache decode on threads and publish identities, turns and routes."""
     declare_role("runtime")
+    from hebrus_flywheel.core.execution import Execution
     from hebrus_flywheel.replay.capture import CaptureConfig, load_threads
 
+    execution = Execution(device=device, dtype=dtype, attention=attention)
     config = CaptureConfig(mode=mode, seed=seed, max_new_tokens=max_new_tokens,
                            interleave=interleave)
     from hebrus_flywheel.core.namespace import resolve_prefix
@@ -47,7 +53,7 @@ def capture_command(
     summary = run_capture(
         teacher_dir=teacher, threads=source, config=config,
         bootstrap=bootstrap_servers(bootstrap), topic_prefix=prefix,
-        create_topics=create_topics, expected=synthetic,
+        create_topics=create_topics, expected=synthetic, execution=execution,
     )
     _print_summary(summary)
     if summary_json is not None:
@@ -56,11 +62,13 @@ def capture_command(
 
 def run_capture(
     *, teacher_dir: Path, threads: Any, config: Any, bootstrap: str, topic_prefix: str = "",
-    create_topics: bool = True, expected: int | None = None,
+    create_topics: bool = True, expected: int | None = None, execution: Any = None,
 ) -> dict[str, Any]:
-    """Load the teacher, decode ``threads`` and publish; returns the summary as a dict."""
+    """Load the teacher (on ``execution``, a :class:`core.execution.Execution`; default
+    cpu/float32/sdpa), decode ``threads`` and publish; returns the summary as a dict."""
     from tqdm import tqdm
 
+    from hebrus_flywheel.core.execution import Execution
     from hebrus_flywheel.replay.capture import CaptureSession
     from hebrus_flywheel.replay.decode import DecodeRuntime
     from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
@@ -69,7 +77,9 @@ def run_capture(
     from hebrus_flywheel.streams import topics
     from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 
-    teacher = load_teacher(teacher_dir)
+    run_on = execution or Execution()
+    teacher = load_teacher(teacher_dir, dtype=run_on.dtype, device=run_on.device,
+                           attention=run_on.attention)
     identity = build_runtime_identity(teacher, teacher_dir)
     if create_topics:  # only what capture writes: the runtime role may create nothing else
         topics.create_topics(bootstrap, [s for s in topics.catalogue(prefix=topic_prefix)

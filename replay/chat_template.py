@@ -14,7 +14,9 @@ renderer as ``apply_chat_template``); boundaries come from comparing renderings:
 
 A template whose renderings are not prefixes of each other (one that rewrites earlier
 turns when a later one is added, e.g. by dropping earlier reasoning) has no stable token
-boundaries; it is refused with :class:`~replay.exceptions.RenderError` naming the turn.
+boundaries for the whole thread: :func:`template_pieces` raises
+:class:`~replay.exceptions.NotPrefixStableError` naming the turn and the rewritten text,
+and :func:`replay.render.render_episodes` renders the thread per assistant turn.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hebrus_flywheel.replay.exceptions import RenderError
+from hebrus_flywheel.replay.exceptions import NotPrefixStableError, RenderError
 
 
 @dataclass(frozen=True)
@@ -66,12 +68,21 @@ class TemplateRenderer:
 
 def _after(longer: str, prefix: str, what: str) -> str:
     if not longer.startswith(prefix):
-        raise RenderError(
+        at = next((i for i, (a, b) in enumerate(zip(longer, prefix, strict=False)) if a != b),
+                  min(len(longer), len(prefix)))
+        raise NotPrefixStableError(
             f"the chat template is not prefix-stable at {what}: rendering one more message "
-            "changes the text of the earlier ones, so token boundaries are not stable; pass "
-            "a template that renders each message independently (--chat-template FILE)"
+            f"rewrites earlier text (at character {at}: {prefix[at:at + 40]!r} becomes "
+            f"{longer[at:at + 40]!r}), so token boundaries are not stable; capture renders "
+            "such threads per assistant turn (replay.render.render_episodes), or pass a "
+            "template that renders each message independently (--chat-template FILE)"
         )
     return longer[len(prefix):]
+
+
+class ContentNotLocatedError(RenderError):
+    """The template transforms a message's content (e.g. splits a ``<think>`` block out
+    of it), so where the content lies in the rendering cannot be found."""
 
 
 SENTINEL = "\u2063FLYWHEEL-CONTENT\u2063"
@@ -92,7 +103,7 @@ def _split_at_content(renderer: TemplateRenderer, before: list[dict[str, Any]],
     if found and text.startswith(head) and text.endswith(tail) \
             and len(head) + len(tail) <= len(text):
         return head, text[len(head):len(text) - len(tail)], tail  # as the template printed it
-    raise RenderError(
+    raise ContentNotLocatedError(
         f"the chat template renders message {turn}'s content in a way its surroundings "
         "depend on, so its tokens cannot be located; pass a template that prints the "
         "content in one place (--chat-template FILE)"
@@ -134,8 +145,14 @@ def _assistant_pieces(renderer: TemplateRenderer, messages: list[dict[str, Any]]
     header = _after(prompt, opened, f"the generation prompt before message {turn}")
     _after(text, header, f"message {turn} (the generation prompt is not its start)")
     message = messages[turn]
-    head, content, tail = _split_at_content(
-        renderer, messages[:turn], message, opened, text, turn, len(header))
+    try:
+        head, content, tail = _split_at_content(
+            renderer, messages[:turn], message, opened, text, turn, len(header))
+    except ContentNotLocatedError:  # the reply is still all generated: one content piece
+        rest, end_text = text[len(header):], renderer.end_of_turn
+        cut = rest.find(end_text) if end_text and end_text in rest else len(rest.rstrip())
+        return [Piece(turn, "header", False, header), Piece(turn, "content", True, rest[:cut]),
+                *_footer_pieces(turn, rest[cut:], True, end_text)]
     if not head.startswith(header):
         raise RenderError(f"message {turn}'s content starts inside the generation prompt; "
                           "the template's assistant header is not a prompt prefix")
@@ -181,3 +198,13 @@ def template_pieces(renderer: TemplateRenderer, messages: list[dict[str, Any]]) 
     if "".join(p.text for p in pieces) != renderer.render(messages):
         raise RenderError("internal error: the template pieces do not add up to its rendering")
     return pieces
+
+
+def last_turn_pieces(renderer: TemplateRenderer, messages: list[dict[str, Any]],
+                     history: str) -> list[Piece]:
+    """The non-empty pieces of the last message of ``messages``, rendered after
+    ``history`` (what the template printed for the other messages at that point)."""
+    turn = len(messages) - 1
+    text = _after(renderer.render(messages), history, f"message {turn}")
+    build = _assistant_pieces if messages[-1].get("role") == "assistant" else _other_pieces
+    return [p for p in build(renderer, messages, turn, history, text) if p.text]

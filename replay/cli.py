@@ -26,12 +26,20 @@ def init_command(
                                help="MoE family to generate (`flywheel teacher families`)."),
     seed: int = typer.Option(0, "--seed", help="Weight-init seed (same seed, same digest)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out."),
+    weights_dtype: str = typer.Option("float32", "--weights-dtype",
+                                      help="Stored weight dtype: float32, bfloat16, float16."),
+    max_shard_size: str = typer.Option(
+        "50GB", "--max-shard-size", help="Largest safetensors shard (e.g. 200KB); a bigger "
+        "checkpoint is sharded with model.safetensors.index.json."),
 ) -> None:
     """Create a deterministic tiny random teacher checkpoint (weights + tokenizer) in --out."""
+    from hebrus_flywheel.replay.checkpoint import CheckpointStorage
     from hebrus_flywheel.replay.teacher import artifact_digest, init_teacher
 
+    storage = CheckpointStorage(weights_dtype=weights_dtype, max_shard_size=max_shard_size)
     start = time.perf_counter()
-    path = init_teacher(out, preset=preset, seed=seed, overwrite=overwrite, family=family)
+    path = init_teacher(out, preset=preset, seed=seed, overwrite=overwrite, family=family,
+                        storage=storage)
     elapsed = time.perf_counter() - start
     name = preset if family == "qwen3_next" else f"tiny-{family}"
     typer.echo(f"created teacher {name} (seed {seed}) in {path} [{elapsed:.1f} s]")
@@ -57,11 +65,13 @@ def families_command(
 
 
 def describe_teacher(directory: Path, *, dtype: str = "float32") -> dict[str, Any]:
-    """Family, geometry, digests and runtime identity of a teacher directory."""
+    """Family, geometry, stored weights, digests and runtime identity of a teacher."""
+    from hebrus_flywheel.replay.checkpoint import stored_dtypes, weight_files
     from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
     from hebrus_flywheel.replay.teacher import load_teacher, read_manifest
 
     teacher = load_teacher(directory, dtype=dtype)
+    files = weight_files(teacher.path)
     geometry = teacher.geometry
     config = teacher.model.config
     return {
@@ -74,6 +84,8 @@ def describe_teacher(directory: Path, *, dtype: str = "float32") -> dict[str, An
         "parameters": sum(p.numel() for p in teacher.model.parameters()),
         "vocab_size": teacher.vocab_size,
         "eos_token_ids": list(teacher.eos_token_ids),
+        "weight_files": [p.name for p in files],
+        "stored_dtypes": stored_dtypes(teacher.path),
         "identity": build_runtime_identity(teacher),
     }
 

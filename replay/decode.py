@@ -170,13 +170,15 @@ class DecodeRuntime:
             )
 
     def _forward(self, ids: list[int], start: int, cache: object) -> torch.Tensor:
-        input_ids = torch.tensor([ids], dtype=torch.long)
-        position_ids = torch.arange(start, start + len(ids), dtype=torch.long).unsqueeze(0)
+        device = self.model.device
+        input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+        position_ids = torch.arange(start, start + len(ids), dtype=torch.long,
+                                    device=device).unsqueeze(0)
         out = self.model(
             input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
             use_cache=True, logits_to_keep=1,
         )
-        return out.logits[0, -1].to(torch.float32)
+        return out.logits[0, -1].to(device="cpu", dtype=torch.float32)
 
     def _prefill(self, prefix_ids: list[int]) -> tuple[object, torch.Tensor, float]:
         from transformers import DynamicCache
@@ -212,11 +214,11 @@ class DecodeRuntime:
         start = time.perf_counter()
         logits_V = self._forward([token], position, cache)
         trace.seconds += time.perf_counter() - start
-        router_logits_LE = capture.router_logits_LNE()[:, 0]
+        router_logits_LE = capture.router_logits_LNE()[:, 0].cpu()
         ids_LK, weights_LK = self.teacher.route(router_logits_LE)
         executed_LNK = capture.executed_ids_LNK()
         if executed_LNK is not None:
-            same = ids_LK.sort(-1).values == executed_LNK[:, 0].sort(-1).values
+            same = ids_LK.sort(-1).values == executed_LNK[:, 0].cpu().sort(-1).values
             trace.mismatches += int((~same.all(-1)).sum())
         trace.tokens.append(token)
         trace.ids.append(ids_LK)

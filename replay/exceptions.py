@@ -56,6 +56,13 @@ class RenderError(ReplayError):
     """A thread cannot be rendered to canonical tokens, or a turn lookup is invalid."""
 
 
+class NotPrefixStableError(RenderError):
+    """The chat template rewrites earlier text when a message is added (e.g. it drops the
+    reasoning of earlier assistant turns or merges consecutive tool results), so one
+    token stream per thread does not exist; :func:`replay.render.render_episodes`
+    renders such a thread as the runtime saw it at each assistant turn."""
+
+
 # --- teacher, adapters, routing, decode, identity -------------------------------------
 
 

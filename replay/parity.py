@@ -116,6 +116,9 @@ class ParityResult:
     margins: dict[str, dict[str, Any]]
     examples: list[dict[str, Any]]
     first_mismatches: list[dict[str, Any]]
+    kernel_path: str = ""
+    """The (device, attention, experts) kernel path this verdict holds for; with
+    ``teacher_dtype`` it is what parity was established on (``RuntimeIdentity.kernel_path``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(asdict(self))
@@ -217,10 +220,12 @@ class ParityAccumulator:
     def __init__(
         self, config: ParityConfig, *, identity_id: str, teacher_dtype: str,
         tie_break_rule: str, weight_rule: str, routed_layers: Sequence[int] | None = None,
+        kernel_path: str = "",
     ) -> None:
         self.config = config
         self.meta = {"identity_id": identity_id, "teacher_dtype": teacher_dtype,
-                     "tie_break_rule": tie_break_rule, "weight_rule": weight_rule}
+                     "tie_break_rule": tie_break_rule, "weight_rule": weight_rule,
+                     "kernel_path": kernel_path}
         self.routed_layers = None if routed_layers is None else list(routed_layers)
         self.skipped: dict[str, int] = {}
         self.examples: list[dict[str, Any]] = []
@@ -389,6 +394,7 @@ def run_parity(
         config, identity_id=replayer.identity_id, teacher_dtype=teacher.dtype,
         tie_break_rule=TIE_BREAK_RULE, weight_rule=teacher.geometry.weight_rule,
         routed_layers=teacher.geometry.routed_layers,
+        kernel_path=str(getattr(teacher, "kernel_path", "")),
     )
     pending: list[Mapping[str, Any]] = []
     for window in windows:

@@ -24,6 +24,12 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.execution import (
+    ATTENTION_OPTION,
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    Execution,
+)
 from hebrus_flywheel.core.files import atomic_write_text, create_file, make_dirs
 from hebrus_flywheel.core.kafka.security import declare_role
 from hebrus_flywheel.replay.exceptions import WindowSourceError
@@ -136,7 +142,9 @@ def parity_command(
     topic: str = typer.Option(RUNTIME_HOLDOUT_TOPIC, "--topic", help="Window topic to read."),
     max_windows: int = typer.Option(0, "--max-windows", help="Read at most N windows (0: all)."),
     out: Path | None = typer.Option(None, "--out", help="Write the ParityResult JSON here."),
-    dtype: str = typer.Option("float32", "--dtype", help="Teacher compute dtype."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    attention: str = ATTENTION_OPTION,
     min_sample: int = typer.Option(1, "--min-sample", help="Windows needed to be authoritative."),
     weight_atol: float = typer.Option(1e-4, "--weight-atol", help="Weight tolerance."),
     max_batch_tokens: int = typer.Option(1024, "--max-batch-tokens", help="Replay batch budget."),
@@ -155,7 +163,8 @@ def parity_command(
     windows = _windows(windows_file, bootstrap_servers, topic, timeout_s)
     if max_windows:
         windows = islice(windows, max_windows)
-    replayer = _load_replayer(teacher, dtype, max_batch_tokens, threads)
+    execution = Execution(device=device, dtype=dtype, attention=attention)
+    replayer = _load_replayer(teacher, execution, max_batch_tokens, threads)
     result = run_parity(replayer, windows, config)
     typer.echo(format_table(result))
     if out is not None:
@@ -166,7 +175,8 @@ def parity_command(
         raise typer.Exit(1)
 
 
-def _load_replayer(teacher_dir: Path, dtype: str, max_batch_tokens: int, threads: int) -> Any:
+def _load_replayer(teacher_dir: Path, execution: Execution, max_batch_tokens: int,
+                   threads: int) -> Any:
     import torch
 
     from hebrus_flywheel.replay.prefill import PrefillReplayer, ReplayConfig
@@ -174,8 +184,10 @@ def _load_replayer(teacher_dir: Path, dtype: str, max_batch_tokens: int, threads
 
     if threads:
         torch.set_num_threads(threads)
-    config = ReplayConfig(dtype=dtype, max_batch_tokens=max_batch_tokens)
-    return PrefillReplayer(load_teacher(teacher_dir, dtype=dtype), config)
+    config = ReplayConfig(dtype=execution.dtype, max_batch_tokens=max_batch_tokens)
+    teacher = load_teacher(teacher_dir, dtype=execution.dtype, device=execution.device,
+                           attention=execution.attention)
+    return PrefillReplayer(teacher, config)
 
 
 def format_table(result: ParityResult) -> str:
@@ -183,7 +195,8 @@ def format_table(result: ParityResult) -> str:
     r = result
     verdict = "AUTHORITATIVE" if r.authoritative else "NOT authoritative"
     lines = [
-        f"parity: {verdict}  identity {r.identity_id[:16]}…  dtype {r.teacher_dtype}",
+        f"parity: {verdict}  identity {r.identity_id[:16]}…  dtype {r.teacher_dtype}  "
+        f"kernels {r.kernel_path or 'unrecorded'}",
         f"windows compared {r.windows_compared} (min_sample {r.min_sample})  skipped "
         f"{r.windows_skipped or 0}",
         f"pairs {r.pairs}  mismatched {r.mismatched_pairs} ({r.mismatch_rate:.4%}, "

@@ -326,7 +326,9 @@ class PrefillReplayer:
             mask_BT[b, :n] = True
             positions_BT[b] = torch.arange(length) + item.first_ordinal
             rows.append(torch.from_numpy(item.anchors_A) + b * length)
-        return ids_BT, mask_BT, positions_BT, torch.cat(rows)
+        device = self.teacher.model.device
+        return (ids_BT.to(device), mask_BT.to(device), positions_BT.to(device),
+                torch.cat(rows).to(device))
 
     def _forward(self, batch: Sequence[_Prepared]) -> tuple[torch.Tensor, ...]:
         """One forward; ``(logits_NLE, hidden_NLH, ids_NLK, weights_NLK)`` at the anchor
@@ -341,11 +343,11 @@ class PrefillReplayer:
             masks = attention_masks(model, mask_BT, positions_BT)
             model(input_ids=ids_BT, attention_mask=masks, position_ids=positions_BT,
                   use_cache=False, logits_to_keep=1)
-            logits_NLE, hidden_NLH = capture.stacked(layers)
+            logits_NLE, hidden_NLH = (t.cpu() for t in capture.stacked(layers))
             executed = capture.executed(layers) if self.teacher.exact_tie_break else None
             if executed is None:
                 return (logits_NLE, hidden_NLH, *self.teacher.route(logits_NLE))
-            ids_NLK, weights_NLK = executed
+            ids_NLK, weights_NLK = executed[0].cpu(), executed[1].cpu()
             if weights_NLK.dtype != torch.float32:
                 weights_NLK = topk_weights(logits_NLE, ids_NLK, self.teacher.geometry.weight_rule)
             return logits_NLE, hidden_NLH, ids_NLK, weights_NLK

@@ -41,12 +41,18 @@ import json
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tokenizers import Tokenizer
 
-from hebrus_flywheel.replay.chat_template import Piece, TemplateRenderer, template_pieces
+from hebrus_flywheel.replay.chat_template import (
+    Piece,
+    TemplateRenderer,
+    last_turn_pieces,
+    template_pieces,
+)
 from hebrus_flywheel.replay.conversations import Message, Thread, to_chat_messages
-from hebrus_flywheel.replay.exceptions import RenderError, TokenizerError
+from hebrus_flywheel.replay.exceptions import NotPrefixStableError, RenderError, TokenizerError
 from hebrus_flywheel.replay.tokenizer import (
     CHAT_TEMPLATE,
     IM_END,
@@ -261,6 +267,56 @@ def render_thread(thread: Thread, tokenizer: Tokenizer | LoadedTokenizer) -> Ren
     owner = _piece_of_tokens(pieces, encoding.offsets)
     turns = _build_turns(pieces, owner, list(encoding.ids), thread)
     return RenderedThread(key=thread.key, text=text, turns=turns)
+
+
+EPISODE_MARK = "~t"
+"""Episode thread ids are ``<thread_id>~t<assistant message index>``."""
+
+
+def render_episodes(thread: Thread, tokenizer: Tokenizer | LoadedTokenizer
+                    ) -> list[tuple[Thread, RenderedThread]]:
+    """``thread`` as token streams the runtime actually decoded on.
+
+    With a prefix-stable template that is the thread itself, one stream. A template that
+    rewrites earlier text when a message is added (Qwen3-style templates drop the
+    ``<think>`` block of earlier assistant turns and merge consecutive tool results) has
+    no single stream: at each assistant turn the runtime rendered the conversation so
+    far afresh and decoded after it. Each assistant message ``a`` then becomes an
+    *episode* thread ``<thread_id>~t<a>`` of two turns: the context, i.e.
+    ``render(messages[:a])`` (never generated; its role is ``tool`` when it holds a tool
+    result, so a content policy that excludes tool output still applies, else ``user``),
+    and the assistant turn, cut after the context exactly as the generation prompt and
+    the template print it. NotPrefixStableError (naming the turn) if even that last step
+    is not a prefix extension, i.e. the template rewrites the context when the reply is
+    added."""
+    try:
+        return [(thread, render_thread(thread, tokenizer))]
+    except NotPrefixStableError:
+        pass
+    tok, renderer, reserved = _renderer(tokenizer)
+    _check_reserved(thread, reserved)
+    messages = to_chat_messages(thread)
+    return [_episode(thread, index, tok, renderer, messages)
+            for index, message in enumerate(thread.messages) if message.role == "assistant"]
+
+
+def _episode(thread: Thread, index: int, tok: Tokenizer, renderer: TemplateRenderer,
+             messages: list[dict[str, Any]]) -> tuple[Thread, RenderedThread]:
+    history = renderer.render(messages[:index])
+    own = last_turn_pieces(renderer, messages[: index + 1], history)
+    context_role = "tool" if any(m.role == "tool" for m in thread.messages[:index]) else "user"
+    kept = (Message(context_role, ""),) if history else ()
+    turn = len(kept)
+    pieces = [Piece(0, "header", False, history)] * bool(history) + [
+        Piece(turn, p.kind, p.generated, p.text) for p in own]
+    episode = Thread(owner=thread.owner, thread_id=f"{thread.thread_id}{EPISODE_MARK}{index}",
+                     messages=(*kept, thread.messages[index]), domain_tags=thread.domain_tags,
+                     created_at_ms=thread.created_at_ms, generation=thread.generation)
+    text = "".join(p.text for p in pieces)
+    encoding = tok.encode(text, add_special_tokens=False)
+    owner = _piece_of_tokens(pieces, encoding.offsets)
+    turns = _build_turns(pieces, owner, list(encoding.ids), episode)
+    return episode, RenderedThread(key=episode.key, text=text, turns=turns)
 
 
 def prompt_and_targets(

@@ -1,8 +1,10 @@
-"""The RuntimeIdentity record of a loaded teacher (``schemas/RuntimeIdentity.v2.avsc``).
+"""The RuntimeIdentity record of a loaded teacher (``schemas/RuntimeIdentity.v3.avsc``).
 
 Every field is derived from what is actually loaded: the model artifact digest over
 config and weights, the tokenizer and chat-template digests of the tokenizer directory,
-the compute dtype, the route geometry and the routing rules of :mod:`replay.routing`.
+the compute dtype and kernel path (device type, attention and expert kernels: parity is
+established per path, :mod:`core.execution`), the route geometry and the routing rules
+of :mod:`replay.routing`.
 ``identity_id`` is the SHA-256 of the canonical JSON of the other fields
 (:func:`schemas.identity.with_identity_id`), so any change yields a different id.
 """
@@ -27,7 +29,7 @@ IDENTITY_FIELDS: tuple[str, ...] = (
     "identity_id", "model_family", "model_artifact_digest", "tokenizer_digest",
     "chat_template_digest", "dtype", "quantization", "routed_layer_count", "expert_count",
     "top_k", "tie_break_rule", "weight_rule", "hidden_size", "routed_intermediate_size",
-    "runtime_name", "runtime_version", "routed_layers", "layer_count",
+    "runtime_name", "runtime_version", "routed_layers", "layer_count", "kernel_path",
 )
 
 
@@ -67,6 +69,7 @@ def build_runtime_identity(
         "runtime_version": runtime_version,
         "routed_layers": list(geometry.routed_layers),
         "layer_count": geometry.layer_count,
+        "kernel_path": teacher.kernel_path,
     }
     return with_identity_id(fields)
 
@@ -98,5 +101,6 @@ def require_identity(record_identity: Mapping[str, Any], loaded: Mapping[str, An
     raise IdentityMismatchError(
         f"record identity {claimed} differs from the loaded teacher's "
         f"{loaded.get('identity_id')} ({detail or 'unknown fields'}); load the teacher, "
-        "tokenizer and dtype the record was captured with, or quarantine the record"
+        "tokenizer, dtype and kernel path (--device, --attention) the record was captured "
+        "with, or quarantine the record"
     )

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -56,11 +56,19 @@ from hebrus_flywheel.replay.adapters import (
     install_exact_routing,
     score_bias_LE,
 )
+from hebrus_flywheel.replay.checkpoint import (
+    INDEX_FILE,
+    CheckpointStorage,
+    check_memory,
+    check_quantization,
+)
 from hebrus_flywheel.replay.exceptions import TeacherError
 from hebrus_flywheel.replay.routing import parse_rule, selection_scores, topk_with_tie_break
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from hebrus_flywheel.core.execution import Execution
 
 MANIFEST_FILE = "flywheel_teacher.json"
 MANIFEST_FORMAT = "hebrus-flywheel-teacher/v1"
@@ -183,6 +191,17 @@ class Teacher:
     eos_token_ids: tuple[int, ...]
     exact_tie_break: bool = True
     score_bias_LE: torch.Tensor | None = None
+    device: str = "cpu"
+    attention: str = "sdpa"
+    experts_implementation: str = DEFAULT_EXPERTS_IMPLEMENTATION
+
+    @property
+    def kernel_path(self) -> str:
+        """The identity's ``kernel_path``: device type, attention and expert kernels."""
+        from hebrus_flywheel.core.execution import Execution
+
+        return Execution(device=self.device, dtype=self.dtype, attention=self.attention
+                         ).kernel_path(self.experts_implementation)
 
     @property
     def vocab_size(self) -> int:
@@ -240,6 +259,8 @@ def _artifact_files(directory: Path) -> list[Path]:
         p for p in directory.iterdir()
         if p.is_file() and (p.name.endswith(".safetensors") or p.name.startswith("pytorch_model"))
     )
+    index = directory / INDEX_FILE  # sharded: the index decides which shard holds what
+    weights += [index] if index.is_file() and weights else []
     if not weights:
         raise TeacherError(
             f"{directory} has no weight files (*.safetensors or pytorch_model*.bin); the "
@@ -304,7 +325,8 @@ def _manifest(preset: TeacherPreset | None, seed: int, family: str) -> str:
     return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
 
-def _write_checkpoint(target: Path, preset: TeacherPreset | None, seed: int, family: str) -> None:
+def _write_checkpoint(target: Path, preset: TeacherPreset | None, seed: int, family: str,
+                      storage: CheckpointStorage) -> None:
     from hebrus_flywheel.replay.families import build_family_model, get_family
     from hebrus_flywheel.replay.tokenizer import build_tokenizer, load_tokenizer
 
@@ -318,14 +340,16 @@ def _write_checkpoint(target: Path, preset: TeacherPreset | None, seed: int, fam
         spec = get_family(family)
         config = spec.config(vocab_size=vocab, eos_id=eos_id, pad_id=pad_id)
         model = build_family_model(spec, config, seed)
+    model = cast(Any, model).to(DTYPES[storage.weights_dtype])  # .to is typed oddly
+    model.config.dtype = storage.weights_dtype
     with _quiet_progress():
-        model.save_pretrained(target)
+        model.save_pretrained(target, max_shard_size=storage.max_shard_size)
     (target / MANIFEST_FILE).write_text(_manifest(preset, seed, family), encoding="utf-8")
 
 
 def init_teacher(
     out_dir: str | Path, *, preset: str | TeacherPreset = DEFAULT_PRESET, seed: int = 0,
-    overwrite: bool = False, family: str | None = None,
+    overwrite: bool = False, family: str | None = None, storage: CheckpointStorage | None = None,
 ) -> Path:
     """Create a deterministic teacher checkpoint in ``out_dir`` and return ``out_dir``.
 
@@ -333,7 +357,8 @@ def init_teacher(
     of that MoE family; without it (or for ``qwen3_next``) ``preset`` picks the Qwen3-Next
     geometry. The same family/preset and seed give the same :func:`artifact_digest`. The
     directory is written beside its final place and renamed into it, so it is never
-    half-written.
+    half-written. ``storage`` picks the stored weight dtype and the shard size (a sharded
+    checkpoint has ``model.safetensors.index.json``); the default is one float32 file.
     """
     from hebrus_flywheel.replay.families import get_family
 
@@ -351,7 +376,7 @@ def init_teacher(
     make_dirs(target.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        _write_checkpoint(staging, chosen, seed, name)
+        _write_checkpoint(staging, chosen, seed, name, storage or CheckpointStorage())
         if target.exists():
             shutil.rmtree(target)
         atomic_replace_dir(staging, target)
@@ -376,13 +401,7 @@ def read_manifest(directory: str | Path) -> dict[str, Any] | None:
 
 def read_geometry(directory: str | Path) -> RouteGeometry:
     """The route geometry of a checkpoint from its ``config.json`` alone (no weights)."""
-    from transformers import AutoConfig
-
-    path = Path(directory)
-    try:
-        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise TeacherError(f"cannot read {path / 'config.json'}: {exc}") from None
+    config = _read_config(Path(directory))
     return adapter_for(config.model_type).geometry(config)
 
 
@@ -402,9 +421,8 @@ def _eos_ids(model: nn.Module) -> tuple[int, ...]:
     return tuple(int(x) for x in (raw if isinstance(raw, list | tuple) else [raw]))
 
 
-def _load_model(
-    path: Path, torch_dtype: torch.dtype, experts_implementation: str
-) -> PreTrainedModel:
+def _load_model(path: Path, torch_dtype: torch.dtype, experts_implementation: str,
+                execution: Execution) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     from hebrus_flywheel.replay.experts import register
@@ -412,40 +430,64 @@ def _load_model(
     register()
     try:
         with _quiet_progress():
-            return AutoModelForCausalLM.from_pretrained(
+            model = AutoModelForCausalLM.from_pretrained(
                 str(path), local_files_only=True, dtype=torch_dtype,
                 experts_implementation=experts_implementation,
+                attn_implementation=execution.attention,
             )
     except (OSError, ValueError) as exc:
         raise TeacherError(f"transformers cannot load the checkpoint in {path}: {exc}") from None
+    return cast(Any, model).to(execution.device)  # transformers types .to oddly
+
+
+def _on_cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """Labels are ranked on the CPU (logits come back there), so is the bias."""
+    return None if tensor is None else tensor.cpu()
+
+
+def _read_config(path: Path) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TeacherError(f"cannot read {path / 'config.json'}: {exc}") from None
+    check_quantization(raw if isinstance(raw, dict) else {}, path)
+    try:
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise TeacherError(f"cannot read {path / 'config.json'}: {exc}") from None
 
 
 def load_teacher(
     directory: str | Path, *, dtype: str = "float32",
     experts_implementation: str = DEFAULT_EXPERTS_IMPLEMENTATION, exact_tie_break: bool = True,
+    device: str = "cpu", attention: str = "sdpa",
 ) -> Teacher:
     """Load a local checkpoint of a supported family as a frozen :class:`Teacher`.
 
     ``exact_tie_break`` makes the gates execute the recorded tie-break rule (see the
     module docstring); ``False`` leaves the family's native ``torch.topk`` gates alone.
+    ``device`` and ``attention`` (with ``dtype`` and the experts kernel) are the kernel
+    path recorded in the identity (:mod:`core.execution`). A quantized checkpoint, or
+    one whose weights do not fit in memory at ``dtype``, is refused before loading
+    (:mod:`replay.checkpoint`).
     """
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    from hebrus_flywheel.core.execution import Execution, require_device
+
+    execution = Execution(device=device, dtype=dtype, attention=attention)
     if experts_implementation not in EXPERTS_IMPLEMENTATIONS:
         raise ConfigError(
             f"experts_implementation must be one of {EXPERTS_IMPLEMENTATIONS}, got "
             f"{experts_implementation!r}"
         )
+    require_device(device)
     path = Path(directory).resolve()
     digest = artifact_digest(path)
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise TeacherError(f"cannot read {path / 'config.json'}: {exc}") from None
+    config = _read_config(path)
     adapter = adapter_for(config.model_type)
-    model = _load_model(path, DTYPES[dtype], experts_implementation)
+    check_memory(path, dtype)
+    model = _load_model(path, DTYPES[dtype], experts_implementation, execution)
     model.eval().requires_grad_(False)
     geometry = adapter.geometry(model.config)
     layers = adapter.decoder_layers(model)
@@ -457,4 +499,6 @@ def load_teacher(
     return Teacher(path=path, model=model, adapter=adapter, geometry=geometry, dtype=dtype,
                    artifact_digest=digest, eos_token_ids=_eos_ids(model),
                    exact_tie_break=exact_tie_break,
-                   score_bias_LE=score_bias_LE(model, adapter, geometry))
+                   score_bias_LE=_on_cpu(score_bias_LE(model, adapter, geometry)),
+                   device=device, attention=attention,
+                   experts_implementation=experts_implementation)

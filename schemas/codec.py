@@ -138,7 +138,7 @@ def _field_from_message(message: str) -> str | None:
 # Fields added to a schema after records were written without them; a writer that leaves
 # them out gets their default (any other missing field is still an error).
 ADDED_WITH_DEFAULT: dict[str, tuple[str, ...]] = {
-    "hebrus.flywheel.v1.RuntimeIdentity": ("routed_layers", "layer_count"),
+    "hebrus.flywheel.v1.RuntimeIdentity": ("routed_layers", "layer_count", "kernel_path"),
 }
 
 

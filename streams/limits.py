@@ -25,7 +25,7 @@ FIELD_MAX_BYTES: dict[str, int] = {
         # RuntimeIdentity
         "model_family", "model_artifact_digest", "tokenizer_digest", "chat_template_digest",
         "dtype", "quantization", "tie_break_rule", "weight_rule", "runtime_name",
-        "runtime_version",
+        "runtime_version", "kernel_path",
     )
 }
 """Maximum UTF-8 length of each string field of the capture schemas, by field name

@@ -23,6 +23,7 @@ from typing import Any
 
 import typer
 
+from hebrus_flywheel.core.execution import device_option
 from hebrus_flywheel.core.kafka.security import declare_role
 from hebrus_flywheel.core.runner import offline_environment, run_app
 
@@ -91,7 +92,7 @@ def train_command(
     batch_size: int | None = typer.Option(None, "--batch-size",
                                           help="Override data.batch_size (rows per rank)."),
     workers: int | None = typer.Option(None, "--workers", help="Override data.num_workers."),
-    device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N."),
+    device: str | None = device_option(None, what="Training", allow_auto=True),
     threads: int | None = typer.Option(None, "--threads", help="torch threads per rank."),
     snapshot_id: str | None = typer.Option(None, "--snapshot-id",
                                            help="Refuse unless the snapshot has this id."),

@@ -49,13 +49,16 @@ def _env_int(name: str, default: int) -> int:
 
 
 def pick_device(device: str, local_rank: int) -> torch.device:
-    """``auto`` is ``cuda:<local_rank>`` when CUDA is available, else ``cpu``."""
+    """``auto`` is ``cuda:<local_rank>`` when CUDA is available, else ``cpu``; ``cuda`` or
+    ``mps`` where this machine has none is a ConfigError saying so (core.execution)."""
+    from hebrus_flywheel.core.execution import check_device_name, require_device
+
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_device_name(device)
+    require_device(device)
     if device == "cuda":
         return torch.device("cuda", local_rank)
-    if device != "cpu" and not device.startswith("cuda:"):
-        raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
     return torch.device(device)
 
 

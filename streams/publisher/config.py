@@ -19,7 +19,7 @@ from hebrus_flywheel.streams.topics import IDENTITIES_TOPIC, OBSERVATIONS_TOPIC,
 
 FULL_POLICIES = ("block_then_drop_newest", "block_then_raise")
 COMPRESSIONS = ("lz4", "zstd")
-IDENTITY_SCHEMA = "hebrus.flywheel.v1.RuntimeIdentity.v2"
+IDENTITY_SCHEMA = "hebrus.flywheel.v1.RuntimeIdentity.v3"
 TURN_SCHEMA = TURN_V2
 OBSERVATION_SCHEMA = OBSERVATION_V3
 CHUNK_SCHEMA = OBSERVATION_CHUNK_V1

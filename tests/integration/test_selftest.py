@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from hebrus_flywheel.core.execution import Execution
 from hebrus_flywheel.core.settings import BOOTSTRAP_ENV
+from hebrus_flywheel.replay.checkpoint import INDEX_FILE, CheckpointStorage, stored_dtypes
 from hebrus_flywheel.replay.families import FAMILIES
 from hebrus_flywheel.replay.teacher import init_teacher
 from hebrus_flywheel.selftest import (
@@ -70,6 +72,49 @@ def test_selftest_passes_with_exact_parity(
     teacher_line = lines[0]
     assert teacher_line["routed_layers"]  # the routed-layer map is reported
     assert _topics_gone(kafka_bootstrap, config.namespace)
+
+
+@pytest.fixture(scope="module")
+def sharded_bf16(teachers: Path) -> Path:
+    """A checkpoint stored like a real one: bf16 tensors in safetensors shards + index."""
+    target = teachers / "qwen3_moe-sharded-bf16"
+    if not (target / INDEX_FILE).is_file():
+        init_teacher(target, family="qwen3_moe", seed=2, storage=CheckpointStorage(
+            weights_dtype="bfloat16", max_shard_size="200KB"))
+    assert stored_dtypes(target) == ["BF16"]
+    return target
+
+
+def test_selftest_on_a_sharded_bf16_checkpoint_in_fp32_is_exact(
+    sharded_bf16: Path, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    lines: list[dict[str, Any]] = []
+    config = SelftestConfig(teacher=sharded_bf16, bootstrap=kafka_bootstrap,
+                            work_dir=tmp_path / "run", namespace=private_namespace("it-"),
+                            threads=THREADS, execution=Execution(dtype="float32"))
+    verdict = run_selftest(config, emit=lines.append)
+    assert verdict["selftest"] == "passed", verdict
+    assert verdict["parity_exact"] == 1.0 and verdict["parity_pairs"] > 0
+    assert verdict["kernel_path"] == "device=cpu;attention=sdpa;experts=tiled_mm"
+    [path] = (Path(verdict["work_dir"]) / "dataset").rglob("manifest.json")
+    manifest = json.loads(path.read_text())
+    assert manifest["teacher"]["kernel_path"] == verdict["kernel_path"]
+    assert manifest["identity"]["kernel_path"] == verdict["kernel_path"]
+    assert manifest["parity"]["kernel_path"] == verdict["kernel_path"]
+
+
+def test_selftest_in_bf16_compute_fails_at_the_parity_gate_and_says_why(
+    sharded_bf16: Path, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """bf16 compute is not exact between decode and prefill on this CPU (measured by
+    bench/kernel_parity.py): the selftest must not pass, and must name the path."""
+    config = SelftestConfig(teacher=sharded_bf16, bootstrap=kafka_bootstrap,
+                            work_dir=tmp_path / "run", namespace=private_namespace("it-"),
+                            threads=THREADS, execution=Execution(dtype="bfloat16"))
+    verdict = run_selftest(config, emit=lambda line: None)
+    assert verdict["selftest"] == "failed" and verdict["stage"] == "replay_seal", verdict
+    assert "not authoritative" in verdict["reason"] and "bfloat16" in verdict["reason"]
+    assert "attention=sdpa" in verdict["reason"]
 
 
 def test_cli_prints_json_lines_and_fails_with_the_stage(

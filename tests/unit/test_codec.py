@@ -57,6 +57,7 @@ def identity() -> dict[str, Any]:
         "weight_rule": "softmax_topk_renormalized", "hidden_size": 64,
         "routed_intermediate_size": 32, "runtime_name": "hebrus", "runtime_version": "0.1",
         "routed_layers": [0, 1, 2, 3], "layer_count": 4,
+        "kernel_path": "device=cpu;attention=sdpa;experts=tiled_mm",
     })
 
 
@@ -64,11 +65,26 @@ def test_identity_without_the_routed_layer_map_decodes_with_defaults_and_the_sam
     from hebrus_flywheel.core.identity import compute_identity_id
 
     old = with_identity_id({k: v for k, v in identity().items()
-                            if k not in ("routed_layers", "layer_count")})
+                            if k not in ("routed_layers", "layer_count", "kernel_path")})
     _key, back = decode(encode("RuntimeIdentity", old))
-    assert back == {**old, "routed_layers": [], "layer_count": 0}
+    assert back == {**old, "routed_layers": [], "layer_count": 0, "kernel_path": ""}
     assert compute_identity_id(back) == old["identity_id"]
     assert compute_identity_id(identity()) != old["identity_id"]
+
+
+def test_identity_v3_records_the_kernel_path_and_a_v2_record_keeps_its_id() -> None:
+    from hebrus_flywheel.core.identity import compute_identity_id
+
+    path = identity()
+    # no kernel_path: written before v3, or by a runtime that omits it
+    v2 = with_identity_id({k: v for k, v in path.items() if k != "kernel_path"})
+    _key, back = decode(encode("RuntimeIdentity.v3", v2))
+    assert back["kernel_path"] == "" and compute_identity_id(back) == v2["identity_id"]
+    assert path["identity_id"] != v2["identity_id"]
+    _key, back = decode(encode("RuntimeIdentity.v3", path))
+    assert back == path and compute_identity_id(back) == path["identity_id"]
+    _key, old = decode(encode("RuntimeIdentity.v2", v2))  # v2 stays readable as written
+    assert "kernel_path" not in old and compute_identity_id(old) == v2["identity_id"]
 
 
 def turn() -> dict[str, Any]:

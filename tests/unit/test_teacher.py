@@ -236,7 +236,7 @@ def test_adapter_registry_covers_the_required_families() -> None:
 
 
 def _avsc() -> dict[str, Any]:
-    return json.loads((REPO / "schemas" / "RuntimeIdentity.v2.avsc").read_text())
+    return json.loads((REPO / "schemas" / "RuntimeIdentity.v3.avsc").read_text())
 
 
 def test_identity_has_every_schema_field_and_validates(teacher: Teacher) -> None:
