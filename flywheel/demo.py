@@ -198,7 +198,7 @@ def _split_salt(ctx: DemoContext) -> str:
     path = ctx.home / "demo" / "split-salt"
     if path.is_file():
         return path.read_text().strip()
-    salt: str | None = DEFAULT_SALT
+    salt = DEFAULT_SALT
     if ctx.epoch == 0:
         withheld = ctx.results.get("consent", {}).get("withheld_owner")
         names = Pseudonymizer(LocalOwnerKeyStore(create=True))
@@ -206,10 +206,11 @@ def _split_salt(ctx: DemoContext) -> str:
                for t in _epoch_threads(ctx) if t.owner != withheld]
         config = SplitConfig(salt=DEFAULT_SALT, validation_fraction=VALIDATION_FRACTION,
                              runtime_holdout_fraction=RUNTIME_HOLDOUT_FRACTION)
-        salt = search_salt(ids, config, minimum=SPLIT_MINIMUM)
-        if salt is None:
+        found = search_salt(ids, config, minimum=SPLIT_MINIMUM)
+        if found is None:
             raise FlywheelError(f"{len(ids)} demo threads cannot fill {SPLIT_MINIMUM}; "
                                 "raise FLYWHEEL_DEMO_THREADS")
+        salt = found
     atomic_write_text(path, salt + "\n")
     return salt
 
