@@ -155,7 +155,7 @@ def seal_table(table: Any, sealer: OwnerSealer, counters: Counters | None = None
 
     table.send_changelog = send_changelog
     if getattr(table.data, "seals_at_rest", False):
-        table.data.state = state  # the store opens on read and on restore
+        table.data.state_sealer = state  # the store opens on read and on restore
     else:
         table.apply_changelog_batch = apply_changelog_batch
     return table

@@ -50,15 +50,15 @@ class SealedRocksDBStore(RocksDBStore):
     """faust's RocksDB store holding owner values sealed (see the module docstring)."""
 
     seals_at_rest = True
-    state: StateSealer | None = None
+    state_sealer: StateSealer | None = None
     """Set by :func:`streams.processors.state_seal.seal_table` before the table is used."""
     restored_records: int = 0
 
     def _sealer(self) -> StateSealer:
-        if self.state is None:
+        if self.state_sealer is None:
             raise RuntimeError(f"table {self.table_name}: the sealed store has no sealer; "
                                "wrap the table with state_seal.seal_table")
-        return self.state
+        return self.state_sealer
 
     def __setitem__(self, key: Any, value: Any) -> None:
         sealed = self._sealer().seal(str(key), value)
