@@ -228,6 +228,21 @@ def _stage_streams(ctx: DemoContext) -> None:
     for line in lines:
         if not line.startswith(("20", "[")):
             print("   ", line)
+    ledger = _accounting(ctx)
+    print(f"[streams] record accounting: {ledger['totals']['records']} consumed capture "
+          f"records, {ledger['unaccounted']} unaccounted ({ctx.run_dir / ACCOUNTING_FILE})")
+
+
+ACCOUNTING_FILE = "streams-accounting.json"
+
+
+def _accounting(ctx: DemoContext) -> dict[str, Any]:
+    """``flywheel streams accounting`` (the streams role) saved for Gate 1."""
+    lines = _flywheel("streams", "accounting", log_name="streams-accounting", ctx=ctx)
+    ledger: dict[str, Any] = json.loads(next(line for line in reversed(lines)
+                                             if line.startswith("{")))
+    atomic_write_text(ctx.run_dir / ACCOUNTING_FILE, json.dumps(ledger, sort_keys=True))
+    return ledger
 
 
 def _stage_replay(ctx: DemoContext) -> None:
@@ -393,6 +408,7 @@ def _stage_qualify(ctx: DemoContext) -> None:
                       str(config), "--bootstrap-servers", ctx.bootstrap, "--out",
                       str(report_dir), "--rebuild-report", str(ctx.rebuild_report),
                       "--erasure-receipt", str(ctx.run_dir / "erasure-receipt.json"),
+                      "--streams-accounting", str(ctx.run_dir / ACCOUNTING_FILE),
                       *_figures_args(ctx), log_name="qualify", ctx=ctx)
     ctx.results["report"] = str(report_dir / "report.html")
     _print_lines("qualify", lines)

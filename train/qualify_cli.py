@@ -47,6 +47,9 @@ def qualify_command(
     streams_summary: Path | None = typer.Option(None, "--streams-summary",
                                                 help="JSON of `flywheel streams inspect "
                                                 "--json` (with capture.records)."),
+    streams_accounting: Path | None = typer.Option(
+        None, "--streams-accounting", help="JSON of `flywheel streams accounting` (run as the "
+        "streams role): Gate 1's record accounting becomes a measured figure."),
     bootstrap: str | None = typer.Option(None, "--bootstrap-servers", help="Read the streams "
                                          "counts from this broker."),
     prefix: str | None = typer.Option(None, "--prefix", help="Topic prefix (default: the "
@@ -66,7 +69,8 @@ def qualify_command(
             snapshot=snapshot, checkpoint=checkpoint, out=out, teacher=teacher, config=config,
             rebuild_report=rebuild_report, streams_summary=streams_summary,
             bootstrap=bootstrap, prefix=prefix, progress=progress,
-            erasure_receipt=erasure_receipt, predictor_figures=predictor_figures)
+            erasure_receipt=erasure_receipt, predictor_figures=predictor_figures,
+            streams_accounting=streams_accounting)
     except FlywheelError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
@@ -80,7 +84,8 @@ def _run(*, snapshot: Path, checkpoint: Path, out: Path, teacher: Path | None,
          config: Path | None, rebuild_report: Path | None, streams_summary: Path | None,
          bootstrap: str | None, prefix: str | None, progress: bool,
          erasure_receipt: Path | None = None,
-         predictor_figures: Path | None = None) -> tuple[Any, float]:
+         predictor_figures: Path | None = None,
+         streams_accounting: Path | None = None) -> tuple[Any, float]:
     from hebrus_flywheel.train.qualify import qualify
     from hebrus_flywheel.train.qualify.collect import CollectRequest, collect_inputs, load_settings
     from hebrus_flywheel.train.qualify.errors import InputError
@@ -93,7 +98,7 @@ def _run(*, snapshot: Path, checkpoint: Path, out: Path, teacher: Path | None,
         snapshot=snapshot, checkpoint=checkpoint, teacher=teacher,
         rebuild_report=rebuild_report, streams_summary=streams_summary, bootstrap=bootstrap,
         prefix=prefix, settings=settings, progress=progress, erasure_receipt=erasure_receipt,
-        predictor_figures=predictor_figures))
+        predictor_figures=predictor_figures, streams_accounting=streams_accounting))
     report_started = time.perf_counter()
     outcome = qualify(collected.inputs, out, settings.thresholds,
                       date=datetime.datetime.now(datetime.UTC).date().isoformat())

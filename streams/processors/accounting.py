@@ -13,15 +13,23 @@ put in exactly one class, first match wins:
   ``token_ordinal`` is one of the window's anchors, a turn listed in its ``turns``;
 * ``in_windowed_generation``: its generation has windows, but no window holds this
   record itself (a token that is no anchor, a turn after the last anchor);
-* ``decided``: its generation has a split/dedup decision but no window (dropped as a
-  duplicate, or kept without an eligible anchor);
-* ``in_state``: its generation is still open (or complete and awaiting its decision)
-  in the latest ``capture-state`` changelog header;
+* ``duplicate``: its generation was dropped by the dedup stage (by the decision's
+  reason: ``exact_duplicate``, ``near_duplicate``, ``near_duplicate_of_train``);
+* ``kept_without_window``: its generation was kept but had no eligible anchor;
+* ``pending``: its generation is still open (or complete and awaiting its decision)
+  in the latest ``capture-state`` changelog header: an open window;
 * ``identity``: a RuntimeIdentity record on the identities topic (kept in the
   identity book, which is read from that topic);
 * ``unaccounted``: none of the above: the record was consumed (its offset is below
   the committed one) yet it is in no output and in no open state. A healthy worker
   has none.
+
+``by_reason`` splits ``quarantined``, ``generation_quarantined`` and ``duplicate`` by the
+quarantine or dedup reason; the report's top-level ``unaccounted`` is the total. State
+expiry (:mod:`streams.processors.expiry`) never loses a record's class: a generation's
+header is deleted only after it finished, and its outputs (windows, decisions,
+quarantine records) are on their topics; an open generation is never expired, it is
+closed on idle (windowed, or quarantined ``incomplete_thread``).
 
 What this does *not* prove: a record counted through its generation (every class but
 ``quarantined`` and ``windowed``) is accounted for at thread-generation level only, and
@@ -49,7 +57,9 @@ from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTo
 from hebrus_flywheel.streams.processors.window_seal import default_sealer
 
 CLASSES = ("quarantined", "generation_quarantined", "windowed", "in_windowed_generation",
-           "decided", "in_state", "identity", "unaccounted")
+           "duplicate", "kept_without_window", "pending", "identity", "unaccounted")
+BY_REASON = ("quarantined", "generation_quarantined", "duplicate")
+"""The classes counted by reason as well."""
 OPEN_STATES = ("open", "ready")
 Generation = tuple[str, str, int]
 Coordinates = tuple[str, int, int]
@@ -60,23 +70,33 @@ SHOWN_OFFSETS = 20
 class Outputs:
     """What the worker's outputs say, gathered from the output topics."""
 
-    quarantined: set[Coordinates] = field(default_factory=set)
-    quarantined_generations: set[Generation] = field(default_factory=set)
+    quarantined: dict[Coordinates, str] = field(default_factory=dict)
+    """Source coordinates -> quarantine reason."""
+    quarantined_generations: dict[Generation, str] = field(default_factory=dict)
     anchors: dict[Generation, set[int]] = field(default_factory=dict)
     turns: dict[Generation, set[int]] = field(default_factory=dict)
-    decided: set[Generation] = field(default_factory=set)
+    decided: dict[Generation, tuple[bool, str]] = field(default_factory=dict)
+    """Generation -> (kept, dedup reason) of its decision."""
     in_state: set[Generation] = field(default_factory=set)
     refused_state: list[list[Any]] = field(default_factory=list)
     """``[topic, partition, offset]`` of state headers that are no state-codec record."""
 
     def add_quarantine(self, record: Mapping[str, Any]) -> None:
-        self.quarantined.add((str(record["source_topic"]), int(record["source_partition"]),
-                              int(record["source_offset"])))
+        reason = str(record.get("reason") or "unknown")
+        self.quarantined[(str(record["source_topic"]), int(record["source_partition"]),
+                          int(record["source_offset"]))] = reason
         whole = record.get("stage") == "assemble" and not record.get("value_size")
         if whole and record.get("owner") and record.get("thread") \
                 and record.get("generation") is not None:
-            self.quarantined_generations.add(
-                (str(record["owner"]), str(record["thread"]), int(record["generation"])))
+            self.quarantined_generations[
+                (str(record["owner"]), str(record["thread"]), int(record["generation"]))] = reason
+
+    def add_decision(self, decision: Mapping[str, Any]) -> None:
+        gen = (str(decision["owner"]), str(decision["thread"]), int(decision["generation"]))
+        kept = bool(decision.get("keep", True))
+        if gen in self.decided and self.decided[gen][0] and not kept:
+            return  # one teacher kept it, another dropped it: the records have windows
+        self.decided[gen] = (kept, str(decision.get("reason") or "unknown"))
 
     def add_window(self, window: Mapping[str, Any]) -> None:
         gen = (str(window["owner"]), str(window["thread"]), int(window["generation"]))
@@ -113,10 +133,23 @@ def _generation_class(kind: str, gen: Generation, record: Mapping[str, Any],
             mine = record.get("turn_index") in outputs.turns.get(gen, set())
         return "windowed" if mine else "in_windowed_generation"
     if gen in outputs.decided:
-        return "decided"
+        return "kept_without_window" if outputs.decided[gen][0] else "duplicate"
     if gen in outputs.in_state:
-        return "in_state"
+        return "pending"
     return "unaccounted"
+
+
+def reason_of(cls: str, coordinates: Coordinates, record: Mapping[str, Any] | None,
+              outputs: Outputs) -> str | None:
+    """The quarantine or dedup reason of a record in a :data:`BY_REASON` class."""
+    if cls == "quarantined":
+        return outputs.quarantined[coordinates]
+    if record is None or cls not in BY_REASON:
+        return None
+    gen = (str(record["owner"]), str(record["thread"]), int(record["generation"]))
+    if cls == "generation_quarantined":
+        return outputs.quarantined_generations[gen]
+    return outputs.decided[gen][1]
 
 
 class PartitionTally:
@@ -125,17 +158,23 @@ class PartitionTally:
     def __init__(self, kind: str, topic: str, partition: int, committed: int) -> None:
         self.kind, self.topic, self.partition, self.committed = kind, topic, partition, committed
         self.counts: Counter[str] = Counter()
+        self.reasons: dict[str, Counter[str]] = {c: Counter() for c in BY_REASON}
         self.missing: list[int] = []
 
     def add(self, offset: int, record: Mapping[str, Any] | None, outputs: Outputs) -> None:
-        cls = classify(self.kind, (self.topic, self.partition, offset), record, outputs)
+        where = (self.topic, self.partition, offset)
+        cls = classify(self.kind, where, record, outputs)
         self.counts[cls] += 1
+        reason = reason_of(cls, where, record, outputs)
+        if reason is not None:
+            self.reasons[cls][reason] += 1
         if cls == "unaccounted" and len(self.missing) < SHOWN_OFFSETS:
             self.missing.append(offset)
 
     def row(self) -> dict[str, Any]:
         return {"topic": self.topic, "partition": self.partition, "committed": self.committed,
                 "records": sum(self.counts.values()), **{c: self.counts[c] for c in CLASSES},
+                "by_reason": {c: dict(sorted(r.items())) for c, r in self.reasons.items()},
                 "unaccounted_offsets": self.missing}
 
 
@@ -221,7 +260,7 @@ def gather_outputs(bootstrap: str, topics: StreamTopics, group: str) -> Outputs:
     for msg in read_topic(bootstrap, topics.decisions):
         d = _decode_json(msg.value())
         if d is not None:
-            out.decided.add((str(d["owner"]), str(d["thread"]), int(d["generation"])))
+            out.add_decision(d)
     open_headers: dict[str, Generation | None] = {}
     changelog = f"{group}-{CAPTURE_STATE}-changelog"
     for msg in read_topic(bootstrap, changelog):
@@ -256,5 +295,11 @@ def account(bootstrap: str, *, prefix: str = "", app_id: str = DEFAULT_APP_ID,
             int(msg.offset() or 0), _decode(msg.value()), outputs)
     rows = [per[tp].row() for tp in sorted(per)]
     totals = {c: sum(r[c] for r in rows) for c in ("records", *CLASSES)}
+    by_reason: dict[str, Counter[str]] = {c: Counter() for c in BY_REASON}
+    for row in rows:
+        for cls, reasons in row["by_reason"].items():
+            by_reason[cls].update(reasons)
     return {"group": group, "partitions": rows, "totals": totals,
+            "by_reason": {c: dict(sorted(r.items())) for c, r in by_reason.items()},
+            "unaccounted": totals["unaccounted"],
             "refused_state_records": outputs.refused_state}

@@ -12,9 +12,13 @@ Topology (``N`` = partitions of the capture topics, 4 in the catalogue)::
                        window agent ◀─────────────────────────┘
                          reads/retires ``capture-state`` ──▶ flywheel.windows.<split>.v1
 
-Tables are faust tables (memory store) backed by compacted changelog topics
-``<app id>-<table>-changelog``, restored on start. Decisions go to the partition the
-thread was read from, so the window agent finds the thread in its own table partition.
+Tables are faust tables on RocksDB (:mod:`streams.processors.state_store`: owner values
+sealed at rest, under ``<data dir>/<app id>``) backed by compacted changelog topics
+``<app id>-<table>-changelog``; a restart reads only the changelog written after what
+RocksDB holds. Every table key expires (:mod:`streams.processors.expiry`: idle and
+finished generations, producer counters, the dedup horizon) with a changelog tombstone.
+Decisions go to the partition the thread was read from, so the window agent finds the
+thread in its own table partition.
 Before consuming anything, each worker records its full configuration and the group's
 capture start offsets on ``flywheel.streams.runs.v1`` (:mod:`streams.processors.runs`),
 so a rebuild can run the stream processors again with the configurations that ran.
@@ -70,6 +74,7 @@ from hebrus_flywheel.streams.processors.poison import CrashLedger, injected_faul
 from hebrus_flywheel.streams.processors.runs import start_run
 from hebrus_flywheel.streams.processors.state_codec import StateValue, refuse_bad_changelog
 from hebrus_flywheel.streams.processors.state_seal import seal_table
+from hebrus_flywheel.streams.processors.state_store import ROCKSDB_OPTIONS, STORE_URL
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
 from hebrus_flywheel.streams.processors.window import WindowStage, window_key
 from hebrus_flywheel.streams.processors.window_seal import encode_window
@@ -200,7 +205,7 @@ class StreamsWorker:
         return faust.App(
             c.full_app_id,
             **self.faust_kafka,  # broker list, credentials, client id
-            store="memory://",
+            store=STORE_URL,  # every table: RocksDB, sealed at rest (see _table)
             datadir=str(data_dir / c.full_app_id),
             processing_guarantee="at_least_once",
             topic_partitions=self.partitions,
@@ -227,7 +232,10 @@ class StreamsWorker:
         # keys: faust's json codec (key_type=str); values: the state codec (tagged JSON);
         # an undecodable changelog record stops the worker (streams.processors.state_codec)
         # owner values are sealed in the changelog (streams.processors.state_seal)
-        table = self.app.Table(name, partitions=partitions, key_type=str, value_type=StateValue)
+        # the store: RocksDB on disk (a restart reads only the changelog's tail), owner
+        # values sealed at rest like in the changelog (streams.processors.state_store)
+        table = self.app.Table(name, partitions=partitions, key_type=str, value_type=StateValue,
+                               options=dict(ROCKSDB_OPTIONS))
         return seal_table(refuse_bad_changelog(table), self.sealer, self.counters)
 
     def _declare(self) -> None:

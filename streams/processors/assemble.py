@@ -52,14 +52,29 @@ class AssembleConfig:
             generated token before completing on the end marker.
         max_remembered_failures: refused offsets remembered per generation so a
             redelivered record gets its original verdict again.
+        finished_ttl_ms: processing-time milliseconds a finished generation's header
+            (emitted, dropped or quarantined; its content is gone already) is kept after
+            its last record, so a redelivered record is recognised; then it is deleted
+            (a changelog tombstone). A record of that generation redelivered later than
+            this is assembled again (its windows repeat byte-identically, or it is
+            quarantined as incomplete).
+        counter_ttl_ms: processing-time milliseconds a producer's counter state (per
+            producer, topic and partition) is kept after its last record; a producer
+            silent for longer starts afresh (its next counter is not compared).
+        expiry_bucket_ms: width of the time buckets expiry is scheduled in
+            (:mod:`streams.processors.expiry`); state expires up to one bucket late.
     """
 
     idle_timeout_ms: int = 300_000
     require_routes: bool = True
     max_remembered_failures: int = 64
+    finished_ttl_ms: int = 3_600_000
+    counter_ttl_ms: int = 86_400_000
+    expiry_bucket_ms: int = 1_000
 
     def __post_init__(self) -> None:
-        for name in ("idle_timeout_ms", "max_remembered_failures"):
+        for name in ("idle_timeout_ms", "max_remembered_failures", "finished_ttl_ms",
+                     "counter_ttl_ms", "expiry_bucket_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(

@@ -36,7 +36,9 @@ from hebrus_flywheel.streams import quarantine
 from hebrus_flywheel.streams.chunks import CHUNK_V1, ChunkError
 from hebrus_flywheel.streams.exceptions import ConsentError
 from hebrus_flywheel.streams.processors import assemble as asm
+from hebrus_flywheel.streams.processors import expiry
 from hebrus_flywheel.streams.processors.common import (
+    SEP,
     counter_key,
     header_key,
     instance_id,
@@ -64,6 +66,9 @@ from hebrus_flywheel.streams.sealing import METADATA_ONLY_REASONS, CaptureOpener
 log = logging.getLogger(__name__)
 QUARANTINE = "quarantine"
 SUMMARY = "summary"
+OPEN_STATUSES = ("open", "ready")
+"""Header statuses of a generation still in the capture stage (assembling, or complete
+and awaiting its decision); the others (emitted, dropped, quarantined) are finished."""
 
 
 class Emit(NamedTuple):
@@ -184,7 +189,7 @@ class CaptureStage:
             self.counters.inc("assemble", "speculative_rejected_skipped")
             return []
         if problem is None:
-            problem = self._check_counter(source, record)
+            problem = self._check_counter(source, record, now_ms)
         if problem is not None:
             return [self._quarantine(source, problem, value, key, headers, record, schema)]
         if not self._consented(record):
@@ -224,29 +229,63 @@ class CaptureStage:
         return self._assemble(source, "observations", checked, now_ms, raw)
 
     def tick(self, partition: int, now_ms: int) -> list[Emit]:
-        """Complete (or refuse) the open generations of ``partition`` that went idle, and
-        repeat the summary of any that waited longer than the idle timeout for a decision
-        (its first summary may have been lost in a crash)."""
-        idle_before = now_ms - self.aconf.idle_timeout_ms
-        stale = [
-            (key, dict(h))
-            for key, h in list(self.store.items())
-            if key.startswith("h\x1f")
-            and h["partition"] == partition
-            and h["status"] in ("open", "ready")
-            and h["last_ms"] <= idle_before
-        ]
+        """Sweep the partition's due expiry buckets (:mod:`streams.processors.expiry`):
+        complete (or refuse) the open generations that went idle, repeat the summary of
+        any that waited longer than the idle timeout for a decision (its first summary
+        may have been lost in a crash), delete finished headers older than
+        ``finished_ttl_ms`` and producer counters idle for ``counter_ttl_ms``. Only
+        scheduled keys are looked at, never the whole table."""
         emits: list[Emit] = []
-        for key, header in sorted(stale, key=lambda kv: kv[0]):
-            if header["status"] == "ready":
-                self.counters.inc("assemble", "summaries_repeated")
-                emits.extend(Emit(*e) for e in header["outbox"])
-            else:
-                self.counters.inc("assemble", "idle_timeouts")
-                emits.extend(self._finish(key[2:], header, idle=True))
-            header["last_ms"] = now_ms
-            self.store[key] = header
+
+        def decide(key: str, at_ms: int) -> int | None:
+            if key.startswith(f"c{SEP}"):
+                return self._expire_counter(key, at_ms)
+            if key.startswith(f"h{SEP}"):
+                return self._tick_header(key, at_ms, emits)
+            return None
+
+        expiry.sweep(self.store, partition=partition, now_ms=now_ms,
+                     bucket_ms=self.aconf.expiry_bucket_ms, decide=decide)
         return emits
+
+    def _tick_header(self, key: str, now_ms: int, emits: list[Emit]) -> int | None:
+        """One scheduled header: what :meth:`tick` does with it; when it falls due next."""
+        stored = self.store.get(key)
+        if stored is None:
+            return None
+        header = dict(stored)
+        if header["status"] not in OPEN_STATUSES:
+            due = int(header["last_ms"]) + self.aconf.finished_ttl_ms
+            if due > now_ms:
+                return due
+            asm.drop_content(self.store, key[2:], header)
+            del self.store[key]  # a tombstone: a restored worker does not see it again
+            self.counters.inc("expiry", f"headers_{header['status']}")
+            return None
+        if header["last_ms"] > now_ms - self.aconf.idle_timeout_ms:
+            return int(header["last_ms"]) + self.aconf.idle_timeout_ms
+        if header["status"] == "ready":
+            self.counters.inc("assemble", "summaries_repeated")
+            emits.extend(Emit(*e) for e in header["outbox"])
+        else:
+            self.counters.inc("assemble", "idle_timeouts")
+            emits.extend(self._finish(key[2:], header, idle=True))
+        header["last_ms"] = now_ms
+        self.store[key] = header
+        ttl = self.aconf.idle_timeout_ms if header["status"] in OPEN_STATUSES \
+            else self.aconf.finished_ttl_ms
+        return now_ms + ttl
+
+    def _expire_counter(self, key: str, now_ms: int) -> int | None:
+        state = self.store.get(key)
+        if state is None:
+            return None
+        due = int(state.get("at", 0)) + self.aconf.counter_ttl_ms
+        if due > now_ms:
+            return due
+        del self.store[key]
+        self.counters.inc("expiry", "producer_counters")
+        return None
 
     # -- validation ---------------------------------------------------------------
 
@@ -275,14 +314,23 @@ class CaptureStage:
             self.resolve_identity(identity_id)
         return check_identity_ref(record, self.identities)
 
-    def _check_counter(self, source: SourceRef, record: Mapping[str, Any]) -> Rejection | None:
+    def _check_counter(self, source: SourceRef, record: Mapping[str, Any],
+                       now_ms: int) -> Rejection | None:
         ckey = counter_key(record["producer_id"], source.topic, source.partition)
+        old = self.store.get(ckey)
         verdict, new_state = check_counter(
-            self.store.get(ckey), counter=record["counter"], offset=source.offset, config=self.vconf
+            old, counter=record["counter"], offset=source.offset, config=self.vconf
         )
         if new_state is not None:
+            new_state["at"] = now_ms  # expiry: counter_ttl_ms after the producer's last record
             self.store[ckey] = new_state
+            if old is None:
+                self._schedule(ckey, source.partition, now_ms + self.aconf.counter_ttl_ms)
         return verdict
+
+    def _schedule(self, key: str, partition: int, due_ms: int) -> None:
+        expiry.schedule(self.store, key, partition=partition, due_ms=due_ms,
+                        bucket_ms=self.aconf.expiry_bucket_ms)
 
     def _identity(
         self,
@@ -314,9 +362,12 @@ class CaptureStage:
         """Apply one message's records (one, or a chunk's tokens: all or none) to their
         thread generation."""
         record = records[0][0]
-        iid = instance_id(record["owner"], record["thread"], record["generation"])
+        iid = instance_id(record["owner"], record["thread"], record["generation"],
+                          record["identity_id"])
         hkey = header_key(iid)
         stored = self.store.get(hkey)
+        if stored is None:  # a new generation: looked at again once it could be idle
+            self._schedule(hkey, source.partition, now_ms + self.aconf.idle_timeout_ms)
         header = asm.new_header(record, source.partition) if stored is None else dict(stored)
         redelivered, verdict = asm.redelivered_verdict(header, kind, source.offset)
         if redelivered:

@@ -167,8 +167,9 @@ def accounting_command(
     app_id: str = _APP_ID,
 ) -> None:
     """Per capture partition, JSON: records up to the group's committed offset and where
-    each went (quarantined, windowed, decided, still in state, ...); ``unaccounted``
-    counts consumed records found in no output and no open state (see
+    each went (windowed, quarantined and dropped as a duplicate by reason, pending in an
+    open window, ...); ``unaccounted`` (also at the top level) counts consumed records
+    found in no output and no open state (see
     ``streams.processors.accounting``). Exits 1 when a state changelog record is no
     state-codec record (``refused_state_records``: refused unread, never run as code)."""
     declare_role("streams")

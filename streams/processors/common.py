@@ -23,9 +23,13 @@ def thread_key(owner: str, thread: str) -> str:
     return f"{owner}/{thread}"
 
 
-def instance_id(owner: str, thread: str, generation: int) -> str:
-    """One generation of one thread: the unit that is assembled, split, deduplicated, windowed."""
-    return f"{owner}{SEP}{thread}{SEP}{generation}"
+def instance_id(owner: str, thread: str, generation: int, identity_id: str | None = None) -> str:
+    """One generation of one thread as captured by one teacher (runtime identity): the
+    unit that is assembled, split, deduplicated, windowed. Two teachers publishing the
+    same conversation to the same topics make two instances (the worker always passes
+    ``identity_id``; without it, the id of older state and tests)."""
+    base = f"{owner}{SEP}{thread}{SEP}{generation}"
+    return base if identity_id is None else f"{base}{SEP}{identity_id}"
 
 
 def header_key(iid: str) -> str:

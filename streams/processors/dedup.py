@@ -32,6 +32,7 @@ from datasketch import MinHash, MinHashLSH
 
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.processors import expiry
 from hebrus_flywheel.streams.processors.common import SEP, thread_key
 from hebrus_flywheel.streams.processors.split import SplitConfig, assign_split
 
@@ -50,6 +51,16 @@ class DedupConfig:
         threshold: Jaccard similarity at or above which two threads are near duplicates.
         seed: MinHash permutation seed; every worker must use the same one.
         drop_near_within_split: also drop near duplicates within one split.
+        horizon_ms: how far back, in event time, the dedup index remembers kept threads.
+            Each decision is filed in the time bucket of its thread's start
+            (``start_ms``); once the newest start seen is more than ``horizon_ms`` past a
+            bucket's end, the bucket's decisions, index entries and sticky splits are
+            deleted (changelog tombstones). **A duplicate of a thread that started more
+            than the horizon before it is no longer caught** (it is kept as unique), and
+            a later generation of a thread silent for longer than the horizon is split
+            afresh (by the same rules; only the time-dependent ones can differ).
+        bucket_ms: width of the dedup index's time buckets; state is kept up to one
+            bucket longer than the horizon.
     """
 
     shingle_size: int = 5
@@ -57,9 +68,11 @@ class DedupConfig:
     threshold: float = 0.8
     seed: int = 1
     drop_near_within_split: bool = True
+    horizon_ms: int = 7 * 86_400_000
+    bucket_ms: int = 3_600_000
 
     def __post_init__(self) -> None:
-        for name in ("shingle_size", "num_perm"):
+        for name in ("shingle_size", "num_perm", "horizon_ms", "bucket_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"DedupConfig.{name} must be a positive integer, got {value!r}")
@@ -154,6 +167,7 @@ class DedupIndex:
         self._splits: dict[str, str] = {}
         self._threads: dict[str, str] = {}
         self._digests: dict[str, str] = {}
+        self._digest_of: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._splits)
@@ -169,6 +183,17 @@ class DedupIndex:
         self._splits[iid] = split
         self._threads[iid] = thread
         self._digests.setdefault(digest, iid)
+        self._digest_of[iid] = digest
+
+    def remove(self, iid: str) -> None:
+        """Forget a kept thread (it left the dedup horizon)."""
+        if iid not in self._splits:
+            return
+        self._lsh.remove(iid)
+        del self._hashes[iid], self._splits[iid], self._threads[iid]
+        digest = self._digest_of.pop(iid)
+        if self._digests.get(digest) == iid:
+            del self._digests[digest]
 
     def _near(self, m: MinHash, thread: str) -> list[str]:
         found = [
@@ -208,10 +233,21 @@ class DedupIndex:
 
 DECISION_PREFIX = f"d{SEP}"
 SPLIT_PREFIX = f"s{SEP}"
+SEQ_KEY = f"n{SEP}seq"
+WATERMARK_KEY = f"n{SEP}wm"
+"""The newest thread start (event time, ms) the stage has seen: the dedup clock."""
+DEDUP_PARTITION = 0
+"""The dedup table has one partition (its expiry buckets live there)."""
 
 
 class DedupStage:
-    """Split + dedup over a state mapping; one instance owns the single dedup partition."""
+    """Split + dedup over a state mapping; one instance owns the single dedup partition.
+
+    The index is partitioned by teacher identity (``identity_id`` of the summary): two
+    teachers publishing the same conversations to the same topics are deduplicated each
+    against its own threads, never against the other's. Sticky splits stay per thread,
+    so one conversation lands in the same split for every teacher.
+    """
 
     def __init__(
         self,
@@ -225,19 +261,29 @@ class DedupStage:
         self.dedup_config = dedup_config
         self.store = store
         self.counters = counters or Counters()
-        self._index: DedupIndex | None = None
+        self._indexes: dict[str, DedupIndex] | None = None
         lsh_params(dedup_config.threshold, dedup_config.num_perm)  # once, at start-up
 
     def reset(self) -> None:
         """Forget the in-memory index (after a rebalance); it is rebuilt from the store."""
-        self._index = None
+        self._indexes = None
 
-    def index(self) -> DedupIndex:
-        if self._index is None:
-            index = DedupIndex(self.dedup_config)
+    def index(self, identity_id: str | None = None) -> DedupIndex:
+        """The index of one teacher identity's kept threads."""
+        indexes = self._all_indexes()
+        key = identity_id or ""
+        if key not in indexes:
+            indexes[key] = DedupIndex(self.dedup_config)
+        return indexes[key]
+
+    def _all_indexes(self) -> dict[str, DedupIndex]:
+        if self._indexes is None:
+            self._indexes = {}
             kept = [v for k, v in self.store.items() if k.startswith(DECISION_PREFIX) and v["hv"]]
             for value in sorted(kept, key=lambda v: v["seq"]):
                 d = value["decision"]
+                index = self._indexes.setdefault(d.get("identity_id") or "",
+                                                 DedupIndex(self.dedup_config))
                 index.add(
                     d["iid"],
                     split=d["split"],
@@ -245,8 +291,7 @@ class DedupStage:
                     thread=thread_key(d["owner"], d["thread"]),
                     hashvalues=value["hv"],
                 )
-            self._index = index
-        return self._index
+        return self._indexes
 
     def process(self, summary: Mapping[str, Any]) -> dict[str, Any]:
         """The decision for one thread summary (recorded; a repeat gets the same one)."""
@@ -254,19 +299,60 @@ class DedupStage:
         if recorded is not None:
             self.counters.inc("dedup", "repeated_summaries")
             return dict(recorded["decision"])
+        self._advance(summary)
         split, rule = self._split(summary)
         tkey = thread_key(summary["owner"], summary["thread"])
-        verdict = self.index().decide(
+        verdict = self.index(summary.get("identity_id")).decide(
             split=split, digest=summary["digest"], thread=tkey, hashvalues=summary["minhash"]
         )
         decision = _decision(summary, split, rule, verdict)
         self._record(summary, decision, verdict)
         return decision
 
+    # -- the horizon ----------------------------------------------------------------
+
+    def _advance(self, summary: Mapping[str, Any]) -> None:
+        """Move the dedup clock to this thread's start and expire what left the horizon."""
+        start = _start_ms(summary)
+        clock = max(int(self.store.get(WATERMARK_KEY, 0)), start)
+        if clock != self.store.get(WATERMARK_KEY):
+            self.store[WATERMARK_KEY] = clock
+        expiry.sweep(self.store, partition=DEDUP_PARTITION,
+                     now_ms=clock - self.dedup_config.horizon_ms,
+                     bucket_ms=self.dedup_config.bucket_ms, decide=self._expire)
+
+    def _expire(self, key: str, horizon_ms: int) -> int | None:
+        """Delete one scheduled decision or sticky split that started before the horizon
+        (its bucket is due); a sticky split used by a later generation moves on."""
+        value = self.store.get(key)
+        if value is None:
+            return None
+        last = int(value.get("at", 0))
+        if last > horizon_ms:  # used again since it was scheduled: keep it for longer
+            return last
+        del self.store[key]
+        if key.startswith(DECISION_PREFIX):
+            d = value["decision"]
+            if self._indexes is not None and value["hv"]:
+                self.index(d.get("identity_id")).remove(d["iid"])
+            self.counters.inc("expiry", "dedup_decisions")
+        else:
+            self.counters.inc("expiry", "sticky_splits")
+        return None
+
+    def _schedule(self, key: str, start_ms: int) -> None:
+        expiry.schedule(self.store, key, partition=DEDUP_PARTITION, due_ms=start_ms,
+                        bucket_ms=self.dedup_config.bucket_ms)
+
+    # -- split and record -----------------------------------------------------------
+
     def _split(self, summary: Mapping[str, Any]) -> tuple[str, str]:
         skey = SPLIT_PREFIX + thread_key(summary["owner"], summary["thread"])
         sticky = self.store.get(skey)
+        start = _start_ms(summary)
         if sticky is not None:
+            if int(sticky.get("at", 0)) < start:
+                self.store[skey] = {**sticky, "at": start}
             if sticky.get("iid") == summary["iid"]:
                 # this generation chose the split itself and its decision record was lost
                 # (a crash between the two state writes): decide as the first time, so a
@@ -274,18 +360,23 @@ class DedupStage:
                 return sticky["split"], sticky["rule"]
             return sticky["split"], "sticky_thread"
         chosen = assign_split(summary, self.split_config)
-        self.store[skey] = {"split": chosen.split, "rule": chosen.rule, "iid": summary["iid"]}
+        self.store[skey] = {"split": chosen.split, "rule": chosen.rule, "iid": summary["iid"],
+                            "at": start}
+        self._schedule(skey, start)
         return chosen.split, chosen.rule
 
     def _record(
         self, summary: Mapping[str, Any], decision: dict[str, Any], verdict: DedupVerdict
     ) -> None:
-        seq = int(self.store.get(f"n{SEP}seq", 0)) + 1
-        self.store[f"n{SEP}seq"] = seq
+        seq = int(self.store.get(SEQ_KEY, 0)) + 1
+        self.store[SEQ_KEY] = seq
         hv = list(summary["minhash"]) if verdict.keep else None
-        self.store[DECISION_PREFIX + summary["iid"]] = {"decision": decision, "hv": hv, "seq": seq}
+        dkey = DECISION_PREFIX + summary["iid"]
+        start = _start_ms(summary)
+        self.store[dkey] = {"decision": decision, "hv": hv, "seq": seq, "at": start}
+        self._schedule(dkey, start)
         if verdict.keep:
-            self.index().add(
+            self.index(summary.get("identity_id")).add(
                 summary["iid"],
                 split=decision["split"],
                 digest=summary["digest"],
@@ -298,11 +389,18 @@ class DedupStage:
             self.counters.inc("dedup", "late_eval_conflict", len(verdict.late_conflicts))
 
 
+def _start_ms(summary: Mapping[str, Any]) -> int:
+    """A thread's event time for the dedup horizon: its start (0 when unknown)."""
+    start = summary.get("start_ms")
+    return int(start) if isinstance(start, int) and not isinstance(start, bool) else 0
+
+
 def _decision(
     summary: Mapping[str, Any], split: str, rule: str, verdict: DedupVerdict
 ) -> dict[str, Any]:
     return {
         "iid": summary["iid"],
+        "identity_id": summary.get("identity_id"),
         "owner": summary["owner"],
         "thread": summary["thread"],
         "generation": summary["generation"],

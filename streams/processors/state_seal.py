@@ -132,10 +132,13 @@ def _refuse(event: Any, exc: Exception) -> NoReturn:
 
 
 def seal_table(table: Any, sealer: OwnerSealer, counters: Counters | None = None) -> Any:
-    """Make ``table`` (a faust table on the memory store) seal owner values in its
-    changelog and open them when it is restored."""
+    """Make ``table`` seal owner values in its changelog and open them when it is
+    restored. On the memory store restored values are opened in memory; a store that
+    seals at rest (:class:`~streams.processors.state_store.SealedRocksDBStore`) gets the
+    sealer and keeps them sealed."""
     state = StateSealer(sealer, str(table.name), counters)
     send, apply = table.send_changelog, table.apply_changelog_batch
+    table.state_sealer = state
 
     def send_changelog(partition: int | None, key: Any, value: Any,
                        key_serializer: Any = None, value_serializer: Any = None) -> Any:
@@ -151,6 +154,8 @@ def seal_table(table: Any, sealer: OwnerSealer, counters: Counters | None = None
         state.restored(store.data, store._key_partition, events)
 
     table.send_changelog = send_changelog
-    table.apply_changelog_batch = apply_changelog_batch
-    table.state_sealer = state
+    if getattr(table.data, "seals_at_rest", False):
+        table.data.state_sealer = state  # the store opens on read and on restore
+    else:
+        table.apply_changelog_batch = apply_changelog_batch
     return table

@@ -25,7 +25,8 @@ TURNS = "flywheel.capture.transcripts.v1"
 def outputs() -> Outputs:
     out = Outputs()
     out.add_quarantine({"source_topic": OBS, "source_partition": 1, "source_offset": 7,
-                        "owner": None, "thread": None, "generation": None})
+                        "owner": None, "thread": None, "generation": None,
+                        "reason": "counter_regression"})
     out.add_quarantine({"source_topic": TURNS, "source_partition": 0, "source_offset": 99,
                         "owner": "o", "thread": "gone", "generation": 0,
                         "stage": "assemble", "value_size": 0})
@@ -35,7 +36,10 @@ def outputs() -> Outputs:
                         "stage": "validate", "value_size": 100})
     out.add_window({"owner": "o", "thread": "t", "generation": 0, "first_token_ordinal": 10,
                     "anchor_positions": [0, 2], "turns": [{"turn_index": 1}]})
-    out.decided.add(("o", "dup", 0))
+    out.add_decision({"owner": "o", "thread": "dup", "generation": 0, "keep": False,
+                      "reason": "exact_duplicate"})
+    out.add_decision({"owner": "o", "thread": "short", "generation": 0, "keep": True,
+                      "reason": "unique"})
     out.in_state.add(("o", "open", 0))
     return out
 
@@ -57,8 +61,9 @@ def test_each_class() -> None:
                     {"owner": "o", "thread": "t", "generation": 0, "turn_index": 2},
                     out) == "in_windowed_generation"
     assert classify("observations", (OBS, 0, 3), obs("gone", 1), out) == "generation_quarantined"
-    assert classify("observations", (OBS, 0, 4), obs("dup", 1), out) == "decided"
-    assert classify("observations", (OBS, 0, 5), obs("open", 1), out) == "in_state"
+    assert classify("observations", (OBS, 0, 4), obs("dup", 1), out) == "duplicate"
+    assert classify("observations", (OBS, 0, 6), obs("short", 1), out) == "kept_without_window"
+    assert classify("observations", (OBS, 0, 5), obs("open", 1), out) == "pending"
     assert classify("observations", (OBS, 0, 6), obs("lost", 1), out) == "unaccounted"
     assert classify("observations", (OBS, 0, 6), {"owner": "o"}, out) == "unaccounted"
     assert classify("identities", ("ids", 0, 0), {"identity_id": "x"}, out) == "identity"
@@ -69,9 +74,22 @@ def test_tally_counts_every_record_once_and_names_the_unaccounted() -> None:
     records = [(7, None), (8, None), (9, obs("t", 12)), (10, obs("lost", 0)), (11, obs("open", 3))]
     row = tally("observations", OBS, 1, 12, records, out)
     assert row["records"] == 5 == sum(row[c] for c in CLASSES)
-    assert (row["quarantined"], row["windowed"], row["in_state"]) == (1, 1, 1)
+    assert (row["quarantined"], row["windowed"], row["pending"]) == (1, 1, 1)
     assert row["unaccounted"] == 2 and row["unaccounted_offsets"] == [8, 10]
     assert row["committed"] == 12 and row["partition"] == 1
+
+
+def test_quarantines_and_duplicates_are_counted_by_reason() -> None:
+    out = outputs()
+    records = [(7, None), (9, obs("dup", 1)), (10, obs("dup", 2)), (11, obs("gone", 0))]
+    row = tally("observations", OBS, 1, 12, records, out)
+    assert row["by_reason"] == {"quarantined": {"counter_regression": 1},
+                                "duplicate": {"exact_duplicate": 2},
+                                "generation_quarantined": {"unknown": 1}}
+    kept = outputs()
+    kept.add_decision({"owner": "o", "thread": "dup", "generation": 0, "keep": True,
+                       "reason": "unique"})  # another teacher kept the same generation
+    assert classify("observations", (OBS, 0, 4), obs("dup", 1), kept) == "kept_without_window"
 
 
 def test_changelog_keeps_only_the_latest_open_header() -> None:

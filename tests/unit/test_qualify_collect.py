@@ -200,6 +200,10 @@ def test_streams_summary_maps_to_fail_closed_and_near_duplicates() -> None:
     assert fail_closed.records_accepted is None  # not in the summary: never invented
     near = data.near_duplicates_evidence(summary)
     assert near is not None and (near.found, near.removed) == (4, 3)
+    assert fail_closed.accounting == {}
+    ledger = data.fail_closed_evidence({**summary, "accounting": {
+        "totals": {"records": 100, "windowed": 97, "quarantined": 3, "unaccounted": 0}}})
+    assert ledger is not None and ledger.accounting["unaccounted"] == 0
     assert data.fail_closed_evidence({"quarantine": {}}) is None
     with pytest.raises(InputError, match="quarantine"):
         data.fail_closed_evidence({"quarantine": {"x": "many"}, "capture": {"records": 1}})

@@ -144,6 +144,20 @@ def test_gate1_unaccounted_records_and_quarantine_bound() -> None:
     assert verdict.status == FAIL and "1.00% of records quarantined" in verdict.headline
 
 
+def test_gate1_record_accounting_is_measured_by_the_streams_ledger() -> None:
+    ledger = {"records": 1000, "windowed": 700, "quarantined": 10, "duplicate": 40,
+              "in_windowed_generation": 250, "pending": 0, "unaccounted": 0}
+    verdict = gate1_replay(_edit("fail_closed", accounting=ledger), CFG.replay)
+    assert verdict.status == PASS
+    [check] = [c for c in verdict.checks if c.name == "record_accounting"]
+    assert check.status == PASS and "1,000 consumed capture records" in check.measured
+    assert "40 duplicate" in check.measured and "0 unaccounted" in check.measured
+    assert verdict.figures["fail_closed"]["accounting"] == dict(sorted(ledger.items()))
+    lost = gate1_replay(_edit("fail_closed", accounting={**ledger, "unaccounted": 3}),
+                        CFG.replay)
+    assert lost.status == FAIL and any("3 unaccounted" in r for r in lost.reasons)
+
+
 def test_gate1_figures_are_reported() -> None:
     figures = gate1_replay(_inputs(), CFG.replay).figures
     assert figures["parity"]["parity_rate"] == 1.0

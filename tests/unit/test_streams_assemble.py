@@ -86,8 +86,8 @@ def test_turn_before_its_observations_still_completes() -> None:
         sc.send(*m)
     assert sc.pipeline.quarantined == []
     assert len(sc.pipeline.windows) == 1
-    assert sc.pipeline.capture_store  # only headers and counters remain
-    assert all(k[0] in "hc" for k in sc.pipeline.capture_store)
+    assert sc.pipeline.capture_store  # only headers, counters and their expiry schedule
+    assert all(k[0] in "hcx" for k in sc.pipeline.capture_store)
 
 
 def test_end_marker_waits_for_missing_routes_until_idle() -> None:

@@ -25,7 +25,7 @@ from hebrus_flywheel.streams.processors.runs import StreamsRun, StreamsRunError
 from hebrus_flywheel.streams.processors.split import SplitConfig
 from hebrus_flywheel.streams.processors.window import WindowConfig
 from tests.support.sealing import owner_pseudonym, thread_pseudonym
-from tests.support.streams_synthetic import Scenario, ThreadSpec
+from tests.support.streams_synthetic import Scenario, ThreadSpec, make_identity
 
 RAW = {owner_pseudonym(raw): raw for raw in ("alice", "bob", "carol")}
 
@@ -101,7 +101,8 @@ def test_release_order_repeats_first_come_decisions_of_another_arrival_order() -
 def test_a_generation_missing_from_the_order_waits_for_flush_in_recorded_order() -> None:
     a, b, c = (_spec(o, _tokens(s)) for o, s in (("alice", 1), ("bob", 2), ("carol", 3)))
     order = ["never-seen", instance_id(owner_pseudonym("carol"),
-                                       thread_pseudonym("carol", "carol-t"), 0)]
+                                       thread_pseudonym("carol", "carol-t"), 0,
+                                       make_identity(layers=4, experts=64, top_k=4)["identity_id"])]
     pipeline = LocalPipeline(_config(), release_order=order)
     scenario = _run(pipeline, a, b)
     assert pipeline.decisions == []

@@ -12,6 +12,7 @@ import pytest
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.schemas import codec
+from hebrus_flywheel.streams.processors import assemble as asm
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
 from hebrus_flywheel.streams.processors.validate import (
@@ -165,7 +166,14 @@ def test_record_identity_differs_from_thread_identity() -> None:
     sc.send(*messages[0])
     record = copy.deepcopy(messages[1][2])
     record["identity_id"] = other["identity_id"]
-    assert refused(sc, messages[1][0], record) == ["identity_mismatch"]
+    # teachers sharing topics: a record of another identity belongs to that teacher's own
+    # generation of the thread (common.instance_id), never to this teacher's one
+    assert refused(sc, messages[1][0], record) == []
+    assert len([k for k in sc.pipeline.capture_store if k.startswith("h")]) == 2
+    # a header of older state (keyed without the identity) still refuses it
+    header = asm.new_header(messages[0][2], 0)
+    problem = asm._check_common(header, record)
+    assert problem is not None and problem.reason == "identity_mismatch"
 
 
 def _layer_mutation(sc: Scenario, mutate: Any) -> list[str]:

@@ -176,6 +176,8 @@ class CollectRequest:
     teacher: Path | None = None
     rebuild_report: Path | None = None
     streams_summary: Path | None = None
+    streams_accounting: Path | None = None
+    """JSON of ``flywheel streams accounting``: Gate 1's record accounting is measured."""
     bootstrap: str | None = None
     prefix: str | None = None
     settings: QualifySettings = field(default_factory=QualifySettings)
@@ -254,6 +256,10 @@ def _streams_summary(request: CollectRequest, info: data.SnapshotInfo,
 def _data_pieces(request: CollectRequest, info: data.SnapshotInfo,
                  notes: dict[str, str]) -> dict[str, Any]:
     summary = _streams_summary(request, info, notes)
+    if summary is not None and request.streams_accounting is not None:
+        notes["accounting"] = f"streams accounting ledger {request.streams_accounting}"
+        summary = {**summary, "accounting": data.read_json(request.streams_accounting,
+                                                           "streams accounting")}
     fail_closed = None if summary is None else data.fail_closed_evidence(summary)
     near = None if summary is None else data.near_duplicates_evidence(summary)
     if summary is not None and fail_closed is None:

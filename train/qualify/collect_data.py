@@ -235,7 +235,11 @@ def fail_closed_evidence(summary: Mapping[str, Any]) -> FailClosedEvidence | Non
     seen = (summary.get("capture") or {}).get("records")
     if seen is None:
         return None
-    return FailClosedEvidence(records_seen=int(seen), quarantined=quarantined)
+    ledger = summary.get("accounting")
+    accounting = {} if ledger is None else _counts(
+        ledger.get("totals") if isinstance(ledger, Mapping) else None, "accounting.totals")
+    return FailClosedEvidence(records_seen=int(seen), quarantined=quarantined,
+                              accounting=accounting)
 
 
 def near_duplicates_evidence(summary: Mapping[str, Any]) -> NearDuplicates | None:

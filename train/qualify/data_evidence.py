@@ -96,6 +96,10 @@ class FailClosedEvidence:
     """Records that reached a window; with the quarantine counts it must add up."""
     quarantined: dict[str, int] = field(default_factory=dict)
     """Quarantined records by reason code."""
+    accounting: dict[str, int] = field(default_factory=dict)
+    """Consumed capture records by accounting class (the ``totals`` of ``flywheel streams
+    accounting``: ``records``, ``windowed``, ``quarantined``, ``duplicate``, ``pending``,
+    ..., ``unaccounted``); empty when no ledger was given."""
 
     def __post_init__(self) -> None:
         v.count("fail_closed.records_seen", self.records_seen)
@@ -103,6 +107,11 @@ class FailClosedEvidence:
         v.mapping("fail_closed.quarantined", self.quarantined)
         for code, n in self.quarantined.items():
             v.count(f"fail_closed.quarantined[{code}]", n)
+        v.mapping("fail_closed.accounting", self.accounting)
+        for name, n in self.accounting.items():
+            v.count(f"fail_closed.accounting[{name}]", n)
+        if self.accounting and not {"records", "unaccounted"} <= self.accounting.keys():
+            raise ValueError("fail_closed.accounting must hold records and unaccounted")
 
     @property
     def total_quarantined(self) -> int:

@@ -130,7 +130,9 @@ def _fail_closed_checks(f: FailClosedEvidence | None, config: ReplayGateConfig) 
                            threshold="every record accepted or quarantined")]
     quarantined = f.total_quarantined
     checks = []
-    if f.records_accepted is None:
+    if f.accounting:
+        checks.append(_ledger_check(f.accounting))
+    elif f.records_accepted is None:
         checks.append(unmeasured("record_accounting", "records accepted was not reported, so "
                                  "silent drops cannot be excluded; the streams summary "
                                  "carries it", threshold="seen = accepted + quarantined",
@@ -151,6 +153,21 @@ def _fail_closed_checks(f: FailClosedEvidence | None, config: ReplayGateConfig) 
                              threshold=f"<= {bound:.2%} (max_quarantine_fraction)",
                              reason="" if fraction <= bound else "a systemic capture problem"))
     return checks
+
+
+def _ledger_check(ledger: dict[str, int]) -> Check:
+    """Record accounting measured by the streams ledger: every consumed capture record in
+    exactly one class, none unaccounted."""
+    lost = ledger["unaccounted"]
+    parts = ", ".join(f"{_n(n)} {name}" for name, n in sorted(ledger.items())
+                      if n and name not in ("records", "unaccounted"))
+    return judged(
+        "record_accounting", lost == 0, required=False,
+        figure=f"{_n(ledger['records'])} consumed capture records: {parts or 'none'}; "
+        f"{_n(lost)} unaccounted",
+        threshold="every consumed record windowed, quarantined, dropped as a duplicate or "
+        "pending in an open window (0 unaccounted)",
+        reason="" if lost == 0 else "consumed records reached no output and no open state")
 
 
 def _gate1_figures(inputs: QualificationInputs) -> dict[str, Any]:
@@ -181,6 +198,7 @@ def _gate1_figures(inputs: QualificationInputs) -> dict[str, Any]:
             "records_seen": f.records_seen, "records_accepted": f.records_accepted,
             "quarantined": f.total_quarantined,
             "quarantined_by_reason": dict(sorted(f.quarantined.items())),
+            "accounting": dict(sorted(f.accounting.items())) or None,
             "quarantine_fraction": f.total_quarantined / f.records_seen if f.records_seen
             else None}
     figures["opaque_ids"] = None if inputs.opaque_ids is None else [

@@ -1,0 +1,190 @@
+"""Soak: does one streams worker's memory stay flat while fresh owners keep coming?
+
+Publishes ``--observations`` token-observations (RouteObservation records, one per
+decoded token, plus each thread's turns) from ``--owners`` fresh owners, one thread per
+owner, through the real :class:`~streams.publisher.RuntimePublisher` (pseudonymize,
+seal, idempotent producer) to uuid-prefixed topics, while one real ``streams worker``
+subprocess (faust, RocksDB tables) consumes them. Every ``--sample-s`` seconds it reads
+the worker's resident set size (``/proc/<pid>/status`` VmRSS) and the observations the
+worker has committed, and prints one JSON line per sample. Once the worker has caught up
+it prints the least-squares slope of RSS over committed observations, for the samples
+after the warm-up fraction, in MiB per million observations::
+
+    {"figure": "rss_growth_mib_per_million_obs", "value": ..., "goal": "<= 5", ...}
+
+The full soak is 2,000,000 observations from 20,000 owners (the default); at today's
+worker speed on a 2-core machine that takes most of an hour, so the size is a flag and
+the size that ran is printed with the figure. Usage::
+
+    python bench/soak.py [--observations 2000000] [--owners 20000] [--sample-s 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# Run by path, sys.path[0] is bench/: the repository root makes tests.support importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+
+from hebrus_flywheel.core import kafka
+from hebrus_flywheel.core.privacy.keystore import OWNER_KEYS_ENV
+from hebrus_flywheel.core.settings import bootstrap_servers
+from hebrus_flywheel.streams.acls import grant_catalogue
+from hebrus_flywheel.streams.processors.topology import StreamTopics
+from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
+from hebrus_flywheel.streams.topics import catalogue, create_topics, delete_topics, describe_topics
+from tests.support.consent import grant_owners
+from tests.support.streams_harness import WorkerProcess
+from tests.support.streams_synthetic import (
+    ProducerClock,
+    ThreadSpec,
+    make_identity,
+    thread_messages,
+)
+
+APP_ID = "flywheel-streams"
+FLAGS = {"runtime_holdout_fraction": 0.1, "idle_timeout_s": 30.0}
+MIB = 1024 * 1024
+
+
+def emit(figure: str, value: float, **extra: Any) -> None:
+    print(json.dumps({"bench": "soak", "figure": figure, "value": round(value, 3), **extra}),
+          flush=True)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def specs(owners: int, tokens_per_thread: int, run: str) -> Iterator[ThreadSpec]:
+    """One short thread per fresh owner: a user turn, an assistant turn of the tokens."""
+    for i in range(owners):
+        yield ThreadSpec(owner=f"soak-{run}-{i:06d}", thread=f"t-{i:06d}",
+                         turns=(("user", 6), ("assistant", tokens_per_thread)), seed=i,
+                         start_ms=1_767_225_600_000 + 1_000 * i)
+
+
+def publish(bootstrap: str, topics: StreamTopics, identity: dict[str, Any],
+            threads: Iterator[ThreadSpec], done: threading.Event) -> None:
+    publisher = RuntimePublisher(PublisherConfig(
+        bootstrap_servers=bootstrap, identities_topic=topics.identities,
+        transcripts_topic=topics.transcripts, observations_topic=topics.observations,
+        consent_topic=topics.consent))
+    try:
+        assert publisher.publish_identity(identity)
+        clock = ProducerClock(producer_id="soak-runtime")
+        for spec in threads:
+            for kind, _, record in thread_messages(spec, identity, clock, raw_ids=True):
+                send = publisher.publish_turn if kind == "transcripts" \
+                    else publisher.publish_observation
+                if not send(record):
+                    raise SystemExit(f"the publisher refused a {kind} record")
+        publisher.flush()
+    finally:
+        publisher.close()
+        done.set()
+
+
+def committed_observations(probe: kafka.LagProbe, topic: str) -> tuple[int, int]:
+    """(committed, end) over the observations topic's partitions."""
+    ends, committed = probe.read()
+    mine = [tp for tp in ends if tp[0] == topic]
+    return (sum(max(0, committed.get(tp, 0) - ends[tp][0]) for tp in mine),
+            sum(ends[tp][1] - ends[tp][0] for tp in mine))
+
+
+def slope_mib_per_million(samples: list[tuple[int, int]]) -> float:
+    obs = np.array([s[0] for s in samples], dtype=float)
+    rss = np.array([s[1] for s in samples], dtype=float) / MIB
+    slope = np.polyfit(obs, rss, 1)[0]
+    return float(slope * 1_000_000)
+
+
+def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> None:
+    topics = StreamTopics.from_prefix(prefix)
+    create_topics(bootstrap, catalogue(prefix))
+    grant_catalogue(bootstrap, prefix)  # the streams worker runs as the streams role
+    run = uuid.uuid4().hex[:6]
+    tokens = max(4, args.observations // args.owners)
+    total = tokens * args.owners
+    grant_owners(bootstrap, [s.owner for s in specs(args.owners, tokens, run)], prefix=prefix)
+    identity = make_identity(layers=8, experts=64, top_k=4)
+    worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID,
+                           log_path=home / "worker.log", flags=FLAGS, home=home).start()
+    assert worker.proc is not None
+    done = threading.Event()
+    publisher = threading.Thread(
+        target=publish, args=(bootstrap, topics, identity, specs(args.owners, tokens, run), done),
+        daemon=True)
+    probe = kafka.LagProbe(kafka.client_config(bootstrap), prefix + APP_ID, [topics.observations])
+    samples: list[tuple[int, int]] = []
+    started = time.monotonic()
+    try:
+        time.sleep(10)  # join the group and restore (empty) state before data arrives
+        publisher.start()
+        while True:
+            time.sleep(args.sample_s)
+            if not worker.alive():
+                raise SystemExit("the worker stopped: see " + str(worker.log_path))
+            processed, end = committed_observations(probe, topics.observations)
+            rss = rss_bytes(worker.proc.pid)
+            samples.append((processed, rss))
+            emit("rss_sample_mib", rss / MIB, t_s=round(time.monotonic() - started, 1),
+                 observations_committed=processed, observations_published=end)
+            if done.is_set() and end >= total and processed >= end:
+                break
+    except BaseException:
+        print(worker.log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
+        raise
+    finally:
+        probe.close()
+        worker.stop()
+    warm = [s for s in samples if s[0] >= args.warmup_fraction * total]
+    if len(warm) < 3:
+        raise SystemExit(f"only {len(warm)} samples after warm-up: run longer")
+    emit("rss_growth_mib_per_million_obs", slope_mib_per_million(warm), goal="<= 5",
+         observations=total, owners=args.owners, tokens_per_thread=tokens,
+         samples_after_warmup=len(warm), warmup_fraction=args.warmup_fraction,
+         rss_first_mib=round(warm[0][1] / MIB, 1), rss_last_mib=round(warm[-1][1] / MIB, 1),
+         seconds=round(time.monotonic() - started, 1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bootstrap-servers", default=None)
+    parser.add_argument("--observations", type=int, default=2_000_000)
+    parser.add_argument("--owners", type=int, default=20_000)
+    parser.add_argument("--sample-s", type=float, default=10.0)
+    parser.add_argument("--warmup-fraction", type=float, default=0.2)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    bootstrap = bootstrap_servers(args.bootstrap_servers)
+    prefix = f"soak-{uuid.uuid4().hex[:8]}."
+    try:
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+            # one owner key store for the publisher and the worker (fresh: soak owners
+            # never reach the operator's store)
+            os.environ[OWNER_KEYS_ENV] = str(Path(tmp) / "owner-keys")
+            soak(args, bootstrap, prefix, Path(tmp))
+    finally:
+        delete_topics(bootstrap, [n for n in describe_topics(bootstrap) if n.startswith(prefix)])
+
+
+if __name__ == "__main__":
+    main()

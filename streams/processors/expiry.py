@@ -1,0 +1,96 @@
+"""Time-bucketed expiry for the processor tables: bounded state without full scans.
+
+A table key that must go away some time (an idle thread generation, a finished
+generation's header, a producer's counter, a dedup decision) is *scheduled*: its key is
+added to the bucket ``x<SEP><partition><SEP><bucket>`` of the time it falls due
+(``due_ms // bucket_ms``). :func:`sweep` pops every bucket from the partition's cursor
+(``x<SEP><partition><SEP>cursor``, the lowest bucket not yet swept) up to the last one
+that ended by ``now_ms`` (so a key expires up to one bucket late) and asks a callback
+about each key it held: the callback deletes the key (and what belongs to it) or
+returns the time it falls due now, and the key is scheduled again. A key touched since
+it was scheduled moves on lazily, so a hot key costs no index write per update.
+Deleting a table key writes a changelog tombstone, so a restored worker does not bring
+expired state back; a popped bucket is deleted the same way.
+
+The schedule is a hint, never the truth: the callback re-reads the key and decides on
+its current value, so a key scheduled twice, or one deleted meanwhile, is harmless.
+
+Bucket and cursor keys belong to no owner (they list pseudonymous table keys only) and
+stay unsealed in the changelog (:func:`streams.processors.state_seal.owner_of_key`).
+Keys live in the table partition of the event being processed (faust's tables are
+partitioned by the current event), so each partition has its own buckets and cursor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from hebrus_flywheel.streams.processors.common import SEP
+
+EXPIRY_KIND = "x"
+"""The key kind of bucket and cursor keys."""
+
+Decide = Callable[[str, int], "int | None"]
+"""``decide(key, now_ms)``: None when the key was expired (deleted by the callback), else
+the time in ms it falls due next (it is scheduled again)."""
+
+
+def bucket_key(partition: int, bucket: int) -> str:
+    return f"{EXPIRY_KIND}{SEP}{partition}{SEP}{bucket:013d}"
+
+
+def cursor_key(partition: int) -> str:
+    return f"{EXPIRY_KIND}{SEP}{partition}{SEP}cursor"
+
+
+def is_expiry_key(key: str) -> bool:
+    return key.startswith(EXPIRY_KIND + SEP)
+
+
+def schedule(store: MutableMapping[str, Any], key: str, *, partition: int, due_ms: int,
+             bucket_ms: int) -> None:
+    """Put ``key`` in the bucket of ``due_ms`` (once; a repeat changes nothing)."""
+    bucket = max(0, int(due_ms)) // bucket_ms
+    bkey = bucket_key(partition, bucket)
+    keys = store.get(bkey)
+    if keys is not None and key in keys:
+        return
+    store[bkey] = [*(keys or ()), key]
+    ckey = cursor_key(partition)
+    cursor = store.get(ckey)
+    if cursor is None or bucket < int(cursor):
+        store[ckey] = bucket
+
+
+def sweep(store: MutableMapping[str, Any], *, partition: int, now_ms: int, bucket_ms: int,
+          decide: Decide, max_buckets: int = 100_000) -> int:
+    """Pop the elapsed buckets of ``partition`` (every bucket that ended at or before
+    ``now_ms``) and apply ``decide`` to each key they held; returns how many keys were
+    looked at. At most ``max_buckets`` buckets per call (a worker down for long catches
+    up over a few ticks)."""
+    ckey = cursor_key(partition)
+    cursor = store.get(ckey)
+    if cursor is None:
+        return 0
+    now_bucket = max(0, int(now_ms)) // bucket_ms
+    first, last = int(cursor), min(now_bucket - 1, int(cursor) + max_buckets - 1)
+    if first > last:
+        return 0
+    later: list[tuple[str, int]] = []
+    seen = 0
+    for bucket in range(first, last + 1):
+        bkey = bucket_key(partition, bucket)
+        keys = store.get(bkey)
+        if keys is None:
+            continue
+        del store[bkey]  # a tombstone: the bucket is gone once swept
+        for key in sorted(set(keys)):  # one order, whatever the arrival order
+            seen += 1
+            due = decide(key, now_ms)
+            if due is not None:
+                later.append((key, due))
+    store[ckey] = last + 1
+    for key, due in later:
+        schedule(store, key, partition=partition, due_ms=max(due, now_ms), bucket_ms=bucket_ms)
+    return seen

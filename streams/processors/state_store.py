@@ -1,0 +1,143 @@
+"""The processor tables' store: faust's RocksDB store (rocksdict driver), sealed at rest.
+
+faust's ``rocksdb://`` store keeps a table on disk, one RocksDB per partition, with
+the last changelog offset it holds, so a restarted worker reads only the changelog
+records written after that offset instead of the whole topic. As it comes, it writes a
+value as the table's value serializer encodes it: an owner's token ids would lie in
+plaintext in the RocksDB files. This store writes every value of an owner exactly as
+the changelog holds it: sealed under the owner's data key
+(:class:`~streams.processors.state_seal.StateSealer`, AES-GCM bound to the table and
+key), and opens it on every read. So:
+
+* ``flywheel erase`` (the owner's key destroyed) leaves the RocksDB files unreadable
+  for that owner, like the changelog; a value that opens as erased reads as absent;
+* a restored changelog record is stored as it was read (it is sealed already); before
+  that it is opened once, so a record that does not open stops the worker (fail
+  closed, as with the memory store) and one of an erased owner is deleted instead;
+* a value written for an owner whose key is destroyed is deleted, never stored.
+
+Keys (pseudonymous ids, ordinals) and values of no owner (counters, expiry buckets)
+are stored as they are. ``restored_records`` (and the worker counter
+``state.<table>_restored_records``) counts the changelog records this store applied
+since it was opened: a restart on the same data directory reads only the records
+written after what the RocksDB files hold, not the whole changelog.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from faust.stores import STORES
+from faust.stores.rocksdb import Store as RocksDBStore
+
+from hebrus_flywheel.streams.owner_seal import Erased, SealOpenError
+from hebrus_flywheel.streams.processors.crash import crash
+from hebrus_flywheel.streams.processors.state_codec import SealedState, StateDecodeError
+from hebrus_flywheel.streams.processors.state_seal import StateSealer
+
+log = logging.getLogger(__name__)
+SCHEME = "sealed-rocksdb"
+STORE_URL = f"{SCHEME}://"
+"""The store URL of the processor tables (registered with faust on import)."""
+STORES.aliases[SCHEME] = f"{__name__}:SealedRocksDBStore"
+ROCKSDB_OPTIONS = {"driver": "rocksdict"}
+"""Table ``options`` for this store: the rocksdict driver (RocksDB 8)."""
+
+
+class SealedRocksDBStore(RocksDBStore):
+    """faust's RocksDB store holding owner values sealed (see the module docstring)."""
+
+    seals_at_rest = True
+    state_sealer: StateSealer | None = None
+    """Set by :func:`streams.processors.state_seal.seal_table` before the table is used."""
+    restored_records: int = 0
+
+    def _sealer(self) -> StateSealer:
+        if self.state_sealer is None:
+            raise RuntimeError(f"table {self.table_name}: the sealed store has no sealer; "
+                               "wrap the table with state_seal.seal_table")
+        return self.state_sealer
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        sealed = self._sealer().seal(str(key), value)
+        if sealed is None:  # the owner was erased: nothing of it is stored
+            self._del(self._encode_key(key))
+            return
+        self._set(self._encode_key(key), self._encode_value(sealed))
+
+    def __getitem__(self, key: Any) -> Any:
+        raw = self._get(self._encode_key(key))
+        if raw is None:
+            raise KeyError(key)
+        value = self._opened(str(key), self._decode_value(raw))
+        if isinstance(value, Erased):
+            raise KeyError(key)
+        return value
+
+    def _opened(self, key: str, value: Any) -> Any:
+        if not isinstance(value, SealedState):
+            return value
+        try:
+            return self._sealer().open(key, value)
+        except SealOpenError as exc:  # written by this store: damage or another key store
+            crash(f"table {self.table_name}: the stored value of a key does not open", exc)
+
+    def _items_decoded(self) -> Iterator[tuple[Any, Any]]:
+        for raw_key, raw in self._iteritems():
+            key = self._decode_key(raw_key)
+            value = self._opened(str(key), self._decode_value(raw))
+            if not isinstance(value, Erased):
+                yield key, value
+
+    def _values_decoded(self) -> Iterator[Any]:
+        for _, value in self._items_decoded():
+            yield value
+
+    def apply_changelog_batch(self, batch: Iterable[Any], to_key: Callable[[Any], Any],
+                              to_value: Callable[[Any], Any]) -> None:
+        """Store restored changelog records as they are (sealed), after opening each once:
+        an erased owner's record is deleted instead, one that does not open stops the
+        worker."""
+        events = list(batch)
+        kept = [self._checked(event) for event in events]
+        self.restored_records += len(events)
+        self._sealer().counters.inc("state", f"{self.table_name}_restored_records", len(events))
+        super().apply_changelog_batch(kept, to_key, to_value)
+
+    def _checked(self, event: Any) -> Any:
+        msg = event.message
+        if msg.value is None:
+            return event
+        try:
+            key = str(self._decode_key(msg.key))
+            value = self._decode_value(msg.value)
+            opened = (self._sealer().open(key, value) if isinstance(value, SealedState)
+                      else value)
+        except (SealOpenError, StateDecodeError, ValueError, TypeError) as exc:
+            log.critical(
+                "changelog %s[%s]@%s holds a value that does not open (and its owner was "
+                "not erased): point $FLYWHEEL_OWNER_KEYS at the key store the capture was "
+                "sealed with; otherwise rebuild the stream state under a fresh --app-id",
+                msg.topic, msg.partition, msg.offset)
+            crash(f"changelog restore (sealed value refused) on {msg.topic}[{msg.partition}]"
+                  f"@{msg.offset}", exc)
+        if isinstance(opened, Erased):
+            self._sealer().counters.inc("sealing", f"{self.table_name}_erased_on_restore")
+            return _Tombstone(event)
+        return event
+
+
+class _Tombstone:
+    """A changelog event seen as a deletion (its owner's key is destroyed)."""
+
+    def __init__(self, event: Any) -> None:
+        self.message = _TombstoneMessage(event.message)
+
+
+class _TombstoneMessage:
+    def __init__(self, message: Any) -> None:
+        self.tp, self.offset = message.tp, message.offset
+        self.partition, self.key, self.value = message.partition, message.key, None
+        self.topic = message.topic
