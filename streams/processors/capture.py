@@ -219,7 +219,7 @@ class CaptureStage:
                 return [self._quarantine(source, problem._replace(detail=detail + problem.detail),
                                          value, key, headers, chunk, schema)]
             checked.append((record, routes))
-        problem = self._check_counter(source, chunk)
+        problem = self._check_counter(source, chunk, now_ms)
         if problem is not None:
             return [self._quarantine(source, problem, value, key, headers, chunk, schema)]
         if not self._consented(chunk):

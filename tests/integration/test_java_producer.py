@@ -161,9 +161,9 @@ def test_java_wire_format_matches_the_python_codec(topic_factory: Any, tmp_path:
             wire = msg.value() + msg.key() + b"".join(v for _, v in msg.headers())
             assert owner.encode() not in wire and hits(wire) == []
             if kind == "identities":
-                assert str(schema) == "hebrus.flywheel.v1.RuntimeIdentity.v2"
+                assert str(schema) == "hebrus.flywheel.v1.RuntimeIdentity.v3"
                 assert msg.key() == IDENTITY["identity_id"].encode() and record == {
-                    **IDENTITY, "routed_layers": [], "layer_count": 0}
+                    "routed_layers": [], "layer_count": 0, "kernel_path": "", **IDENTITY}
                 continue
             assert msg.key() == thread_key(owner, "thread-j")
             opened = opener.open(str(schema), record)

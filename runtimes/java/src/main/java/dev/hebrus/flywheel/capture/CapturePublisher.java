@@ -22,7 +22,7 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  * What a JVM decode runtime embeds: the Java twin of {@code streams.publisher.RuntimePublisher}.
  *
  * <p>Callers pass records with raw owner, thread and sequence ids and plaintext tokens, as
- * JSON objects with the fields of {@code RuntimeIdentity.v2}, {@code TranscriptTurn.v1}
+ * JSON objects with the fields of {@code RuntimeIdentity.v3}, {@code TranscriptTurn.v1}
  * ({@code token_ids}) and {@code RouteObservation.v2} (with the routes as the runtime's arrays:
  * {@code expert_ids} and {@code weights}, one list of {@code top_k} values per row of
  * {@code layers}). Turns and observations are refused (not published, counted) when their
@@ -67,7 +67,7 @@ public final class CapturePublisher implements AutoCloseable {
         this.producerId = producerId;
         this.keys = keys;
         this.names = new Pseudonyms(keys);
-        this.identitySchema = SchemaCatalog.load("RuntimeIdentity", 2);
+        this.identitySchema = SchemaCatalog.load("RuntimeIdentity", 3);
         this.turnSchema = SchemaCatalog.load("TranscriptTurn", 2);
         this.observationSchema = SchemaCatalog.load("RouteObservation", 3);
         for (String name : new String[] {"enqueued", "delivered", "failed", "refused_no_consent"}) {
@@ -87,7 +87,7 @@ public final class CapturePublisher implements AutoCloseable {
         this.producer = new KafkaProducer<>(props);
     }
 
-    /** Publishes a {@code RuntimeIdentity.v2}; turns and observations may then name it. */
+    /** Publishes a {@code RuntimeIdentity.v3}; turns and observations may then name it. */
     public synchronized void publishIdentity(ObjectNode identity) throws IOException {
         byte[] value = identitySchema.encode(identity);
         String id = identity.path("identity_id").asText();
