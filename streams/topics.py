@@ -451,7 +451,9 @@ def spec_differences(spec: TopicSpec, info: TopicInfo) -> tuple[list[str], list[
     notes: list[str] = []
     if info.partitions != spec.partitions:
         problems.append(
-            f"{spec.name} has {info.partitions} partitions, catalogue wants {spec.partitions}"
+            f"{spec.name} has {info.partitions} partitions, catalogue wants {spec.partitions} "
+            f"(a keyed topic cannot change its count under existing keys: keep this cluster's "
+            f"with FLYWHEEL_TOPIC_PARTITIONS={info.partitions}, or start on fresh topics)"
         )
     for key, want in spec.topic_configs().items():
         have = info.configs.get(key)
