@@ -78,7 +78,8 @@ def _publish_python(bootstrap: str, topics: StreamTopics, raw: list[Any]) -> Non
     config = PublisherConfig(bootstrap_servers=bootstrap, identities_topic=topics.identities,
                              transcripts_topic=topics.transcripts,
                              observations_topic=topics.observations,
-                             consent_topic=topics.consent)
+                             consent_topic=topics.consent,
+                             chunk_max_tokens=1)  # per token, like the Java producer
     with acting_as("runtime"), RuntimePublisher(config) as publisher:
         for kind, _, record in raw:
             publish = {"identities": publisher.publish_identity,

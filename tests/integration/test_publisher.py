@@ -171,7 +171,8 @@ def check_messages(messages: list[Message], topics: dict[str, str], producer_id:
             assert str(schema).endswith("RouteObservationChunk.v1" if chunked
                                         else "RouteObservation.v3")
         if topic == topics["identities"]:
-            assert key == IDENTITY["identity_id"].encode() and record == IDENTITY
+            assert key == IDENTITY["identity_id"].encode()
+            assert record == {"kernel_path": "", **IDENTITY}  # RuntimeIdentity.v3
             continue
         assert is_pseudonym(record["owner"], "o") and is_pseudonym(record["thread"], "t")
         opener = CaptureOpener(session_keys())
