@@ -138,6 +138,14 @@ class _Recorder:
     def publish_observation(self, record: Mapping[str, Any]) -> None:
         self.observations.append(dict(record))
 
+    def publish_run(self, base: Mapping[str, Any], *, first_ordinal: int,
+                    token_ids: Any, **routes: Any) -> int:
+        """A decoded run as the publisher sees it, kept one record per token."""
+        for i, token in enumerate(token_ids):
+            self.observations.append({**base, "token_ordinal": first_ordinal + i,
+                                      "token_id": int(token)})
+        return len(token_ids)
+
 
 def test_capture_decodes_every_episode_as_its_own_stream(teacher_dir: Path) -> None:
     teacher = load_teacher(teacher_dir)
