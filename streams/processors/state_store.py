@@ -67,6 +67,14 @@ class SealedRocksDBStore(RocksDBStore):
             return
         self._set(self._encode_key(key), self._encode_value(sealed))
 
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """``Table.update`` (a chunk's staged keys) ends here after faust wrote their
+        changelog records; faust's stores have no dict behind them, so set each key
+        (sealed) like ``__setitem__``."""
+        for mapping in (*args, kwargs):
+            for key, value in dict(mapping).items():
+                self[key] = value
+
     def __getitem__(self, key: Any) -> Any:
         raw = self._get(self._encode_key(key))
         if raw is None:
