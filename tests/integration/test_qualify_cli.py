@@ -138,7 +138,7 @@ def test_qualify_writes_every_verdict(artefacts: tuple[PlantedSnapshot, Path],
     assert inputs["fail_closed"]["records_seen"] == 40
     assert inputs["decode"]["captures_regenerated"] is True  # planted parity compared nothing
     shadow = inputs["shadow_io"]
-    assert shadow["budget"] == 8 and len(shadow["sweep"]) == 2 * 3
+    assert shadow["budget"] == 8 and len(shadow["sweep"]) == 2 * 4  # 2 bandwidths x k..4k
     assert [r["block_size"] for r in shadow["break_even"]] == [1, 2]
     assert set(shadow["controls"]) == {"previous_token"} and shadow["oracle"] is not None
     assert inputs["expert_bytes"] == shadow["sim_config"]["expert_bytes"]
