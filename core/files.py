@@ -15,8 +15,10 @@ directories :data:`SEALED_DIR_MODE` 0550).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -144,3 +146,16 @@ def atomic_replace_dir(staging: Path, target: Path, *, file_mode: int = FILE_MOD
         fsync_path(Path(root))
     os.replace(staging, target)
     fsync_path(Path(target).parent)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created, with its directory) for the block:
+    one process at a time starts or stops what the lock guards."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

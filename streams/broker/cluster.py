@@ -17,17 +17,15 @@ replication factor 3 and ``min.insync.replicas=2`` (:func:`replication_for`).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.core.files import atomic_write_text
+from hebrus_flywheel.core.files import atomic_write_text, exclusive_lock
 from hebrus_flywheel.core.settings import EMBEDDED_BROKER_PORT, flywheel_home
 from hebrus_flywheel.streams import security
 from hebrus_flywheel.streams.broker.config import (
@@ -199,12 +197,5 @@ class LocalCluster:
             raise BrokerError(f"the single-node broker of {self.config.home} is running; run "
                               "`flywheel broker down` before `flywheel broker up --nodes N`")
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.config.kafka_dir.mkdir(parents=True, exist_ok=True)
-        with (self.config.kafka_dir / ".cluster.lock").open("a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return exclusive_lock(self.config.kafka_dir / ".cluster.lock")

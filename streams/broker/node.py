@@ -22,16 +22,15 @@ between restarts without re-formatting.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from hebrus_flywheel.core import kafka
+from hebrus_flywheel.core.files import exclusive_lock
 from hebrus_flywheel.core.processes import pid_alive
 from hebrus_flywheel.streams import security
 from hebrus_flywheel.streams.broker.config import BrokerConfig, BrokerStatus, port_open
@@ -190,15 +189,8 @@ class EmbeddedBroker:
 
     # ------------------------------------------------------------------ internals
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.config.state_dir.mkdir(parents=True, exist_ok=True)
-        with (self.config.state_dir / ".lock").open("a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return exclusive_lock(self.config.state_dir / ".lock")
 
     def _spawn(self, java: str) -> subprocess.Popen[bytes]:
         cfg = self.config
