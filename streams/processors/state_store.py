@@ -125,7 +125,7 @@ class SealedRocksDBStore(RocksDBStore):
                       else value)
         except (SealOpenError, StateDecodeError, ValueError, TypeError) as exc:
             log.critical(
-                "changelog %s[%s]@%s holds a value that does not open (and its owner was "
+                "changelog %s[%s]@%s holds a sealed value that does not open (and its owner was "
                 "not erased): point $FLYWHEEL_OWNER_KEYS at the key store the capture was "
                 "sealed with; otherwise rebuild the stream state under a fresh --app-id",
                 msg.topic, msg.partition, msg.offset)

@@ -8,9 +8,9 @@
 * The windows on the topics are exactly the windows of the in-process chain sealed
   with the owners' keys (same ids, same content digests, byte-identical): a rebuild
   from capture regenerates them.
-* Destroying one owner's key, then restarting the worker: the worker restores its
-  tables without that owner's state (and without crashing), and goes on with the
-  other owners' threads.
+* Destroying one owner's key, then starting a worker on a fresh data directory (which
+  restores its tables from the changelogs): it restores them without that owner's
+  state (and without crashing), and goes on with the other owners' threads.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from hebrus_flywheel.streams.owner_seal import OwnerSealer
 from hebrus_flywheel.streams.processors.accounting import account
 from hebrus_flywheel.streams.processors.app import CAPTURE_TABLE, DEDUP_TABLE
 from hebrus_flywheel.streams.processors.inspect import read_topic
+from hebrus_flywheel.streams.processors.state_seal import owner_of_key
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.processors.window_seal import encode_window, readable_window
 from hebrus_flywheel.streams.topics import catalogue
@@ -139,10 +140,13 @@ class Run:
                           turns=(("user", len(CANARY)), ("assistant", len(CANARY))),
                           tokens=(CANARY, CANARY[::-1]), seed=99)
 
-    def worker(self, tag: str) -> WorkerProcess:
+    def worker(self, tag: str, *, home: str = "home") -> WorkerProcess:
+        """A worker on ``home``'s data directory: the same one as an earlier worker keeps
+        its RocksDB tables (a restart reads only newer changelog records); a fresh one is
+        another machine, which restores the tables from the changelogs."""
         worker = WorkerProcess(bootstrap=self.bootstrap, prefix=self.prefix, app_id=self.app_id,
                                log_path=self.tmp_path / f"worker-{tag}.log", flags=FLAGS,
-                               home=self.tmp_path / "home")
+                               home=self.tmp_path / home)
         worker.env["FLYWHEEL_OWNER_KEYS"] = str(self.keys_dir)
         return worker
 
@@ -218,12 +222,13 @@ def test_nothing_the_workers_write_holds_plaintext_and_erasure_drops_state(
     print("accounting:", report["totals"])
     assert report["refused_state_records"] == [] and report["totals"]["unaccounted"] == 0
 
-    # erasure: alice's key is destroyed; the restarted worker restores without her state
+    # erasure: alice's key is destroyed; a worker on another machine (a fresh data
+    # directory, so it restores the tables from the changelogs) restores without her state
     run.writer.destroy(run.alice)
     more = run.owners_specs("bob", 2, 7)
     produce(producer(run.bootstrap), run.topics, messages_of(more, 7))
     expected_more = sealed_expected(messages_of(more, 7), run.keys_dir)
-    again = run.worker("1").start()
+    again = run.worker("1", home="home-1").start()
     try:
         wait_until(lambda: {m.value() for m in run.window_messages()}
                    >= set(expected_more.values()), timeout_s=240, what="bob's later windows")
@@ -236,9 +241,20 @@ def test_nothing_the_workers_write_holds_plaintext_and_erasure_drops_state(
     counters = _last_counters(log)
     sealing = {k: v for k, v in counters.items() if k.startswith("sealing/")}
     print("sealing counters of the restarted worker:", sealing)
-    # alice's 4 thread headers; her 4 dedup decisions and 4 sticky splits
-    assert sealing.get(f"sealing/{CAPTURE_TABLE}_erased_on_restore") == 4, sealing
-    assert sealing.get(f"sealing/{DEDUP_TABLE}_erased_on_restore") == 8, sealing
+    # every changelog record of alice's (her thread state and accounting; her 4 dedup
+    # decisions and 4 sticky splits) was dropped on restore
+    for table, changelog in zip((CAPTURE_TABLE, DEDUP_TABLE), run.changelogs, strict=True):
+        alice_values = owner_values(run.bootstrap, changelog, run.alice)
+        assert alice_values >= 4, (table, alice_values)
+        assert sealing.get(f"sealing/{table}_erased_on_restore") == alice_values, sealing
+    assert owner_values(run.bootstrap, run.changelogs[1], run.alice) == 8
+
+
+def owner_values(bootstrap: str, changelog: str, owner: str) -> int:
+    """The changelog records holding a value (not a tombstone) of ``owner``'s keys."""
+    return sum(1 for msg in read_topic(bootstrap, changelog)
+               if msg.value() is not None and msg.key() is not None
+               and owner_of_key(json.loads(msg.key())) == owner)
 
 
 def _last_counters(log: str) -> dict[str, Any]:
@@ -262,7 +278,7 @@ def test_the_worker_refuses_a_changelog_sealed_under_another_key_store(
                    timeout_s=240, what="the sealed windows")
     finally:
         assert worker.stop() != 70, worker.log_path.read_text()[-3000:]
-    stranger = run.worker("stranger")
+    stranger = run.worker("stranger", home="home-stranger")
     other = tmp_path / "other-keys"
     LocalOwnerKeyStore(other, create=True)
     stranger.env["FLYWHEEL_OWNER_KEYS"] = str(other)
