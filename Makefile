@@ -55,7 +55,7 @@ demo: broker-up
 	$(BIN)/python -m hebrus_flywheel.demo
 
 test: broker-up
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=30 tests
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
