@@ -20,7 +20,7 @@ import fcntl
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from hebrus_flywheel.core.jsonio import pretty_json
 
@@ -159,3 +159,18 @@ def exclusive_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def claim_exclusive(path: Path) -> IO[str] | None:
+    """Take a non-blocking exclusive ``flock`` on ``path`` (created, with its directory)
+    for as long as the returned file stays open, which the caller keeps for the life of
+    the process (the kernel drops the lock when the process dies, even by kill -9).
+    None when another process holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fh = path.open("a")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        return None
+    return fh

@@ -56,7 +56,7 @@ from mode import CrashingSupervisor
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.core.files import make_dirs
+from hebrus_flywheel.core.files import claim_exclusive, make_dirs
 from hebrus_flywheel.core.privacy import OwnerKeyDestroyedError
 from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.core.settings import flywheel_home
@@ -114,10 +114,8 @@ class WorkerConfig:
         standby_replicas: faust ``table_standby_replicas``: with more than one worker,
             each table partition is also kept warm on this many other workers, so a
             killed worker's partitions resume without replaying the whole changelog
-            (with one worker there is no other to hold a standby). Default 0: with 1,
-            two workers sharing the capture partitions stalled (a partition's offsets
-            were never committed; tests/integration/test_streams_worker.py's two-worker
-            test, seen 2 of 2 runs) — to be fixed before it is turned on.
+            (with one worker there is no other to hold a standby). Each worker needs
+            its own ``data_dir``: a standby opens the partition's RocksDB files too.
     """
 
     bootstrap: str
@@ -131,7 +129,7 @@ class WorkerConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     data_dir: Path | None = None
     poison_after_crashes: int = 3
-    standby_replicas: int = 0
+    standby_replicas: int = 1
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -205,6 +203,13 @@ class StreamsWorker:
         c = self.config
         data_dir = c.data_dir or flywheel_home() / "streams"
         make_dirs(data_dir / c.full_app_id)
+        # RocksDB locks each table partition's files: two workers on one data directory
+        # fail later, mid-rebalance, on whichever partition they both open
+        self._data_dir_lock = claim_exclusive(data_dir / c.full_app_id / "worker.lock")
+        if self._data_dir_lock is None:
+            raise ConfigError(f"another stream worker of {c.full_app_id} runs on the data "
+                              f"directory {data_dir / c.full_app_id}: give each worker on "
+                              "one machine its own --data-dir (or FLYWHEEL_HOME)")
         return faust.App(
             c.full_app_id,
             **self.faust_kafka,  # broker list, credentials, client id

@@ -100,7 +100,10 @@ def worker_command(
                                           "for this long."),
     broker_timeout_s: float = typer.Option(300.0, help="Exit non-zero when the broker stays "
                                            "unreachable this long."),
-    data_dir: Path | None = typer.Option(None, help="faust data directory."),
+    data_dir: Path | None = typer.Option(None, help="faust data directory (each worker on one "
+                                         "machine needs its own)."),
+    standby_replicas: int = typer.Option(1, help="Keep each table partition warm on this "
+                                         "many other workers (0: none)."),
     poison_after_crashes: int = typer.Option(3, help="Quarantine a record by reference as "
                                              "'poison' on the next start once it crashed the "
                                              "worker this many times in a row."),
@@ -134,6 +137,7 @@ def worker_command(
                                 stall_timeout_s=stall_timeout_s,
                                 broker_timeout_s=broker_timeout_s),
         data_dir=data_dir,
+        standby_replicas=standby_replicas,
         poison_after_crashes=poison_after_crashes,
     )
     StreamsWorker(config).run()

@@ -59,14 +59,17 @@ class Setup:
         self.app_id = "flywheel-streams"
         self.prefix, self.topics = topic_factory.streams_namespace(name, self.app_id)
 
-    def worker(self, tmp_path: Path, tag: str, flags: dict[str, Any] = FLAGS) -> WorkerProcess:
+    def worker(self, tmp_path: Path, tag: str, flags: dict[str, Any] = FLAGS,
+               home: str = "home") -> WorkerProcess:
+        """A worker on ``home``: a restart on the same one keeps its RocksDB tables; two
+        running at once need two (as on two machines)."""
         return WorkerProcess(
             bootstrap=self.bootstrap,
             prefix=self.prefix,
             app_id=self.app_id,
             log_path=tmp_path / f"worker-{tag}.log",
             flags=flags,
-            home=tmp_path / "home",
+            home=tmp_path / home,
         )
 
     def windows_reach(self, expected: set[tuple[str, str]]) -> Any:
@@ -169,7 +172,8 @@ def test_two_workers_share_partitions_and_produce_the_same_windows(
     setup = Setup(topic_factory, f"pair{uuid.uuid4().hex[:6]}")
     messages = capture_messages(24, seed=2, v1_every=3)
     expected = window_pairs(expected_pipeline(messages, worker_processor_config(FLAGS)).windows)
-    workers = [setup.worker(tmp_path, "a").start(), setup.worker(tmp_path, "b").start()]
+    workers = [setup.worker(tmp_path, "a", home="home-a").start(),
+               setup.worker(tmp_path, "b", home="home-b").start()]
     group = setup.prefix + setup.app_id
 
     def both_counted() -> bool:  # each worker logs its counters every second
@@ -188,6 +192,13 @@ def test_two_workers_share_partitions_and_produce_the_same_windows(
     assert window_pairs(read_windows(setup.bootstrap, setup.topics)) == expected
     for w in workers:
         assert '"validate/read_transcripts"' in w.log_path.read_text(), log_tail(w)
+    # the standby replica: each worker holds every table partition (its own, and the
+    # other's as a standby) in its own data directory
+    held = {home: {p.name for p in (tmp_path / home).glob("streams/*/v1/tables/*.db")}
+            for home in ("home-a", "home-b")}
+    every = set.union(*held.values())
+    assert "dedup-state-0.db" in every and len(every) >= 3, held
+    assert all(tables == every for tables in held.values()), held
 
 
 def _owners(config: SplitConfig, split: str, n: int) -> list[str]:
