@@ -5,10 +5,11 @@ decoded token, plus each thread's turns) from ``--owners`` fresh owners, one thr
 owner, through the real :class:`~streams.publisher.RuntimePublisher` (pseudonymize,
 seal, idempotent producer) to uuid-prefixed topics, while one real ``streams worker``
 subprocess (faust, RocksDB tables) consumes them. Every ``--sample-s`` seconds it reads
-the worker's resident set size (``/proc/<pid>/status`` VmRSS) and the observations the
-worker has committed, and prints one JSON line per sample. Once the worker has caught up
-it prints the least-squares slope of RSS over committed observations, for the samples
-after the warm-up fraction, in MiB per million observations::
+the worker's resident set size (``/proc/<pid>/status`` VmRSS) and the token-observations
+the worker has applied (its counters: the publisher sends chunks, so one record carries
+many), and prints one JSON line per sample. Once the worker has caught up (or after
+``--max-seconds``) it prints the least-squares slope of RSS over applied observations,
+for the samples after the warm-up fraction, in MiB per million observations::
 
     {"figure": "rss_growth_mib_per_million_obs", "value": ..., "goal": "<= 5", ...}
 
@@ -109,6 +110,20 @@ def committed_observations(probe: kafka.LagProbe, topic: str) -> tuple[int, int]
             sum(ends[tp][1] - ends[tp][0] for tp in mine))
 
 
+def worker_observations(log_path: Path) -> int:
+    """Token-observations the worker applied so far (``assemble/applied_observations`` of
+    its last counters line): a chunk record carries many, so offsets do not count them."""
+    last = None
+    with open(log_path, errors="replace") as log:
+        for line in log:
+            if "streams counters " in line:
+                last = line
+    if last is None:
+        return 0
+    counts = json.loads(last.split("streams counters ", 1)[1])
+    return int(counts.get("assemble/applied_observations", 0))
+
+
 def slope_mib_per_million(samples: list[tuple[int, int]]) -> float:
     obs = np.array([s[0] for s in samples], dtype=float)
     rss = np.array([s[1] for s in samples], dtype=float) / MIB
@@ -143,11 +158,17 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
             if not worker.alive():
                 raise SystemExit("the worker stopped: see " + str(worker.log_path))
             processed, end = committed_observations(probe, topics.observations)
-            rss = rss_bytes(worker.proc.pid)
-            samples.append((processed, rss))
+            rss, applied = rss_bytes(worker.proc.pid), worker_observations(worker.log_path)
+            samples.append((applied, rss))
             emit("rss_sample_mib", rss / MIB, t_s=round(time.monotonic() - started, 1),
-                 observations_committed=processed, observations_published=end)
+                 observations_applied=applied, records_committed=processed,
+                 records_published=end)
             if done.is_set() and end >= total and processed >= end:
+                break
+            if args.max_seconds and time.monotonic() - started > args.max_seconds:
+                print(f"soak: --max-seconds {args.max_seconds:g} reached with {applied} of "
+                      f"{total} observations applied; the figure covers those",
+                      file=sys.stderr, flush=True)
                 break
     except BaseException:
         print(worker.log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
@@ -155,11 +176,13 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
     finally:
         probe.close()
         worker.stop()
-    warm = [s for s in samples if s[0] >= args.warmup_fraction * total]
+    pushed = samples[-1][0] if samples else 0
+    warm = [s for s in samples if s[0] >= args.warmup_fraction * pushed]
     if len(warm) < 3:
         raise SystemExit(f"only {len(warm)} samples after warm-up: run longer")
     emit("rss_growth_mib_per_million_obs", slope_mib_per_million(warm), goal="<= 5",
-         observations=total, owners=args.owners, tokens_per_thread=tokens,
+         observations=pushed, observations_planned=total, owners=args.owners,
+         tokens_per_thread=tokens,
          samples_after_warmup=len(warm), warmup_fraction=args.warmup_fraction,
          rss_first_mib=round(warm[0][1] / MIB, 1), rss_last_mib=round(warm[-1][1] / MIB, 1),
          seconds=round(time.monotonic() - started, 1))
@@ -172,6 +195,9 @@ def main() -> None:
     parser.add_argument("--owners", type=int, default=20_000)
     parser.add_argument("--sample-s", type=float, default=10.0)
     parser.add_argument("--warmup-fraction", type=float, default=0.2)
+    parser.add_argument("--max-seconds", type=float, default=0.0,
+                        help="stop sampling after this long (0: when all is committed); the "
+                             "figure then covers the observations committed so far")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     bootstrap = bootstrap_servers(args.bootstrap_servers)
