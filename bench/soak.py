@@ -44,6 +44,7 @@ from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.privacy.keystore import OWNER_KEYS_ENV
 from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.streams.acls import grant_catalogue
+from hebrus_flywheel.streams.processors.dedup import DedupConfig
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.topics import catalogue, create_topics, delete_topics, describe_topics
@@ -73,12 +74,25 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def specs(owners: int, tokens_per_thread: int, run: str) -> Iterator[ThreadSpec]:
+def specs(owners: int, tokens_per_thread: int, run: str, step_ms: int = 1_000
+          ) -> Iterator[ThreadSpec]:
     """One short thread per fresh owner: a user turn, an assistant turn of the tokens."""
     for i in range(owners):
         yield ThreadSpec(owner=f"soak-{run}-{i:06d}", thread=f"t-{i:06d}",
                          turns=(("user", 6), ("assistant", tokens_per_thread)), seed=i,
-                         start_ms=1_767_225_600_000 + 1_000 * i)
+                         start_ms=1_767_225_600_000 + step_ms * i)
+
+
+def event_step_ms(args: argparse.Namespace) -> int:
+    """Event time between two owners' threads. The dedup index remembers kept threads for
+    its declared horizon (``DedupConfig.horizon_ms``, 7 days of event time), so state is
+    bounded by the threads of one horizon: by default the threads are spread so that
+    the horizon is crossed by the ``--horizon-at`` fraction of the owners planned, and
+    the samples after warm-up see the steady state (each new thread expires an old one);
+    ``--event-step-s`` sets the spacing instead (1 s: all threads in one horizon)."""
+    if args.event_step_s is not None:
+        return int(args.event_step_s * 1000)
+    return max(1_000, int(DedupConfig().horizon_ms / max(1.0, args.horizon_at * args.owners)))
 
 
 def publish(bootstrap: str, topics: StreamTopics, identity: dict[str, Any],
@@ -139,13 +153,15 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
     tokens = max(4, args.observations // args.owners)
     total = tokens * args.owners
     grant_owners(bootstrap, [s.owner for s in specs(args.owners, tokens, run)], prefix=prefix)
+    step_ms = event_step_ms(args)
     identity = make_identity(layers=8, experts=64, top_k=4)
     worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID,
                            log_path=home / "worker.log", flags=FLAGS, home=home).start()
     assert worker.proc is not None
     done = threading.Event()
     publisher = threading.Thread(
-        target=publish, args=(bootstrap, topics, identity, specs(args.owners, tokens, run), done),
+        target=publish,
+        args=(bootstrap, topics, identity, specs(args.owners, tokens, run, step_ms), done),
         daemon=True)
     probe = kafka.LagProbe(kafka.client_config(bootstrap), prefix + APP_ID, [topics.observations])
     samples: list[tuple[int, int]] = []
@@ -182,7 +198,7 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
         raise SystemExit(f"only {len(warm)} samples after warm-up: run longer")
     emit("rss_growth_mib_per_million_obs", slope_mib_per_million(warm), goal="<= 5",
          observations=pushed, observations_planned=total, owners=args.owners,
-         tokens_per_thread=tokens,
+         tokens_per_thread=tokens, event_step_ms=step_ms,
          samples_after_warmup=len(warm), warmup_fraction=args.warmup_fraction,
          rss_first_mib=round(warm[0][1] / MIB, 1), rss_last_mib=round(warm[-1][1] / MIB, 1),
          seconds=round(time.monotonic() - started, 1))
@@ -195,6 +211,11 @@ def main() -> None:
     parser.add_argument("--owners", type=int, default=20_000)
     parser.add_argument("--sample-s", type=float, default=10.0)
     parser.add_argument("--warmup-fraction", type=float, default=0.2)
+    parser.add_argument("--horizon-at", type=float, default=0.05,
+                        help="fraction of --owners after which event time has crossed the "
+                             "dedup horizon (see event_step_ms)")
+    parser.add_argument("--event-step-s", type=float, default=None,
+                        help="event time between two owners' threads (overrides --horizon-at)")
     parser.add_argument("--max-seconds", type=float, default=0.0,
                         help="stop sampling after this long (0: when all is committed); the "
                              "figure then covers the observations committed so far")
