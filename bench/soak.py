@@ -100,7 +100,8 @@ def publish(bootstrap: str, topics: StreamTopics, identity: dict[str, Any],
     publisher = RuntimePublisher(PublisherConfig(
         bootstrap_servers=bootstrap, identities_topic=topics.identities,
         transcripts_topic=topics.transcripts, observations_topic=topics.observations,
-        consent_topic=topics.consent))
+        consent_topic=topics.consent,
+        max_block_ms=120_000.0))  # a bench pushing flat out waits for room, never drops
     try:
         assert publisher.publish_identity(identity)
         clock = ProducerClock(producer_id="soak-runtime")
