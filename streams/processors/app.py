@@ -198,9 +198,6 @@ class StreamsWorker:
         # Fail closed: no readable ledger, no worker; no live capture grant, no window.
         self.consent = ConsentBook(bootstrap=config.bootstrap, topic=self.topics.consent)
         self.consent.load()
-        # kept fresh from a daemon thread (as the runtime publisher does): a read on the
-        # event loop every max_age_s blocked every agent for the length of a ledger read
-        self.consent.start_refresher()
         self.app = self._make_app()
         self._declare()
 
