@@ -198,7 +198,7 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
     if len(warm) < 3:
         raise SystemExit(f"only {len(warm)} samples after warm-up: run longer")
     emit("rss_growth_mib_per_million_obs", slope_mib_per_million(warm), goal="<= 5",
-         observations=pushed, observations_planned=total, owners=args.owners,
+         observations=pushed, observations_planned=total, owners_planned=args.owners,
          tokens_per_thread=tokens, event_step_ms=step_ms,
          samples_after_warmup=len(warm), warmup_fraction=args.warmup_fraction,
          rss_first_mib=round(warm[0][1] / MIB, 1), rss_last_mib=round(warm[-1][1] / MIB, 1),
