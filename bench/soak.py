@@ -5,10 +5,11 @@ decoded token, plus each thread's turns) from ``--owners`` fresh owners, one thr
 owner, through the real :class:`~streams.publisher.RuntimePublisher` (pseudonymize,
 seal, idempotent producer) to uuid-prefixed topics, while one real ``streams worker``
 subprocess (faust, RocksDB tables) consumes them. Every ``--sample-s`` seconds it reads
-the worker's resident set size (``/proc/<pid>/status`` VmRSS) and the observations the
-worker has committed, and prints one JSON line per sample. Once the worker has caught up
-it prints the least-squares slope of RSS over committed observations, for the samples
-after the warm-up fraction, in MiB per million observations::
+the worker's resident set size (``/proc/<pid>/status`` VmRSS) and the token-observations
+the worker has applied (its counters: the publisher sends chunks, so one record carries
+many), and prints one JSON line per sample. Once the worker has caught up (or after
+``--max-seconds``) it prints the least-squares slope of RSS over applied observations,
+for the samples after the warm-up fraction, in MiB per million observations::
 
     {"figure": "rss_growth_mib_per_million_obs", "value": ..., "goal": "<= 5", ...}
 
@@ -43,6 +44,7 @@ from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.privacy.keystore import OWNER_KEYS_ENV
 from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.streams.acls import grant_catalogue
+from hebrus_flywheel.streams.processors.dedup import DedupConfig
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.topics import catalogue, create_topics, delete_topics, describe_topics
@@ -72,12 +74,25 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def specs(owners: int, tokens_per_thread: int, run: str) -> Iterator[ThreadSpec]:
+def specs(owners: int, tokens_per_thread: int, run: str, step_ms: int = 1_000
+          ) -> Iterator[ThreadSpec]:
     """One short thread per fresh owner: a user turn, an assistant turn of the tokens."""
     for i in range(owners):
         yield ThreadSpec(owner=f"soak-{run}-{i:06d}", thread=f"t-{i:06d}",
                          turns=(("user", 6), ("assistant", tokens_per_thread)), seed=i,
-                         start_ms=1_767_225_600_000 + 1_000 * i)
+                         start_ms=1_767_225_600_000 + step_ms * i)
+
+
+def event_step_ms(args: argparse.Namespace) -> int:
+    """Event time between two owners' threads. The dedup index remembers kept threads for
+    its declared horizon (``DedupConfig.horizon_ms``, 7 days of event time), so state is
+    bounded by the threads of one horizon: by default the threads are spread so that
+    the horizon is crossed by the ``--horizon-at`` fraction of the owners planned, and
+    the samples after warm-up see the steady state (each new thread expires an old one);
+    ``--event-step-s`` sets the spacing instead (1 s: all threads in one horizon)."""
+    if args.event_step_s is not None:
+        return int(args.event_step_s * 1000)
+    return max(1_000, int(DedupConfig().horizon_ms / max(1.0, args.horizon_at * args.owners)))
 
 
 def publish(bootstrap: str, topics: StreamTopics, identity: dict[str, Any],
@@ -85,7 +100,8 @@ def publish(bootstrap: str, topics: StreamTopics, identity: dict[str, Any],
     publisher = RuntimePublisher(PublisherConfig(
         bootstrap_servers=bootstrap, identities_topic=topics.identities,
         transcripts_topic=topics.transcripts, observations_topic=topics.observations,
-        consent_topic=topics.consent))
+        consent_topic=topics.consent,
+        max_block_ms=120_000.0))  # a bench pushing flat out waits for room, never drops
     try:
         assert publisher.publish_identity(identity)
         clock = ProducerClock(producer_id="soak-runtime")
@@ -109,6 +125,20 @@ def committed_observations(probe: kafka.LagProbe, topic: str) -> tuple[int, int]
             sum(ends[tp][1] - ends[tp][0] for tp in mine))
 
 
+def worker_observations(log_path: Path) -> int:
+    """Token-observations the worker applied so far (``assemble/applied_observations`` of
+    its last counters line): a chunk record carries many, so offsets do not count them."""
+    last = None
+    with open(log_path, errors="replace") as log:
+        for line in log:
+            if "streams counters " in line:
+                last = line
+    if last is None:
+        return 0
+    counts = json.loads(last.split("streams counters ", 1)[1])
+    return int(counts.get("assemble/applied_observations", 0))
+
+
 def slope_mib_per_million(samples: list[tuple[int, int]]) -> float:
     obs = np.array([s[0] for s in samples], dtype=float)
     rss = np.array([s[1] for s in samples], dtype=float) / MIB
@@ -124,13 +154,15 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
     tokens = max(4, args.observations // args.owners)
     total = tokens * args.owners
     grant_owners(bootstrap, [s.owner for s in specs(args.owners, tokens, run)], prefix=prefix)
+    step_ms = event_step_ms(args)
     identity = make_identity(layers=8, experts=64, top_k=4)
     worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID,
                            log_path=home / "worker.log", flags=FLAGS, home=home).start()
     assert worker.proc is not None
     done = threading.Event()
     publisher = threading.Thread(
-        target=publish, args=(bootstrap, topics, identity, specs(args.owners, tokens, run), done),
+        target=publish,
+        args=(bootstrap, topics, identity, specs(args.owners, tokens, run, step_ms), done),
         daemon=True)
     probe = kafka.LagProbe(kafka.client_config(bootstrap), prefix + APP_ID, [topics.observations])
     samples: list[tuple[int, int]] = []
@@ -143,11 +175,17 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
             if not worker.alive():
                 raise SystemExit("the worker stopped: see " + str(worker.log_path))
             processed, end = committed_observations(probe, topics.observations)
-            rss = rss_bytes(worker.proc.pid)
-            samples.append((processed, rss))
+            rss, applied = rss_bytes(worker.proc.pid), worker_observations(worker.log_path)
+            samples.append((applied, rss))
             emit("rss_sample_mib", rss / MIB, t_s=round(time.monotonic() - started, 1),
-                 observations_committed=processed, observations_published=end)
+                 observations_applied=applied, records_committed=processed,
+                 records_published=end)
             if done.is_set() and end >= total and processed >= end:
+                break
+            if args.max_seconds and time.monotonic() - started > args.max_seconds:
+                print(f"soak: --max-seconds {args.max_seconds:g} reached with {applied} of "
+                      f"{total} observations applied; the figure covers those",
+                      file=sys.stderr, flush=True)
                 break
     except BaseException:
         print(worker.log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
@@ -155,11 +193,13 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
     finally:
         probe.close()
         worker.stop()
-    warm = [s for s in samples if s[0] >= args.warmup_fraction * total]
+    pushed = samples[-1][0] if samples else 0
+    warm = [s for s in samples if s[0] >= args.warmup_fraction * pushed]
     if len(warm) < 3:
         raise SystemExit(f"only {len(warm)} samples after warm-up: run longer")
     emit("rss_growth_mib_per_million_obs", slope_mib_per_million(warm), goal="<= 5",
-         observations=total, owners=args.owners, tokens_per_thread=tokens,
+         observations=pushed, observations_planned=total, owners_planned=args.owners,
+         tokens_per_thread=tokens, event_step_ms=step_ms,
          samples_after_warmup=len(warm), warmup_fraction=args.warmup_fraction,
          rss_first_mib=round(warm[0][1] / MIB, 1), rss_last_mib=round(warm[-1][1] / MIB, 1),
          seconds=round(time.monotonic() - started, 1))
@@ -172,6 +212,14 @@ def main() -> None:
     parser.add_argument("--owners", type=int, default=20_000)
     parser.add_argument("--sample-s", type=float, default=10.0)
     parser.add_argument("--warmup-fraction", type=float, default=0.2)
+    parser.add_argument("--horizon-at", type=float, default=0.05,
+                        help="fraction of --owners after which event time has crossed the "
+                             "dedup horizon (see event_step_ms)")
+    parser.add_argument("--event-step-s", type=float, default=None,
+                        help="event time between two owners' threads (overrides --horizon-at)")
+    parser.add_argument("--max-seconds", type=float, default=0.0,
+                        help="stop sampling after this long (0: when all is committed); the "
+                             "figure then covers the observations committed so far")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     bootstrap = bootstrap_servers(args.bootstrap_servers)

@@ -10,11 +10,19 @@ uuid-prefixed topics on the broker, then, in the same run:
 3. ``faust_worker``: a real ``streams worker`` subprocess, from first record produced to
    last window published (includes faust, table changelogs and Kafka round trips).
 
-Rates count observation records (one per decoded token) per wall second; ``cpu_rate``
-is the same count per CPU second of this process (less sensitive to other load on the
-machine). Observations are ``RouteObservation.v2`` (packed routes). Usage::
+Rates count token-observations (one per decoded token) per wall second, however they
+are carried; ``cpu_rate`` is the same count per CPU second of the process that did the
+work (this process for raw and processed, the worker subprocess for the worker: less
+sensitive to other load on the machine). Capture is published as the runtime publisher
+sends it: runs of up to ``--chunk-tokens`` observations of one request as one
+``RouteObservationChunk.v1`` (``--chunk-tokens 0``: one ``RouteObservation.v3`` per
+token). The figures ``faust_to_raw_ratio`` (wall) and ``faust_to_raw_cpu_ratio`` compare
+the worker with the raw floor of the same run. ``--profile FILE`` runs the worker under
+cProfile (CPU time) and writes its stats there. The bench and its worker share one fresh
+owner key store (``$FLYWHEEL_OWNER_KEYS``, a temporary directory). Usage::
 
-    python bench/streams.py [--threads 40] [--assistant-tokens 120] [--no-worker]
+    python bench/streams.py [--threads 40] [--assistant-tokens 120] [--chunk-tokens 64]
+                            [--no-worker] [--profile FILE]
     python -m bench.streams ...   # the same
 """
 
@@ -24,6 +32,7 @@ import argparse
 import io
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -34,28 +43,35 @@ from typing import Any
 
 # Run by path, sys.path[0] is bench/: the repository root makes tests.support importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# One fresh owner key store for this run, set before anything opens one: the bench seals
+# its capture with it and the worker subprocess (its own FLYWHEEL_HOME) opens with it.
+# Without it the worker has no key store to open sealed capture ("no owner key store").
+os.environ.setdefault("FLYWHEEL_OWNER_KEYS",
+                      os.path.join(tempfile.mkdtemp(prefix="flywheel-bench-"), "owner-keys"))
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from fastavro import schemaless_reader
 
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.settings import bootstrap_servers
+from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
 from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.topics import catalogue, create_topics, delete_topics, describe_topics
+from tests.support.chunks import chunked
 from tests.support.streams_harness import (
     WorkerProcess,
-    produce,
+    grant_for,
     producer,
-    read_windows,
     wait_until,
     worker_processor_config,
 )
 from tests.support.streams_synthetic import (
     ProducerClock,
+    encode_message,
     identity_message,
     make_identity,
     random_specs,
@@ -63,6 +79,19 @@ from tests.support.streams_synthetic import (
 )
 
 FLAGS = {"runtime_holdout_fraction": 0.2}
+PROFILED_WORKER = """
+import cProfile, runpy, sys, time
+profile = cProfile.Profile(time.process_time)
+sys.argv[0] = "streams"
+profile.enable()
+try:
+    runpy.run_module("hebrus_flywheel.streams.processors.cli", run_name="__main__")
+except SystemExit:
+    pass
+finally:
+    profile.disable()
+    profile.dump_stats({path!r})
+"""
 
 
 def emit(figure: str, value: float, unit: str, **extra: Any) -> None:
@@ -129,50 +158,106 @@ def pipeline_feeder(topics: StreamTopics) -> tuple[LocalPipeline, Any]:
     return pipeline, handle
 
 
-def make_messages(threads: int, assistant_tokens: int) -> tuple[list[Any], int]:
-    identity = make_identity(layers=48, experts=512, top_k=10)
-    clock = ProducerClock()
-    messages = [identity_message(identity)]
-    for spec in random_specs(threads, n_owners=16, seed=7, assistant_tokens=assistant_tokens):
-        messages.extend(thread_messages(spec, identity, clock))
-    return messages, sum(1 for m in messages if m[0] == "observations")
+class Capture:
+    """The bench's capture records, encoded once: ``messages`` (kind, key, record) as the
+    stream sees them, ``encoded`` (kind, key, value, headers) as they are produced, with
+    each run of up to ``chunk_tokens`` observations of one request as one
+    ``RouteObservationChunk.v1`` (0: one ``RouteObservation.v3`` per token)."""
+
+    def __init__(self, threads: int, assistant_tokens: int, chunk_tokens: int) -> None:
+        identity = make_identity(layers=48, experts=512, top_k=10)
+        clock = ProducerClock()
+        self.messages = [identity_message(identity)]
+        for spec in random_specs(threads, n_owners=16, seed=7,
+                                 assistant_tokens=assistant_tokens):
+            self.messages.extend(thread_messages(spec, identity, clock))
+        self.observations = sum(1 for m in self.messages if m[0] == "observations")
+        if chunk_tokens:
+            registry = default_registry()
+            self.encoded = [
+                (kind, key, value,
+                 codec.kafka_headers(registry.by_fingerprint(value[2:HEADER_SIZE])))
+                for kind, key, value in chunked(self.messages, max_tokens=chunk_tokens)]
+        else:
+            self.encoded = [(kind, key, *encode_message(kind, record))
+                            for kind, key, record in self.messages]
+        self.records = len(self.encoded)
+
+    def produce(self, bootstrap: str, topics: StreamTopics) -> None:
+        """Consent grants for every owner, then every record in order (acknowledged)."""
+        prod = producer(bootstrap)
+        grant_for(prod, topics, self.messages)
+        names = topics.capture_kinds()
+        for kind, key, value, headers in self.encoded:
+            while True:
+                try:
+                    prod.produce(names[kind], key=key, value=value,
+                                 headers=list(headers or []))
+                    break
+                except BufferError:
+                    prod.poll(0.1)
+        if prod.flush(60):
+            raise SystemExit("the bench's capture records were not all acknowledged")
 
 
-def bench_worker(
-    bootstrap: str, prefix: str, messages: list[Any], n_obs: int, expected: int
-) -> None:
+def bench_worker(bootstrap: str, prefix: str, capture: Capture, expected: int,
+                 profile: Path | None) -> tuple[float, float]:
+    """The worker's token-observations per wall second, first record produced to last
+    window on the broker; ``profile``: run the worker under cProfile, stats to that file."""
     topics = StreamTopics.from_prefix(prefix)
     create_topics(bootstrap, catalogue(prefix))
     grant_catalogue(bootstrap, prefix)  # the streams worker runs as the streams role
     with tempfile.TemporaryDirectory() as tmp:
-        worker = WorkerProcess(
-            bootstrap=bootstrap,
-            prefix=prefix,
-            app_id="flywheel-streams",
-            log_path=Path(tmp) / "worker.log",
-            flags=FLAGS,
-        ).start()
+        worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id="flywheel-streams",
+                               log_path=Path(tmp) / "worker.log", flags=FLAGS)
+        if profile is not None:  # CPU time, not wall time: the machine may be shared
+            worker.args[1:3] = ["-c", PROFILED_WORKER.format(path=str(profile))]
+        worker.start()
         try:
             time.sleep(10)  # join the group and finish (empty) recovery before data arrives
+            assert worker.proc is not None
+            cpu_start = _cpu_seconds(worker.proc.pid)
             start = time.perf_counter()
-            produce(producer(bootstrap), topics, messages)
+            capture.produce(bootstrap, topics)
             wait_until(
                 lambda: _refused(bootstrap, topics)
-                or len(read_windows(bootstrap, topics)) >= expected,
-                timeout_s=600,
+                or _windows_published(bootstrap, topics) >= expected,
+                timeout_s=900,
                 interval_s=0.5,
                 what="the worker's windows",
             )
             elapsed = time.perf_counter() - start
+            assert worker.proc is not None
+            cpu_s = _cpu_seconds(worker.proc.pid) - cpu_start
+        except BaseException:
+            print(worker.log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
+            raise
         finally:
             worker.stop()
-    emit(
-        "faust_worker_observations_per_s",
-        n_obs / elapsed,
-        "obs/s",
-        seconds=round(elapsed, 2),
-        note="one worker process, produce->last window, includes changelog writes",
-    )
+    rate = capture.observations / elapsed
+    emit("faust_worker_observations_per_s", rate, "obs/s", seconds=round(elapsed, 2),
+         worker_cpu_s=round(cpu_s, 2), cpu_rate=round(capture.observations / cpu_s, 1),
+         observations=capture.observations, records=capture.records,
+         note="one worker process, produce->last window, includes changelog writes")
+    return rate, capture.observations / cpu_s
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _windows_published(bootstrap: str, topics: StreamTopics) -> int:
+    """Window records on the window topics (their watermarks: nothing is read)."""
+    config = kafka.client_config(bootstrap)
+    consumer = kafka.make_consumer(config)
+    try:
+        marks = kafka.watermarks(consumer, list(topics.windows.values()), retry=config.retry,
+                                 timeout_s=10)
+    finally:
+        consumer.close()
+    return sum(high - low for low, high in marks.values())
 
 
 def _refused(bootstrap: str, topics: StreamTopics) -> bool:
@@ -192,24 +277,30 @@ def main() -> None:
     parser.add_argument("--bootstrap-servers", default=None)
     parser.add_argument("--threads", type=int, default=40)
     parser.add_argument("--assistant-tokens", type=int, default=120)
+    parser.add_argument("--chunk-tokens", type=int, default=64,
+                        help="tokens per RouteObservationChunk (0: one record per token)")
     parser.add_argument("--no-worker", action="store_true", help="skip the faust worker figure")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="run the worker under cProfile and write its stats here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     bootstrap = bootstrap_servers(args.bootstrap_servers)
     prefix = f"bench-{uuid.uuid4().hex[:8]}."
-    messages, n_obs = make_messages(args.threads, args.assistant_tokens)
+    capture = Capture(args.threads, args.assistant_tokens, args.chunk_tokens)
     topics = StreamTopics.from_prefix(prefix)
     create_topics(bootstrap, catalogue(prefix))
     grant_catalogue(bootstrap, prefix)  # the streams worker runs as the streams role
     try:
-        produce(producer(bootstrap), topics, messages)
+        capture.produce(bootstrap, topics)
+        n_obs = capture.observations
         names = [topics.transcripts, topics.observations]
         _, raw_s, raw_cpu = consume_all(bootstrap, names, raw_decoder())
         pipeline, feeder = pipeline_feeder(topics)
         consume_all(bootstrap, [topics.identities], feeder)  # the worker loads them at start
         _, proc_s, proc_cpu = consume_all(bootstrap, names, feeder)
         raw_rate, proc_rate = n_obs / raw_s, n_obs / proc_s
-        geometry = {"layers": 48, "top_k": 10, "experts": 512, "observations": n_obs}
+        geometry = {"layers": 48, "top_k": 10, "experts": 512, "observations": n_obs,
+                    "records": capture.records, "chunk_tokens": args.chunk_tokens}
         emit("raw_consume_decode_observations_per_s", raw_rate, "obs/s",
              cpu_rate=round(n_obs / raw_cpu, 1), **geometry)
         emit(
@@ -226,7 +317,12 @@ def main() -> None:
         emit("processed_to_raw_ratio", proc_rate / raw_rate, "ratio", goal=">= 0.333")
         emit("goal_10k_observations_per_s_met", float(proc_rate >= 10_000), "bool")
         if not args.no_worker:
-            bench_worker(bootstrap, f"{prefix}w.", messages, n_obs, len(pipeline.windows))
+            rate, cpu_rate = bench_worker(bootstrap, f"{prefix}w.", capture,
+                                          len(pipeline.windows), args.profile)
+            emit("faust_to_raw_ratio", rate / raw_rate, "ratio", goal=">= 0.5")
+            emit("faust_to_raw_cpu_ratio", cpu_rate / (n_obs / raw_cpu), "ratio",
+                 note="per CPU second of each process (the machine may be shared)")
+            emit("goal_30k_worker_observations_per_s_met", float(rate >= 30_000), "bool")
     finally:
         cleanup(bootstrap, prefix)
 

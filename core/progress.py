@@ -114,6 +114,7 @@ class Watchdog:
     lag: dict[TP, int] = field(default_factory=dict, init=False)
     ends: dict[TP, tuple[int, int]] | None = field(default=None, init=False)
     consumed: dict[TP, int] = field(default_factory=dict, init=False)
+    read: dict[TP, int] = field(default_factory=dict, init=False)
     broker_error: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -132,8 +133,14 @@ class Watchdog:
 
     def observe(self, now: float, ends: Mapping[TP, tuple[int, int]],
                 committed: Mapping[TP, int],
-                consumed: Mapping[TP, int] | None = None) -> Verdict:
+                consumed: Mapping[TP, int] | None = None,
+                read: Mapping[TP, int] | None = None) -> Verdict:
         """One successful read of the end and committed offsets at time ``now``.
+
+        ``read`` (the last offset the worker read, per partition) is for workers that
+        commit on an interval (the streams worker): a read offset that moved is progress
+        too, so a worker busy between commits under load is not declared stalled; unlike
+        ``consumed``, having read everything does not excuse commits that never come.
 
         ``consumed`` (next offset the worker will read, per partition) is for workers
         that hold consumed records uncommitted on purpose (the replay worker's open
@@ -148,6 +155,10 @@ class Watchdog:
             if any(o > self.consumed.get(tp, -1) for tp, o in consumed.items()):
                 self.last_progress = now
             self.consumed = dict(consumed)
+        if read is not None:
+            if any(o > self.read.get(tp, -1) for tp, o in read.items()):
+                self.last_progress = now
+            self.read = dict(read)
         # Two reads in a row at lag 0 with the same end offsets (an output written by
         # a hop between the two reads moves the next hop's end offset).
         done = drain_complete(self.ends, ends, committed) and self.ends is not None \

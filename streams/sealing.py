@@ -229,13 +229,19 @@ class CaptureOpener:
         fit the chunk's header raises :class:`streams.chunks.ChunkError`."""
         from hebrus_flywheel.streams import chunks
 
+        return chunks.unroll(record, self.open_chunk_arrays(record))
+
+    def open_chunk_arrays(self, record: Mapping[str, Any]) -> Any:
+        """A chunk's plaintext as arrays (:class:`streams.chunks.ChunkTokens`), not
+        unrolled; the same errors as :meth:`open_chunk`."""
+        from hebrus_flywheel.streams import chunks
+
         chunks.check_chunk(record)  # before any key look-up
         key = self._key(record)
         try:
-            opened = chunks.open_chunk(key, record)
+            return chunks.open_chunk(key, record)
         except SealedFieldError as exc:
             raise SealingError("sealed_field_invalid", str(exc)) from exc
-        return chunks.unroll(record, opened)
 
     def _key(self, record: Mapping[str, Any]) -> Any:
         for name, kind in (("owner", OWNER), ("thread", THREAD), ("sequence_id", SEQUENCE)):

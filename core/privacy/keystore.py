@@ -77,6 +77,11 @@ class OwnerKeyStore(Protocol):
     def destroyed_generations(self, owner: str) -> tuple[int, ...]: ...
 
 
+KEY_CACHE_ENTRIES = 4096
+"""Most data keys a :class:`LocalOwnerKeyStore` keeps loaded (each is re-read from its
+file after ``max_age_s`` anyway); the oldest loaded goes first."""
+
+
 def default_owner_keys_dir() -> Path:
     """``$FLYWHEEL_OWNER_KEYS``, else ``$FLYWHEEL_HOME/keys/owners``."""
     override = os.environ.get(OWNER_KEYS_ENV)
@@ -162,7 +167,10 @@ class LocalOwnerKeyStore:
         if cached is not None and time.monotonic() - cached[0] < self.max_age_s:
             return cached[1]
         key = self._load(owner, generation, create=create)
+        self._cache.pop((owner, generation), None)
         self._cache[(owner, generation)] = (time.monotonic(), key)
+        if len(self._cache) > KEY_CACHE_ENTRIES:  # bounded: fresh owners keep coming
+            del self._cache[next(iter(self._cache))]  # the longest unread (reloads if due)
         return key
 
     def destroy(self, owner: str) -> Destruction:

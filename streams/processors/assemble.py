@@ -7,7 +7,9 @@ State is kept in one mapping under keys from :mod:`streams.processors.common`:
   watermark), received turn indices, token ranges, generated ranges, observed
   ordinals, last ordinal per sequence, the end marker, tags and the thread start time;
 * ``t|<iid>|<turn>``: one TranscriptTurn's tokens, segments and lineage;
-* ``o|<iid>|<ordinal>``: one decoded token's captured routes, packed.
+* ``o|<iid>|<ordinal>``: one decoded token's captured routes, packed;
+* ``o|<iid>|r<first>``: a chunk's run of consecutive tokens' routes, packed, stored as
+  one value (:func:`apply_run`; the header's ``runs`` lists them as ``[first, count]``).
 
 A generation is *complete* once its end marker arrived, its turns cover
 ``0..end-turn`` and its token ranges cover ``[0, end)`` contiguously, and (with
@@ -35,6 +37,7 @@ from hebrus_flywheel.streams.processors.common import (
     ranges_count,
     ranges_covers,
     ranges_overlap,
+    run_key,
     turn_key,
 )
 from hebrus_flywheel.streams.processors.dedup import DedupConfig, content_digest, signature
@@ -241,6 +244,68 @@ def apply_observation(
     return None
 
 
+def apply_run(
+    store: MutableMapping[str, Any],
+    header: dict[str, Any],
+    iid: str,
+    chunk: Mapping[str, Any],
+    opened: Any,
+) -> bool:
+    """A chunk's tokens (its header fields and :class:`streams.chunks.ChunkTokens`) applied
+    at once, as one stored value: True when :func:`apply_observation` would accept every
+    token in order. False changes nothing: then apply them token by token for the verdict.
+    """
+    first, n = int(chunk["first_ordinal"]), int(chunk["token_count"])
+    end, seq = first + n, chunk["sequence_id"]
+    last = header["seq"].get(seq)
+    if (_check_common(header, chunk) is not None or ranges_overlap(header["obs"], first, end)
+            or (last is not None and first < last) or _ungenerated(header, first, end)):
+        return False
+    store[run_key(iid, first)] = {
+        "token_ids": opened.tokens.tolist(),
+        "turn_index": chunk["turn_index"],
+        "ids": opened.ids.tobytes(),
+        "weights": opened.weights.tobytes(),
+        "stages": tuple(chunk["stages"]),
+    }
+    header["runs"] = [*header.get("runs", []), [first, n]]
+    header["obs"] = ranges_add(header["obs"], first, end)
+    header["seq"] = {**header["seq"], seq: end - 1}
+    return True
+
+
+def _ungenerated(header: Mapping[str, Any], start: int, end: int) -> bool:
+    """Whether an ordinal of ``[start, end)`` is a transcript token not generated."""
+    for lo, hi in header["tokens"]:
+        a, b = max(lo, start), min(hi, end)
+        if a < b and not ranges_covers(header["gen"], [[a, b]]):
+            return True
+    return False
+
+
+def _run_routes(value: Mapping[str, Any], first: int) -> dict[int, dict[str, Any]]:
+    """A stored run's per-token routes, as :func:`apply_observation` stores one token's."""
+    tokens = value["token_ids"]
+    n = len(tokens)
+    ids, weights = value["ids"], value["weights"]
+    step_i, step_w = len(ids) // n, len(weights) // n
+    return {first + i: {"token_id": tokens[i], "turn_index": value["turn_index"],
+                        "ids": ids[i * step_i:(i + 1) * step_i],
+                        "weights": weights[i * step_w:(i + 1) * step_w],
+                        "stages": value["stages"]} for i in range(n)}
+
+
+def _single_ordinals(header: Mapping[str, Any]) -> list[int]:
+    """Observed ordinals stored one per key (not in a run)."""
+    runs = header.get("runs", [])
+    if not runs:
+        return list(iter_ranges(header["obs"]))
+    in_runs: Ranges = []
+    for first, n in runs:
+        in_runs = ranges_add(in_runs, first, first + n)
+    return [o for o in iter_ranges(header["obs"]) if not ranges_contains(in_runs, o)]
+
+
 def completion(header: Mapping[str, Any], config: AssembleConfig, *, idle: bool) -> str:
     """``wait``, ``complete`` or ``incomplete`` (a gap that will not be filled)."""
     turns, tokens = header["turns"], header["tokens"]
@@ -280,7 +345,11 @@ def load_thread(store: Mapping[str, Any], iid: str, header: Mapping[str, Any]) -
     generated = np.fromiter(
         iter_ranges(header["gen"]), dtype=np.int64, count=ranges_count(header["gen"])
     )
-    routes = {o: store[obs_key(iid, o)] for o in iter_ranges(header["obs"])}
+    routes = {o: store[obs_key(iid, o)] for o in _single_ordinals(header)}
+    for first, _ in header.get("runs", []):
+        routes.update(_run_routes(store[run_key(iid, first)], first))
+    if header.get("runs"):
+        routes = dict(sorted(routes.items()))
     return AssembledThread(
         owner=header["owner"],
         thread=header["thread"],
@@ -349,7 +418,8 @@ def summarize(
 def content_keys(iid: str, header: Mapping[str, Any]) -> list[str]:
     """Every turn and observation key a generation holds (deleted once it is done)."""
     keys = [turn_key(iid, i) for i in iter_ranges(header["turns"])]
-    keys.extend(obs_key(iid, o) for o in iter_ranges(header["obs"]))
+    keys.extend(run_key(iid, first) for first, _ in header.get("runs", []))
+    keys.extend(obs_key(iid, o) for o in _single_ordinals(header))
     return keys
 
 

@@ -33,7 +33,7 @@ from hebrus_flywheel.core.privacy import (
 )
 from hebrus_flywheel.core.privacy.pseudonyms import OWNER, THREAD
 from hebrus_flywheel.streams import quarantine
-from hebrus_flywheel.streams.chunks import CHUNK_V1, ChunkError
+from hebrus_flywheel.streams.chunks import CHUNK_V1, ChunkError, ChunkTokens, unroll
 from hebrus_flywheel.streams.exceptions import ConsentError
 from hebrus_flywheel.streams.processors import assemble as asm
 from hebrus_flywheel.streams.processors import expiry
@@ -57,6 +57,7 @@ from hebrus_flywheel.streams.processors.validate import (
     check_message_key,
     check_observation,
     check_turn,
+    chunk_block_clean,
     decode_capture,
     quarantine_record,
 )
@@ -199,34 +200,50 @@ class CaptureStage:
 
     def _chunk(self, source: SourceRef, chunk: dict[str, Any], now_ms: int,
                raw: tuple[Any, ...]) -> list[Emit]:
-        """A ``RouteObservationChunk``: opened, unrolled into its tokens' observations,
-        every token checked like a single observation; any refusal quarantines the chunk
-        whole (the token's reason code, its position in the detail). Counter and consent
-        are the chunk's; assembly applies all tokens or none."""
+        """A ``RouteObservationChunk``: opened, its tokens checked like single observations
+        (at once as arrays when they are all clean, else unrolled token by token for the
+        verdict); any refusal quarantines the chunk whole (the token's reason code, its
+        position in the detail). Counter and consent are the chunk's; assembly applies all
+        tokens or none."""
         value, key, headers, schema = raw
         try:
-            tokens = self.opener.open_chunk(chunk)
+            opened = self.opener.open_chunk_arrays(chunk)
         except SealingError as exc:
             return [self._sealing_quarantine(source, exc, value, key, headers, chunk, schema)]
         except ChunkError as exc:
             return [self._quarantine(source, Rejection(exc.reason, exc.detail), value, key, headers,
                                      chunk, schema)]
-        checked: list[tuple[dict[str, Any], Any]] = []
-        for i, record in enumerate(tokens):
-            problem, routes = self._check_record("observations", record, key)
-            if problem is not None:
-                detail = f"token {i} of {len(tokens)} (ordinal {record['token_ordinal']}): "
-                return [self._quarantine(source, problem._replace(detail=detail + problem.detail),
-                                         value, key, headers, chunk, schema)]
-            checked.append((record, routes))
+        checked: list[tuple[dict[str, Any], Any]] | ChunkTokens = opened
+        if not self._chunk_clean(chunk, opened, key):
+            checked = []
+            tokens = unroll(chunk, opened)
+            for i, record in enumerate(tokens):
+                problem, routes = self._check_record("observations", record, key)
+                if problem is not None:
+                    detail = f"token {i} of {len(tokens)} (ordinal {record['token_ordinal']}): "
+                    return [self._quarantine(
+                        source, problem._replace(detail=detail + problem.detail),
+                        value, key, headers, chunk, schema)]
+                checked.append((record, routes))
         problem = self._check_counter(source, chunk, now_ms)
         if problem is not None:
             return [self._quarantine(source, problem, value, key, headers, chunk, schema)]
         if not self._consented(chunk):
             return [self._no_consent(source, chunk, value)]
         self.counters.inc("validate", "passed")
-        self.counters.inc("validate", "chunk_tokens", len(checked))
+        self.counters.inc("validate", "chunk_tokens", int(chunk["token_count"]))
+        if isinstance(checked, ChunkTokens):
+            return self._assemble(source, "observations", [(chunk, checked)], now_ms, raw,
+                                  run=True)
         return self._assemble(source, "observations", checked, now_ms, raw)
+
+    def _chunk_clean(self, chunk: dict[str, Any], opened: ChunkTokens,
+                     key: bytes | None) -> bool:
+        """Whether every token of the chunk passes the per-token checks (at once)."""
+        identity = self._identity_of(chunk)
+        return (not isinstance(identity, Rejection)
+                and check_message_key(chunk, key) is None
+                and chunk_block_clean(chunk, opened, identity))
 
     def tick(self, partition: int, now_ms: int) -> list[Emit]:
         """Sweep the partition's due expiry buckets (:mod:`streams.processors.expiry`):
@@ -358,9 +375,12 @@ class CaptureStage:
         records: list[tuple[dict[str, Any], Any]],
         now_ms: int,
         raw: tuple[Any, ...],
+        *,
+        run: bool = False,
     ) -> list[Emit]:
         """Apply one message's records (one, or a chunk's tokens: all or none) to their
-        thread generation."""
+        thread generation. ``run``: ``records`` is one ``(chunk, ChunkTokens)`` of tokens
+        checked at once."""
         record = records[0][0]
         iid = instance_id(record["owner"], record["thread"], record["generation"],
                           record["identity_id"])
@@ -377,14 +397,16 @@ class CaptureStage:
             # the record that completed the generation repeats its emits (lost in a crash?)
             completing = header.get("completed_by") == [kind, source.offset]
             return [Emit(*e) for e in header["outbox"]] if completing else []
-        verdict = self._apply(header, iid, kind, records)
+        verdict = self._apply_run(header, iid, *records[0]) if run \
+            else self._apply(header, iid, kind, records)
         asm.mark_handled(header, kind, source.offset, verdict, self.aconf)
         header["last_ms"] = now_ms
         emits: list[Emit] = []
         if verdict is not None:
             emits.append(self._quarantine(source, verdict, raw[0], raw[1], raw[2], record, raw[3]))
         else:
-            self.counters.inc("assemble", f"applied_{kind}", len(records))
+            applied = int(record["token_count"]) if run else len(records)
+            self.counters.inc("assemble", f"applied_{kind}", applied)
             if asm.completion(header, self.aconf, idle=False) == "complete":
                 emits.extend(self._finish(iid, header, idle=False))
                 header["completed_by"] = [kind, source.offset]
@@ -408,6 +430,17 @@ class CaptureStage:
         header.update(trial)
         self.store.update(staged)
         return None
+
+    def _apply_run(self, header: dict[str, Any], iid: str, chunk: dict[str, Any],
+                   opened: ChunkTokens) -> Rejection | None:
+        """A clean chunk's tokens as one stored run; when one of them would be refused,
+        token by token for the verdict (nothing is applied then)."""
+        if asm.apply_run(self.store, header, iid, chunk, opened):
+            return None
+        layers, stages = tuple(chunk["layers"]), tuple(chunk["stages"])
+        tokens = [(record, PackedRoutes(record["expert_ids"], record["weights"], layers, stages))
+                  for record in unroll(chunk, opened)]
+        return self._apply(header, iid, "observations", tokens)
 
     def _finish(self, iid: str, header: dict[str, Any], *, idle: bool) -> list[Emit]:
         state = asm.completion(header, self.aconf, idle=idle)

@@ -44,6 +44,12 @@ def obs_key(iid: str, ordinal: int) -> str:
     return f"o{SEP}{iid}{SEP}{ordinal}"
 
 
+def run_key(iid: str, first_ordinal: int) -> str:
+    """A chunk's run of observations stored as one value (``o`` kind: sealed as the
+    owner's); never equal to an :func:`obs_key` (the ``r`` before the ordinal)."""
+    return f"o{SEP}{iid}{SEP}r{first_ordinal}"
+
+
 def counter_key(producer_id: str, topic: str, partition: int) -> str:
     return f"c{SEP}{producer_id}{SEP}{topic}{SEP}{partition}"
 

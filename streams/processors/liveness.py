@@ -6,6 +6,10 @@ writes to it every tick). The group is drained when every input partition's comm
 offset reached its end offset on two consecutive reads with the same end offsets —
 faust commits an offset only after the producer flushed its outputs, so each hop's
 outputs are acknowledged and counted as the next hop's end offsets.
+
+Progress, for the stall timeout, is a committed offset that moved or a read offset that
+moved (:func:`read_offsets`: faust commits on an interval, and under heavy load a busy
+worker may read for longer than the stall timeout between two commits of a partition).
 """
 
 from __future__ import annotations
@@ -39,6 +43,19 @@ def agent_states(app: Any) -> Mapping[str, str]:
             for name, agent in list(app.agents.items())}
 
 
+def read_offsets(app: Any, topics: tuple[str, ...]) -> dict[tuple[str, int], int]:
+    """The last offset the worker's consumer read per input partition (faust keeps it
+    for its commits). Called from the watchdog thread: a copy, and nothing on failure
+    (no consumer yet, or one being rebuilt in a rebalance)."""
+    try:
+        offsets = list(app.consumer._read_offset.items())
+    except (AttributeError, RuntimeError):
+        return {}
+    wanted = set(topics)
+    return {(tp.topic, tp.partition): int(offset) for tp, offset in offsets
+            if offset is not None and tp.topic in wanted}
+
+
 def act(verdict: Verdict) -> None:
     """Drained: ask faust for a clean stop (status 0), and end the process anyway if that
     stop hangs (everything was committed). Anything else: crash-only, non-zero status."""
@@ -66,6 +83,7 @@ def start_monitor(app: Any, topics: StreamTopics, group_id: str, bootstrap: str,
     target = MonitorTarget(kind="streams", name=group_id, topics=input_topics(topics),
                            home=flywheel_home())
     monitor = Monitor(target, watchdog, kafka.client_config(bootstrap), on_verdict=act,
-                      agents=lambda: agent_states(app))
+                      agents=lambda: agent_states(app),
+                      read=lambda: read_offsets(app, target.topics))
     monitor.start()
     return monitor

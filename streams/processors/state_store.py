@@ -44,6 +44,11 @@ STORE_URL = f"{SCHEME}://"
 STORES.aliases[SCHEME] = f"{__name__}:SealedRocksDBStore"
 ROCKSDB_OPTIONS = {"driver": "rocksdict"}
 """Table ``options`` for this store: the rocksdict driver (RocksDB 8)."""
+CACHED_KINDS = ("h", "c")
+"""Key kinds whose last values are also kept opened in memory (thread headers and
+producer counters: small, read back by every record of their thread or producer)."""
+CACHE_ENTRIES = 4096
+"""Most values kept opened in memory per store (the oldest written goes first)."""
 
 
 class SealedRocksDBStore(RocksDBStore):
@@ -61,11 +66,60 @@ class SealedRocksDBStore(RocksDBStore):
         return self.state_sealer
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        sealed = self._sealer().seal(str(key), value)
+        skey = str(key)
+        sealed = self._sealer().seal_again(skey, value)
         if sealed is None:  # the owner was erased: nothing of it is stored
+            self._forget(skey)
             self._del(self._encode_key(key))
             return
         self._set(self._encode_key(key), self._encode_value(sealed))
+        if skey[:1] in CACHED_KINDS:
+            self._remember(skey, sealed, value)
+
+    # -- the opened-value cache: what was written last, so a read need not open it -----
+    # A hit is the value object that was written (what a dict store returns); a hit of
+    # an owner whose key was destroyed since reads as absent, like the stored value.
+
+    def _cache(self) -> dict[str, tuple[str | None, int, Any]]:
+        cache: dict[str, tuple[str | None, int, Any]] | None = self.__dict__.get("_opened_cache")
+        if cache is None:
+            cache = self.__dict__["_opened_cache"] = {}
+        return cache
+
+    def _remember(self, key: str, sealed: Any, value: Any) -> None:
+        cache = self._cache()
+        cache.pop(key, None)
+        if isinstance(sealed, SealedState):
+            cache[key] = (sealed.owner, sealed.generation, value)
+        else:
+            cache[key] = (None, 0, value)
+        if len(cache) > CACHE_ENTRIES:
+            del cache[next(iter(cache))]
+
+    def _forget(self, key: str | None = None) -> None:
+        if key is None:
+            self._cache().clear()
+        else:
+            self._cache().pop(key, None)
+
+    def _cached(self, key: str) -> tuple[bool, Any]:
+        hit = self._cache().get(key)
+        if hit is None:
+            return False, None
+        owner, generation, value = hit
+        if owner is not None and isinstance(
+                self._sealer().sealer.opening_key(owner, generation), Erased):
+            self._forget(key)
+            return True, Erased(owner, generation)
+        return True, value
+
+    def __delitem__(self, key: Any) -> None:
+        self._forget(str(key))
+        super().__delitem__(key)
+
+    def revoke_partitions(self, table: Any, tps: Any) -> None:
+        self._forget()
+        super().revoke_partitions(table, tps)
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         """``Table.update`` (a chunk's staged keys) ends here after faust wrote their
@@ -76,6 +130,11 @@ class SealedRocksDBStore(RocksDBStore):
                 self[key] = value
 
     def __getitem__(self, key: Any) -> Any:
+        hit, value = self._cached(str(key))
+        if hit:
+            if isinstance(value, Erased):
+                raise KeyError(key)
+            return value
         raw = self._get(self._encode_key(key))
         if raw is None:
             raise KeyError(key)
@@ -109,6 +168,7 @@ class SealedRocksDBStore(RocksDBStore):
         an erased owner's record is deleted instead, one that does not open stops the
         worker."""
         events = list(batch)
+        self._forget()  # restored records replace what was written here
         kept = [self._checked(event) for event in events]
         self.restored_records += len(events)
         self._sealer().counters.inc("state", f"{self.table_name}_restored_records", len(events))

@@ -338,6 +338,32 @@ def check_observation(
     )
 
 
+def chunk_block_clean(chunk: Mapping[str, Any], opened: Any, geometry: IdentityRules) -> bool:
+    """Whether every token of an opened ``RouteObservationChunk`` (header fields and
+    :class:`streams.chunks.ChunkTokens`) passes :func:`check_observation` with its packed
+    bytes kept, checked at once: the rows and scalar fields on the first and last token,
+    token ids and route values as arrays. False means "check token by token" (the
+    verdict and its detail come from there), never a verdict of its own."""
+    n, layers = int(chunk["token_count"]), chunk["layers"]
+    if geometry.expert_count > WINDOW_ID_LIMIT or layers != _layer_range(len(layers)):
+        return False
+    base = {name: chunk[name] for name in ("owner", "thread", "generation", "sequence_id",
+                                           "turn_index", "identity_id", "top_k",
+                                           "producer_id", "counter", "wall_time_ms")}
+    try:
+        for i in (0, n - 1):
+            sv.validate_observation_fields(
+                {**base, "speculative": None, "token_ordinal": chunk["first_ordinal"] + i,
+                 "token_id": int(opened.tokens[i]), "layers": layers,
+                 "stages": chunk["stages"], "expert_ids": opened.ids[i].tobytes(),
+                 "weights": opened.weights[i].tobytes()}, geometry)
+        sv.check_token_block(opened.tokens, geometry)
+        routes.check_route_block(opened.ids, opened.weights, geometry)
+    except PublishValidationError:
+        return False
+    return True
+
+
 @functools.cache
 def _layer_range(count: int) -> list[int]:
     return list(range(count))

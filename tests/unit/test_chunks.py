@@ -218,3 +218,29 @@ def test_a_chunk_that_repeats_an_ordinal_is_refused_whole_and_redelivery_is_idem
             sc.send(kind, k, record)
     sc.pipeline.flush()
     assert len(sc.pipeline.quarantined) == 1 and len(sc.pipeline.windows) >= 1
+
+
+def test_a_clean_chunk_is_stored_as_one_run_and_mixes_with_single_tokens() -> None:
+    messages, records = _spec_messages()
+    key = messages[0][1]
+    per_token = [(k, key, encode_message(k, copy.deepcopy(r))[0]) for k, _, r in messages]
+    turns = [m for m in per_token if m[0] != "observations"]
+    singles = [m for m in per_token if m[0] == "observations"][:3]
+    run = ("observations", key, encode_chunk(_run(records[3:]), counter=records[-1]["counter"]))
+    sc = Scenario(LocalPipeline(ProcessorConfig()), identity=IDENTITY)
+    sc.publish_identity()
+    for kind, k, value in [turns[0], *singles, run]:
+        sc.send(kind, k, value=value)
+    store = sc.pipeline.capture.store
+    runs = [k for k in store if k.startswith("o\x1f") and "\x1fr" in k]
+    singles_stored = [k for k in store if k.startswith("o\x1f") and "\x1fr" not in k]
+    assert len(runs) == 1 and len(singles_stored) == 3  # 3 tokens, then one run of the rest
+    (header,) = [v for k, v in store.items() if k.startswith("h\x1f")]
+    assert header["runs"] == [[records[3]["token_ordinal"], len(records) - 3]]
+    sc.send(turns[1][0], turns[1][1], value=turns[1][2])
+    sc.pipeline.flush()
+    mixed, reference = sc.pipeline, _pipeline_windows(per_token)
+    assert mixed.quarantined == [] and reference.quarantined == []
+    assert mixed.windows and mixed.windows == reference.windows
+    # the finished thread's content is gone: no single token nor run is left behind
+    assert not [k for k in store if k.startswith(("o\x1f", "t\x1f"))]

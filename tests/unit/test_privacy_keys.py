@@ -135,3 +135,17 @@ def test_not_private_store_is_refused(store):
     store.directory.chmod(0o755)
     with pytest.raises(KeyStoreError, match="chmod 700"):
         LocalOwnerKeyStore(store.directory)
+
+
+def test_loaded_keys_are_bounded_and_an_evicted_one_loads_again(tmp_path, monkeypatch):
+    from hebrus_flywheel.core.privacy import keystore
+
+    monkeypatch.setattr(keystore, "KEY_CACHE_ENTRIES", 3)
+    cached = LocalOwnerKeyStore(tmp_path / "owners", create=True, max_age_s=60)
+    names = Pseudonymizer(cached)
+    owners = [names.owner(f"fresh-{i}") for i in range(5)]
+    keys = [cached.data_key(owner, create=True) for owner in owners]
+    assert len(cached._cache) == 3 and (owners[0], None) not in cached._cache
+    # the first owner's key was evicted: read from its file again, the same key
+    assert cached.data_key(owners[0]).generation == keys[0].generation
+    assert cached.data_key(owners[0]).secret == keys[0].secret

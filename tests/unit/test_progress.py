@@ -131,3 +131,21 @@ def test_records_held_for_a_boundary_are_not_a_stall() -> None:
     # new records that are not read: a stall
     assert dog.observe(105, {A: (0, 12)}, {A: 4}, consumed={A: 10}).state == RUNNING
     assert dog.observe(111, {A: (0, 12)}, {A: 4}, consumed={A: 10}).state == STALLED
+
+
+def test_read_offsets_that_move_are_progress_between_commits() -> None:
+    dog = _dog(stall_timeout_s=10)
+    dog.observe(0, {A: (0, 1000)}, {A: 4}, read={A: 100})
+    # no commit for 24 s, but the worker keeps reading: busy, not stalled
+    for t, offset in ((8, 300), (16, 500), (24, 700)):
+        assert dog.observe(t, {A: (0, 1000)}, {A: 4}, read={A: offset}).state == RUNNING
+    # reading stopped too: a stall once the timeout passed since the last read moved
+    assert dog.observe(30, {A: (0, 1000)}, {A: 4}, read={A: 700}).state == RUNNING
+    assert dog.observe(35, {A: (0, 1000)}, {A: 4}, read={A: 700}).state == STALLED
+
+
+def test_everything_read_does_not_excuse_commits_that_never_come() -> None:
+    dog = _dog(stall_timeout_s=10)
+    dog.observe(0, {A: (0, 10)}, {A: 4}, read={A: 9})
+    assert dog.observe(5, {A: (0, 10)}, {A: 4}, read={A: 9}).state == RUNNING
+    assert dog.observe(11, {A: (0, 10)}, {A: 4}, read={A: 9}).state == STALLED
