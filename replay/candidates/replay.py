@@ -144,6 +144,7 @@ class CandidateReplayer:
             feature_dtype=config.feature_dtype, dtype=config.dtype), identity=identity)
         self.teacher, self.drafter, self.config = teacher, drafter, config
         self.identity_id = clean.identity_id
+        self.identity = clean.identity
         self._clean = clean
         self.projection: FeatureProjection = clean.projection
         self._projection_HD = torch.from_numpy(np.array(self.projection.matrix_HD))
