@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import jsonschema
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -83,7 +84,8 @@ def write_epoch(root: Path, labelled: dict[str, Any]) -> dict[str, Any]:
     write_candidate_shard(root, block, items[::-1], layout,
                           identity_id=labelled["identity"]["identity_id"],
                           config_digest="0" * 64, shard=ShardConfig(row_group_rows=16))
-    determinism = {"shard": {"row_group_rows": 16}, "replay_config": labelled["contract"],
+    determinism = {"shard": {"row_group_rows": 16}, "batch_windows": 1, "torch_threads": 1,
+                   "replay_config": labelled["contract"],
                    "geometry": {"layers": layout.layers, "top_k": layout.top_k}}
     dataset = {"identity": labelled["identity"], "determinism": json.loads(json.dumps(
         determinism)), "writer": writer_versions(),
@@ -138,6 +140,8 @@ def test_sealed_epoch_verifies_and_names_its_product(sealed: Path) -> None:
     manifest = load_manifest(sealed / "epoch=0")
     assert manifest.product == PRODUCT_CANDIDATE
     assert manifest["product"] == "candidate_path"
+    schema = Path(__file__).resolve().parents[2] / "docs" / "snapshot-manifest.schema.json"
+    jsonschema.validate(manifest.to_dict(), json.loads(schema.read_text()))
     assert verify_snapshot(sealed / "epoch=0", keys=True)["plaintext_checked"] is True
     snapshot = open_snapshot(sealed / "epoch=0", products=(PRODUCT_CANDIDATE,))
     table = snapshot.read_shard(0, ["proposal_id", "accepted"])
