@@ -31,6 +31,7 @@ from hebrus_flywheel.core.snapshot import (
     content_digest,
     manifest_digest,
     sha256_file,
+    shard_product,
 )
 
 _GEOMETRY_KEYS = ("layers", "top_k", "feature_dim", "hidden_dim", "weight_encoding",
@@ -144,10 +145,13 @@ def build_manifest(*, epoch: int, dataset: Mapping[str, Any], boundary: EpochBou
                    parity: Mapping[str, Any] | None, parity_override: str | None,
                    previous_snapshot: str | None,
                    consent: Mapping[str, Any] | None = None,
-                   replay_throughput: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   replay_throughput: Mapping[str, Any] | None = None,
+                   product: str | None = None) -> dict[str, Any]:
     """The manifest of one epoch, ``snapshot_id`` included; ``consent`` is the seal's
     consent measurement (:mod:`consumers.consent_seal`), absent from a rebuild's;
-    ``replay_throughput`` the replay's measured speed (:mod:`consumers.throughput`)."""
+    ``replay_throughput`` the replay's measured speed (:mod:`consumers.throughput`);
+    ``product`` the replay product the shards hold (None: no field, read as clean-path,
+    what rebuilds of snapshots sealed before the field existed must reproduce)."""
     geometry = _geometry(shards)
     encryption = _encryption(shards)
     identity = dict(dataset["identity"])
@@ -174,6 +178,8 @@ def build_manifest(*, epoch: int, dataset: Mapping[str, Any], boundary: EpochBou
         "parity_override": None if parity_override is None else {"reason": parity_override},
         "encryption": encryption,
     }
+    if product is not None:
+        manifest["product"] = shard_product({"product": product})
     if consent is not None:
         manifest["consent"] = dict(consent)
     if replay_throughput is not None:

@@ -312,7 +312,7 @@ def rebuild_snapshot(config: RebuildConfig, *, teacher: Any = None) -> dict[str,
         shards=shards, parity=manifest["parity"],
         replay_throughput=throughput.summarize(out, manifest["epoch"], shards),
         parity_override=(manifest["parity_override"] or {}).get("reason"),
-        previous_snapshot=manifest["previous_snapshot"])
+        previous_snapshot=manifest["previous_snapshot"], product=manifest.get("product"))
     write_manifest(out, target, rebuilt)
     make_read_only(target)
     diffs = _differences(manifest, rebuilt)

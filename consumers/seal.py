@@ -52,7 +52,7 @@ from hebrus_flywheel.consumers.manifest import (
 )
 from hebrus_flywheel.consumers.shards import epoch_dir
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.core.snapshot import MANIFEST_FILE, load_manifest
+from hebrus_flywheel.core.snapshot import MANIFEST_FILE, PRODUCT_CLEAN, load_manifest
 from hebrus_flywheel.streams.consent import CONSENT_TOPIC, now_ms
 from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.processors.pipeline import capture_topics
@@ -267,7 +267,7 @@ def seal_epoch(config: SealConfig) -> SealResult:
             consent=consent, replay_throughput=throughput.summarize(root, config.epoch, shards),
             epoch=config.epoch, dataset={**dataset, "source": source}, boundary=boundary,
             splits_by_topic=_topics(prefix), shards=shards, parity=parity,
-            parity_override=config.override_parity,
+            parity_override=config.override_parity, product=PRODUCT_CLEAN,
             previous_snapshot=_previous_snapshot(root, config.epoch))
         path = write_manifest(root, edir, manifest)
         make_read_only(edir)

@@ -272,6 +272,14 @@ def sample_token(
     """Pick the next token: greedy when ``temperature == 0``, else filtered sampling."""
     if sampling.temperature == 0.0:
         return int(torch.argmax(logits_V))
+    probs_V = torch.softmax(filtered_scores(logits_V, sampling), dim=-1)
+    return int(torch.multinomial(probs_V, 1, generator=generator))
+
+
+def filtered_scores(logits_V: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Float32 ``logits / temperature`` with the top-k and top-p filters applied (masked
+    tokens at ``-inf``); the softmax of it is what sampled decode draws from
+    (``temperature > 0``)."""
     scores_V = logits_V.to(torch.float32) / sampling.temperature
     if 0 < sampling.top_k < scores_V.numel():
         order_V = torch.sort(scores_V, descending=True, stable=True).indices
@@ -279,8 +287,7 @@ def sample_token(
         scores_V[order_V[sampling.top_k:]] = float("-inf")  # exactly k; ties keep lower ids
     if sampling.top_p < 1.0:
         scores_V = _nucleus(scores_V, sampling.top_p)
-    probs_V = torch.softmax(scores_V, dim=-1)
-    return int(torch.multinomial(probs_V, 1, generator=generator))
+    return scores_V
 
 
 def _nucleus(scores_V: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -126,3 +126,10 @@ class ParityError(ReplayError):
 
 class WindowSourceError(ReplayError):
     """A file or Kafka topic of encoded windows cannot be read."""
+
+
+# --- candidate-path replay ----------------------------------------------------------
+
+
+class CandidateError(ReplayError):
+    """A drafter proposal or a candidate-path replay request is malformed."""

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hebrus_flywheel.core.snapshot.errors import ShardFormatError
-from hebrus_flywheel.core.snapshot.shard import SORT_COLUMNS
+from hebrus_flywheel.core.snapshot.shard import sort_columns_for
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +59,8 @@ def open_writer(sink: Any, schema: pa.Schema, settings: ParquetSettings,
         write_statistics=True, data_page_size=settings.data_page_bytes,
         data_page_version="1.0", dictionary_pagesize_limit=1 << 20, write_batch_size=1024,
         store_schema=True, write_page_index=False, write_page_checksum=True,
-        sorting_columns=[pq.SortingColumn(schema.get_field_index(c)) for c in SORT_COLUMNS],
+        sorting_columns=[pq.SortingColumn(schema.get_field_index(c))
+                         for c in sort_columns_for(schema)],
         encryption_properties=encryption_properties,
     )
 

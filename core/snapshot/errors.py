@@ -25,3 +25,8 @@ class VerifyError(SnapshotContractError):
 class KeyAccessError(SnapshotContractError):
     """An encrypted shard cannot be written or read: no key, the wrong key, or a key file
     that is not private."""
+
+
+class ProductError(SnapshotContractError):
+    """A reader of one replay product (clean-path, candidate-path) was pointed at the
+    other; the two are never mixed unless the caller asks for both explicitly."""

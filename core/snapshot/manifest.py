@@ -28,7 +28,12 @@ from typing import Any
 
 from hebrus_flywheel.core.jsonio import canonical_digest
 from hebrus_flywheel.core.snapshot.errors import ManifestError, ShardFormatError
-from hebrus_flywheel.core.snapshot.shard import CONTRACT_VERSION, ShardLayout
+from hebrus_flywheel.core.snapshot.shard import (
+    CONTRACT_VERSION,
+    PRODUCTS,
+    ShardLayout,
+    shard_product,
+)
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = f"hebrus-flywheel-snapshot/v{CONTRACT_VERSION}"
@@ -107,6 +112,11 @@ class Manifest(Mapping[str, Any]):
     @property
     def snapshot_id(self) -> str:
         return str(self._raw["snapshot_id"])
+
+    @property
+    def product(self) -> str:
+        """``clean_path`` or ``candidate_path``; manifests without the field are clean."""
+        return shard_product(self._raw)
 
     @property
     def content_id(self) -> str:
@@ -190,6 +200,9 @@ def parse_manifest(value: Any, *, where: str = "manifest") -> Manifest:
                             "content; the manifest was edited or damaged; restore it from a copy")
     if not isinstance(value["shards"], list) or not isinstance(value["identity"], dict):
         raise ManifestError(f"{where}: shards must be a list and identity an object")
+    if value.get("product", PRODUCTS[0]) not in PRODUCTS:
+        raise ManifestError(f"{where} names the replay product {value.get('product')!r}; "
+                            f"expected one of {PRODUCTS}")
     shards = tuple(_entry(s, where) for s in value["shards"])
     if len({s.path for s in shards}) != len(shards):
         raise ManifestError(f"{where} lists a shard path twice")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +34,12 @@ from hebrus_flywheel.core.snapshot.crypto import (
     read_parquet,
 )
 from hebrus_flywheel.core.snapshot.encode import ParquetSettings, plaintext_sha256
-from hebrus_flywheel.core.snapshot.errors import KeyAccessError, ShardFormatError, VerifyError
+from hebrus_flywheel.core.snapshot.errors import (
+    KeyAccessError,
+    ProductError,
+    ShardFormatError,
+    VerifyError,
+)
 from hebrus_flywheel.core.snapshot.manifest import (
     MANIFEST_FILE,
     Manifest,
@@ -43,7 +48,12 @@ from hebrus_flywheel.core.snapshot.manifest import (
     load_manifest,
     manifest_path,
 )
-from hebrus_flywheel.core.snapshot.shard import read_shard_metadata
+from hebrus_flywheel.core.snapshot.shard import (
+    PRODUCT_CLEAN,
+    PRODUCTS,
+    read_shard_metadata,
+    shard_product,
+)
 
 
 def sha256_file(path: Path) -> str:
@@ -215,6 +225,7 @@ class SealedSnapshot:
         same = layout is not None and layout.to_dict() == {k: info.get(k)
                                                             for k in layout.to_dict()}
         if (not same or not plain_ok or meta.num_rows != entry.rows
+                or shard_product(info) != self.manifest.product
                 or info.get("split") != entry.split
                 or info.get("identity_id") != self.manifest.identity.get("identity_id")
                 or (groups != [None] and meta.num_row_groups != len(groups))):
@@ -241,15 +252,23 @@ class SealedSnapshot:
 
 def open_snapshot(path: Path, *, expected_id: str | None = None,
                   verify: Literal["lazy", "full"] = "lazy",
-                  crypto: ShardCrypto | None = None) -> SealedSnapshot:
+                  crypto: ShardCrypto | None = None,
+                  products: Collection[str] = (PRODUCT_CLEAN,)) -> SealedSnapshot:
     """Open a sealed epoch from its manifest (``lazy``) or after a full verification.
 
     ``lazy`` reads only ``manifest.json`` now and hashes each shard when first read;
     ``full`` runs :func:`verify_snapshot` first (also refusing extra files). Encrypted
-    shards are read with ``crypto``, else the default local key file.
+    shards are read with ``crypto``, else the default local key file. ``products`` are
+    the replay products the caller reads: clean-path only by default, so a
+    candidate-path snapshot raises :class:`ProductError` (and the reverse with
+    ``products=("candidate_path",)``); pass both to read either.
     """
     if verify not in ("lazy", "full"):
         raise VerifyError(f"verify must be 'lazy' or 'full', got {verify!r}")
+    unknown = sorted(set(products) - set(PRODUCTS))
+    if unknown or not products:
+        raise ProductError(f"products must be a non-empty subset of {PRODUCTS}, got "
+                           f"{sorted(products)}")
     directory = manifest_path(Path(path)).parent
     if verify == "full":
         verify_snapshot(directory, expected_id=expected_id)
@@ -257,4 +276,10 @@ def open_snapshot(path: Path, *, expected_id: str | None = None,
     if expected_id is not None and manifest.snapshot_id != expected_id:
         raise VerifyError(f"snapshot {directory} is {manifest.snapshot_id}, expected "
                           f"{expected_id}; point at the snapshot you meant")
+    if manifest.product not in products:
+        raise ProductError(
+            f"snapshot {manifest.snapshot_id} at {directory} is a {manifest.product} snapshot "
+            f"but this reader reads {sorted(products)}; candidate-path rows (rejected suffixes "
+            "included) must never be read as clean-path state. Pass products=(...) naming "
+            "both products to read it anyway")
     return SealedSnapshot(directory, manifest, hash_on_read=verify == "lazy", crypto=crypto)

@@ -35,6 +35,13 @@ U8_MAX_ABS_ERROR = 0.5 / U8_LEVELS
 """Largest absolute error of one decoded ``weights_u8`` value (``q / 255``)."""
 F16_MAX_REL_ERROR = 2.0 ** -11
 SORT_COLUMNS: tuple[str, ...] = ("source_offset", "token_ordinal")
+PRODUCT_CLEAN = "clean_path"
+PRODUCT_CANDIDATE = "candidate_path"
+PRODUCTS: tuple[str, ...] = (PRODUCT_CLEAN, PRODUCT_CANDIDATE)
+"""The two replay products (design note, "Two different replay products"). Shards and
+manifests without a ``product`` are clean-path (every snapshot before candidate replay)."""
+CANDIDATE_SORT_COLUMNS: tuple[str, ...] = (
+    "source_offset", "anchor_ordinal", "drafter_id", "path_id", "candidate_position")
 
 KEY_SHARD = b"flywheel.shard"
 """Canonical JSON of the whole shard record (lineage + layout); the reader's source of truth."""
@@ -150,7 +157,8 @@ def _field(name: str, dtype: pa.DataType, doc: str, *, nullable: bool = False) -
     return pa.field(name, dtype, nullable=nullable, metadata={b"doc": doc.encode()})
 
 
-def _lineage_fields() -> list[pa.Field]:
+def _source_fields() -> list[pa.Field]:
+    """Where a row came from: the lineage columns both products share."""
     return [
         _field("source_topic", pa.string(), "Kafka topic the window was read from"),
         _field("source_partition", pa.int32(), "partition of that topic"),
@@ -163,6 +171,12 @@ def _lineage_fields() -> list[pa.Field]:
         _field("identity_id", pa.string(), "runtime identity the labels were produced with"),
         _field("domain_tags", pa.list_(pa.field("element", pa.string(), nullable=False)),
                "Window.domain_tags"),
+    ]
+
+
+def _lineage_fields() -> list[pa.Field]:
+    return [
+        *_source_fields(),
         _field("token_ordinal", pa.int64(), "ordinal of the anchor in the thread's tokens"),
         _field("token_id", pa.int32(), "token id at the anchor"),
     ]
@@ -189,6 +203,51 @@ def shard_schema(layout: ShardLayout) -> pa.Schema:
         _field("hidden", _nested(pa.float32(), g.layers, g.hidden_dim),
                "full-width pre-attention hidden states (diagnostic sample only)", nullable=True),
     ])
+
+
+def candidate_shard_schema(layout: ShardLayout) -> pa.Schema:
+    """The Arrow schema of a candidate-path shard: one row per (proposal, path, candidate
+    position), the clean rows' source lineage, and the route at that position. Weights are
+    always IEEE half (``layout.weight_encoding`` must be ``float16``)."""
+    g = layout
+    if g.weight_encoding != "float16":
+        raise ShardFormatError("candidate-path shards store weights_f16; build the layout "
+                               "with weight_encoding='float16'")
+    return pa.schema([
+        *_source_fields(),
+        _field("proposal_id", pa.string(),
+               "sha256 hex of 'window_id|anchor_ordinal|drafter_id'"),
+        _field("anchor_ordinal", pa.int64(), "thread ordinal of the last committed token"),
+        _field("drafter_id", pa.string(), "drafter, e.g. prompt_lookup/n3 or teacher_self"),
+        _field("path_id", pa.int32(), "candidate path rank 0..W-1 (drafter's order)"),
+        _field("candidate_position", pa.int32(), "1..B: position after the anchor"),
+        _field("candidate_token_id", pa.int32(), "drafted token id at that position"),
+        _field("drafter_logprob", pa.float32(), "drafter's natural-log probability of it"),
+        _field("expert_ids", _nested(pa.uint16(), g.layers, g.top_k),
+               "native top-k expert ids per routed layer at this candidate position, rank 0 "
+               "first"),
+        _field("weights_f16", _nested(pa.float16(), g.layers, g.top_k),
+               "router weight as IEEE half precision"),
+        _field("features", _nested(FEATURE_DTYPES[g.feature_dtype][1], g.layers, g.feature_dim),
+               "reduced sidecar input features per routed layer (same projection as clean)"),
+        _field("accepted_prefix_length", pa.int32(), "this path's accepted prefix, 0..B"),
+        _field("accepted_prefix_digest", pa.string(),
+               "sha256 hex of the accepted token ids as int32 little-endian"),
+        _field("accepted", pa.bool_(), "candidate_position <= accepted_prefix_length"),
+    ])
+
+
+def sort_columns_for(schema: pa.Schema) -> tuple[str, ...]:
+    """The columns a shard of ``schema``'s product is sorted by."""
+    return CANDIDATE_SORT_COLUMNS if "proposal_id" in schema.names else SORT_COLUMNS
+
+
+def shard_product(info: Mapping[str, Any]) -> str:
+    """The product a ``flywheel.shard`` record (or a manifest) names; clean when absent."""
+    product = info.get("product", PRODUCT_CLEAN)
+    if product not in PRODUCTS:
+        raise ShardFormatError(f"unknown replay product {product!r}; expected one of {PRODUCTS}")
+    return str(product)
 
 
 def dequantize_weights_u8(q: np.ndarray) -> np.ndarray:
@@ -240,6 +299,7 @@ def read_shard_metadata(metadata: Mapping[bytes, bytes] | None) -> dict[str, Any
         raise ShardFormatError(f"unknown shard format {found!r}; this code reads "
                                f"{SHARD_FORMAT}. Rebuild the snapshot with this version")
     layout = ShardLayout.from_dict(value)
+    shard_product(value)
     expected = shard_metadata(layout, value)
     wrong = [k.decode() for k in METADATA_KEYS if k != KEY_SHARD and meta.get(k) != expected[k]]
     if wrong:
