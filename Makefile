@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install lock pin-jars broker-up broker-down demo test test-unit test-integration lint bench clean
+.PHONY: install lock pin-jars broker-up broker-down storage-up storage-down demo test test-unit test-integration lint bench clean
 
 LOCK := requirements.lock
 # pip-compile's flags for `make lock`; `make lock LOCK_ARGS=--upgrade` moves every pin.
@@ -51,16 +51,23 @@ broker-up: install
 broker-down:
 	-$(BIN)/flywheel broker down
 
+# The embedded S3-compatible store (S3Proxy, TLS, per-role keys) for the s3:// snapshot tests.
+storage-up: install
+	$(BIN)/flywheel storage up
+
+storage-down:
+	-$(BIN)/flywheel storage down
+
 demo: broker-up
 	$(BIN)/python -m hebrus_flywheel.demo
 
-test: broker-up
+test: broker-up storage-up
 	$(BIN)/python -m pytest -q --durations=30 tests
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
-test-integration: broker-up
+test-integration: broker-up storage-up
 	$(BIN)/python -m pytest -q -m integration tests/integration
 
 lint: install
@@ -74,5 +81,5 @@ lint: install
 bench: broker-up
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
 
-clean: broker-down
+clean: broker-down storage-down
 	rm -rf $(VENV) .flywheel demo-out .lint

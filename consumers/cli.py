@@ -147,6 +147,10 @@ def seal_command(
                                                     "identity (recorded)."),
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="Wait for workers this long."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest summary as JSON."),
+    snapshot_root: str | None = typer.Option(
+        None, "--snapshot-root", envvar="FLYWHEEL_SNAPSHOT_ROOT",
+        help="Also publish the sealed epoch to s3://bucket/prefix (shards first, manifest "
+        "last; docs/operations.md). Default: local only."),
 ) -> None:
     """Record the epoch boundary, wait for the workers, write the manifest, make it read-only."""
     declare_role("sealer")
@@ -154,9 +158,11 @@ def seal_command(
 
     result = seal_epoch(SealConfig(dataset=dataset, epoch=epoch,
                                    bootstrap=bootstrap_servers(bootstrap), parity_file=parity,
-                                   override_parity=override_parity, timeout_s=timeout_s))
+                                   override_parity=override_parity, timeout_s=timeout_s,
+                                   snapshot_root=snapshot_root))
     m = result.manifest
     summary = {"snapshot_id": result.snapshot_id, "manifest": str(result.manifest_path),
+               "published": result.published.url if result.published else None,
                "already_sealed": result.already_sealed, "epoch": m["epoch"],
                "totals": m["totals"], "splits": m["splits"],
                "parity_authoritative": bool((m["parity"] or {}).get("authoritative")),
@@ -167,6 +173,8 @@ def seal_command(
     typer.echo(f"sealed epoch {m['epoch']}{' (already sealed)' if result.already_sealed else ''}")
     typer.echo(f"  snapshot id  {result.snapshot_id}")
     typer.echo(f"  manifest     {result.manifest_path}")
+    if result.published is not None:
+        typer.echo(f"  published    {result.published.url}")
     typer.echo(f"  shards {m['totals']['shards']}  windows {m['totals']['windows']}  "
                f"rows {m['totals']['rows']}  bytes {m['totals']['bytes']}")
     typer.echo(f"  parity authoritative: {summary['parity_authoritative']}"
@@ -175,7 +183,8 @@ def seal_command(
 
 
 def verify_command(
-    snapshot: Path = typer.Argument(..., help="Sealed epoch directory or its manifest.json."),
+    snapshot: str = typer.Argument(..., help="Sealed epoch directory, its manifest.json, or "
+                                   "s3://bucket/prefix/epoch=N."),
     snapshot_id: str | None = typer.Option(None, "--snapshot-id", help="Expected snapshot id."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     keys: bool = typer.Option(
@@ -198,7 +207,8 @@ def verify_command(
 
 
 def export_command(
-    snapshot: Path = typer.Argument(..., help="Sealed epoch directory or its manifest.json."),
+    snapshot: str = typer.Argument(..., help="Sealed epoch directory, its manifest.json, or "
+                                   "s3://bucket/prefix/epoch=N."),
     out: Path = typer.Option(..., "--out", help="Directory for the plaintext copies."),
 ) -> None:
     """Write an UNENCRYPTED copy of every shard (checked against the manifest's plaintext
@@ -211,7 +221,8 @@ def export_command(
 
 
 def rebuild_command(
-    snapshot: Path = typer.Option(..., "--snapshot", help="Sealed epoch directory."),
+    snapshot: str = typer.Option(..., "--snapshot", help="Sealed epoch directory or "
+                                 "s3://bucket/prefix/epoch=N."),
     out: Path = typer.Option(..., "--out", help="Output root (epoch=N must not exist)."),
     teacher: Path = typer.Option(..., "--teacher", help="Teacher checkpoint directory."),
     bootstrap: str | None = typer.Option(None, "--bootstrap-servers", help=_BOOTSTRAP_HELP),
@@ -253,7 +264,8 @@ def _snapshots() -> None:
 
 @snapshots_app.command("expire")
 def expire_command(
-    dataset: Path = typer.Option(..., "--dataset", help="Dataset root (holds epoch=N)."),
+    dataset: str = typer.Option(..., "--dataset", help="Dataset root (holds epoch=N), or "
+                                "an s3://bucket/prefix snapshot root."),
     older_than: str = typer.Option(..., "--older-than", metavar="DURATION",
                                    help="Only snapshots sealed longer ago than this "
                                    "(e.g. 7d, 36h, 90m)."),
@@ -265,14 +277,21 @@ def expire_command(
     """Delete the files of old sealed snapshots (never unsealed epochs or the newest N);
     resumes a deletion a killed run left half-done."""
     from hebrus_flywheel.consumers.expire import ExpireConfig, expire_snapshots
+    from hebrus_flywheel.consumers.expire_remote import expire_published
     from hebrus_flywheel.consumers.supersede import purge_superseded
     from hebrus_flywheel.core.durations import parse_duration_ms
+    from hebrus_flywheel.core.storage import is_object_url
 
-    result = expire_snapshots(ExpireConfig(
-        root=dataset, keep=keep, dry_run=dry_run,
-        older_than_ms=parse_duration_ms(older_than, what="--older-than")))
-    # snapshots superseded by `flywheel erase` whose grace period ended go too
-    purged = [] if dry_run else purge_superseded(dataset)
+    older_than_ms = parse_duration_ms(older_than, what="--older-than")
+    purged: list[dict[str, Any]] = []
+    if is_object_url(dataset):
+        result = expire_published(dataset, keep=keep, dry_run=dry_run,
+                                  older_than_ms=older_than_ms)
+    else:
+        result = expire_snapshots(ExpireConfig(root=Path(dataset), keep=keep, dry_run=dry_run,
+                                               older_than_ms=older_than_ms))
+        # snapshots superseded by `flywheel erase` whose grace period ended go too
+        purged = [] if dry_run else purge_superseded(Path(dataset))
     if as_json:
         typer.echo(json.dumps({**result.to_json(), "superseded_deleted": purged}, indent=2,
                               sort_keys=True))
@@ -283,3 +302,22 @@ def expire_command(
         typer.echo(f"removed      superseded snapshot {item['snapshot_id']} (by "
                    f"{item['superseded_by']}): {len(item['deleted']['files'])} files, "
                    f"{item['deleted']['bytes']} bytes, its erasure grace period ended")
+
+
+@snapshots_app.command("publish")
+def publish_command(
+    dataset: Path = typer.Option(..., "--dataset", help="Dataset root holding the sealed "
+                                 "epoch=N."),
+    epoch: int = typer.Option(..., "--epoch", help="The sealed epoch to publish."),
+    snapshot_root: str = typer.Option(..., "--snapshot-root", envvar="FLYWHEEL_SNAPSHOT_ROOT",
+                                      help="s3://bucket/prefix to publish to."),
+) -> None:
+    """Publish (or finish publishing) a sealed local epoch to an s3:// root: shards first,
+    manifest last; also publishes a snapshot that supersedes the one there (erasure)."""
+    from hebrus_flywheel.consumers.publish import publish_epoch
+    from hebrus_flywheel.consumers.shards import epoch_dir
+
+    result = publish_epoch(epoch_dir(dataset, epoch), snapshot_root)
+    state = "already published" if result.already_published else "published"
+    typer.echo(f"{state}: snapshot {result.snapshot_id} ({result.shards} shards) at "
+               f"{result.url}")

@@ -47,3 +47,8 @@ class ExpireError(ConsumersError):
 
 class RebuildError(ConsumersError):
     """A snapshot cannot be rebuilt, or the rebuilt shards differ from the sealed ones."""
+
+
+class PublishError(SealError):
+    """A sealed epoch could not be published to its object store root, or another
+    snapshot already sealed that epoch there."""

@@ -13,7 +13,9 @@ flushing, closing or committing anything) the ``n``-th time (default 1st) it rea
 * ``erase_after_<step>``: ``flywheel erase`` recorded a step as done (``plan``, ``keys``,
   ``changelogs``, ``snapshot``, ``unsealed``, ``checkpoints``, ``purge``);
 * ``erase_before_swap``: a superseding snapshot is written, the old one still live;
-* ``erase_between_renames``: the old snapshot is retired, the new one not yet in place.
+* ``erase_between_renames``: the old snapshot is retired, the new one not yet in place;
+* ``publish_after_shard``: one shard of a sealed epoch is uploaded to its ``s3://`` root;
+* ``publish_before_manifest``: every shard is uploaded, the manifest (commit point) is not.
 
 Unset (the normal case), :func:`hit` costs one dictionary look-up.
 """
@@ -27,7 +29,8 @@ from collections import Counter
 FAULT_ENV = "FLYWHEEL_FAULT"
 FAULT_EXIT_STATUS = 137
 POINTS = ("after_batch", "mid_write", "before_rename", "after_rename", "after_commit",
-          "erase_before_swap", "erase_between_renames")
+          "erase_before_swap", "erase_between_renames", "publish_after_shard",
+          "publish_before_manifest")
 _hits: Counter[str] = Counter()
 
 

@@ -65,6 +65,8 @@ from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.execution import parse_kernel_path
 from hebrus_flywheel.core.snapshot import load_manifest
+from hebrus_flywheel.core.snapshot.remote import remote_manifest
+from hebrus_flywheel.core.storage import is_object_url
 from hebrus_flywheel.streams.consent import CONSENT_TOPIC, now_ms, scope_for_split
 from hebrus_flywheel.streams.consent_book import ConsentBook
 
@@ -76,7 +78,9 @@ class RebuildConfig:
     """One rebuild.
 
     Fields:
-        snapshot: sealed epoch directory (or its manifest.json).
+        snapshot: sealed epoch directory (or its manifest.json), or
+            ``s3://bucket/prefix/epoch=N`` (only its manifest is read: the rows come from
+            the topics).
         out: output dataset root; ``out/epoch=N`` must not exist yet.
         teacher: teacher checkpoint directory; its identity must be the snapshot's.
         bootstrap: Kafka bootstrap servers holding the snapshot's window topics.
@@ -87,7 +91,7 @@ class RebuildConfig:
             them to match the snapshot's, and replay the regenerated ones.
     """
 
-    snapshot: Path
+    snapshot: Path | str
     out: Path
     teacher: Path
     bootstrap: str
@@ -290,7 +294,9 @@ def _differences(original: dict[str, Any], rebuilt: dict[str, Any]) -> list[str]
 
 def rebuild_snapshot(config: RebuildConfig, *, teacher: Any = None) -> dict[str, Any]:
     """Rebuild one sealed epoch into ``config.out`` and compare it; a report dict."""
-    manifest = load_manifest(config.snapshot).to_dict()
+    source = config.snapshot
+    manifest = (remote_manifest(source)[0] if isinstance(source, str) and is_object_url(source)
+                else load_manifest(Path(source))).to_dict()
     out = Path(config.out).resolve()
     target = epoch_dir(out, manifest["epoch"])
     if target.exists():

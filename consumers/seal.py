@@ -19,6 +19,9 @@ Steps (each is safe to repeat; re-running a seal resumes where it stopped):
    ``capture_end`` and every streams run recorded so far (:mod:`streams.processors.runs`:
    each worker start's full configuration and capture start offsets), which is what
    ``flywheel rebuild --from-capture`` needs to run the stream processors again.
+5. With ``--snapshot-root s3://bucket/prefix`` (or ``$FLYWHEEL_SNAPSHOT_ROOT``), publish
+   the sealed epoch there (:mod:`.publish`: claim, shards, manifest last); a re-run of a
+   seal whose publication crashed completes it.
 """
 
 from __future__ import annotations
@@ -50,9 +53,11 @@ from hebrus_flywheel.consumers.manifest import (
     make_read_only,
     write_manifest,
 )
+from hebrus_flywheel.consumers.publish import PublishResult, publish_epoch
 from hebrus_flywheel.consumers.shards import epoch_dir
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.snapshot import MANIFEST_FILE, PRODUCT_CLEAN, load_manifest
+from hebrus_flywheel.core.storage import is_object_url
 from hebrus_flywheel.streams.consent import CONSENT_TOPIC, now_ms
 from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.processors.pipeline import capture_topics
@@ -75,6 +80,8 @@ class SealConfig:
         timeout_s: how long to wait for the workers to reach the boundary.
         poll_interval_s: how often the group's committed offsets are checked.
         intent_ttl_s: how long workers honour the seal intent if no boundary follows.
+        snapshot_root: ``s3://bucket/prefix`` to publish the sealed epoch to
+            (:mod:`.publish`: shards first, manifest last); None keeps it local only.
     """
 
     dataset: Path
@@ -85,8 +92,12 @@ class SealConfig:
     timeout_s: float = 600.0
     poll_interval_s: float = 1.0
     intent_ttl_s: float = 120.0
+    snapshot_root: str | None = None
 
     def __post_init__(self) -> None:
+        if self.snapshot_root is not None and not is_object_url(self.snapshot_root):
+            raise ConfigError(f"SealConfig.snapshot_root must be s3://bucket/prefix, got "
+                              f"{self.snapshot_root!r}")
         if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
             raise ConfigError(f"SealConfig.epoch must be an integer >= 0, got {self.epoch!r}")
         for name in ("timeout_s", "poll_interval_s", "intent_ttl_s"):
@@ -104,6 +115,7 @@ class SealResult:
     manifest_path: Path
     manifest: dict[str, Any]
     already_sealed: bool
+    published: PublishResult | None = None
 
 
 def _topics(prefix: str) -> dict[str, str]:
@@ -250,7 +262,7 @@ def seal_epoch(config: SealConfig) -> SealResult:
     if (edir / MANIFEST_FILE).exists():
         manifest = load_manifest(edir).to_dict()
         return SealResult(snapshot_id=manifest["snapshot_id"], manifest_path=edir / MANIFEST_FILE,
-                          manifest=manifest, already_sealed=True)
+                          manifest=manifest, already_sealed=True, published=_publish(config, edir))
     prefix, group_id = dataset["source"]["prefix"], dataset["source"]["group_id"]
     channel = ControlChannel(config.bootstrap, prefix + CONTROL_TOPIC)
     try:
@@ -275,4 +287,12 @@ def seal_epoch(config: SealConfig) -> SealResult:
     finally:
         channel.close()
     return SealResult(snapshot_id=manifest["snapshot_id"], manifest_path=path, manifest=manifest,
-                      already_sealed=False)
+                      already_sealed=False, published=_publish(config, edir))
+
+
+def _publish(config: SealConfig, edir: Path) -> PublishResult | None:
+    """Publish the sealed ``edir`` to the configured object store root (resumes a crashed
+    publication; idempotent)."""
+    if config.snapshot_root is None:
+        return None
+    return publish_epoch(edir, config.snapshot_root)

@@ -47,11 +47,14 @@ def _mount_subapps() -> None:
     from hebrus_flywheel.streams.cli import broker_app, topics_app
     from hebrus_flywheel.streams.consent_cli import consent_app
     from hebrus_flywheel.streams.processors.cli import streams_app
+    from hebrus_flywheel.streams.storage_cli import storage_app
     from hebrus_flywheel.train.cli import evaluate_command, predictors_command, train_command
     from hebrus_flywheel.train.qualify_cli import qualify_command
 
     app.add_typer(broker_app, name="broker",
                   help="Run the embedded Kafka (KRaft): one node or a local cluster.")
+    app.add_typer(storage_app, name="storage",
+                  help="Run the embedded S3-compatible store (snapshot roots s3://...).")
     app.add_typer(topics_app, name="topics", help="Create and describe the topic catalogue.")
     app.add_typer(consent_app, name="consent", help="Grant, revoke and list owners' consent.")
     app.add_typer(teacher_app, name="teacher", help="Create or describe a frozen teacher.")

@@ -26,6 +26,7 @@ import typer
 from hebrus_flywheel.core.execution import device_option
 from hebrus_flywheel.core.kafka.security import declare_role
 from hebrus_flywheel.core.runner import offline_environment, run_app
+from hebrus_flywheel.core.snapshot.remote import localize
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,8 @@ def _print_consent(report: dict[str, Any]) -> None:
 
 
 def train_command(
-    snapshot: Path = typer.Option(..., "--snapshot", help="Sealed epoch directory (or its "
-                                  "manifest.json)."),
+    snapshot_arg: str = typer.Option(..., "--snapshot", help="Sealed epoch directory (or its "
+                                     "manifest.json), or s3://bucket/prefix/epoch=N."),
     out: Path = typer.Option(..., "--out", help="Checkpoint directory to write."),
     config: Path | None = typer.Option(None, "--config", help="TOML training config."),
     seed: int | None = typer.Option(None, "--seed", help="Override the config's seed."),
@@ -118,6 +119,7 @@ def train_command(
 ) -> None:
     """Train a route sidecar or predictor on a snapshot's train split (DDP under torchrun)."""
     declare_role("trainer")
+    snapshot = localize(snapshot_arg)
     from hebrus_flywheel.train.config import load_config
     from hebrus_flywheel.train.trainer import train
 
@@ -140,7 +142,8 @@ def train_command(
 
 
 def evaluate_command(
-    snapshot: Path = typer.Option(..., "--snapshot", help="Sealed epoch directory."),
+    snapshot_arg: str = typer.Option(..., "--snapshot", help="Sealed epoch directory or "
+                                     "s3://bucket/prefix/epoch=N."),
     checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint directory or file."),
     out: Path | None = typer.Option(None, "--out", help="Write the full JSON report here."),
     teacher: Path | None = typer.Option(None, "--teacher", help="The snapshot's teacher "
@@ -156,6 +159,7 @@ def evaluate_command(
     no_consent_ledger: bool = _NO_LEDGER,
 ) -> None:
     """Score every control and the checkpoint on the evaluation splits; print a table."""
+    snapshot = localize(snapshot_arg)
     declare_role("trainer")
     from hebrus_flywheel.train.evaluate import EvaluateConfig, evaluate, write_report
 
@@ -173,7 +177,8 @@ def evaluate_command(
 
 
 def predictors_command(
-    snapshot: Path = typer.Option(..., "--snapshot", help="Sealed epoch directory."),
+    snapshot_arg: str = typer.Option(..., "--snapshot", help="Sealed epoch directory or "
+                                     "s3://bucket/prefix/epoch=N."),
     out: Path = typer.Option(..., "--out", help="Directory for predictor-figures.jsonl, "
                              "predictor-summary.json and predictor-report.md."),
     teacher: Path | None = typer.Option(None, "--teacher", help="The snapshot's teacher: "
@@ -189,6 +194,7 @@ def predictors_command(
                                 "one is fastest on a shared CPU)."),
 ) -> None:
     """Train the predictor ablation; score it and every control at budgets k..4k."""
+    snapshot = localize(snapshot_arg)
     declare_role("trainer")
     import torch
 

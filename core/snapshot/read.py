@@ -48,12 +48,14 @@ from hebrus_flywheel.core.snapshot.manifest import (
     load_manifest,
     manifest_path,
 )
+from hebrus_flywheel.core.snapshot.remote import fetch_snapshot, fresh_copy
 from hebrus_flywheel.core.snapshot.shard import (
     PRODUCT_CLEAN,
     PRODUCTS,
     read_shard_metadata,
     shard_product,
 )
+from hebrus_flywheel.core.storage import is_object_url
 
 
 def sha256_file(path: Path) -> str:
@@ -128,14 +130,23 @@ def _plaintext_problems(directory: Path, manifest: Manifest,
     return problems
 
 
-def verify_snapshot(snapshot: Path, *, expected_id: str | None = None, keys: bool = False,
-                    crypto: ShardCrypto | None = None) -> dict[str, Any]:
+def verify_snapshot(snapshot: Path | str, *, expected_id: str | None = None,
+                    keys: bool = False, crypto: ShardCrypto | None = None) -> dict[str, Any]:
     """Verify a sealed epoch; a summary on success, VerifyError listing every problem.
 
     Without ``keys`` no key is needed (ciphertext digests); with ``keys`` every shard is
     also decrypted and its plaintext digest compared (KeyAccessError without the KEK).
+    An ``s3://.../epoch=N`` is downloaded afresh (every object, extra ones included) and
+    verified the same way.
     """
-    directory = manifest_path(snapshot).parent
+    if isinstance(snapshot, str) and is_object_url(snapshot):
+        try:
+            with fresh_copy(snapshot) as copy:
+                return {**verify_snapshot(copy, expected_id=expected_id, keys=keys,
+                                          crypto=crypto), "location": snapshot}
+        except ManifestError as exc:
+            raise VerifyError(f"snapshot {snapshot} failed verification: {exc}") from exc
+    directory = manifest_path(Path(snapshot)).parent
     try:
         manifest = load_manifest(directory)
     except ManifestError as exc:
@@ -250,7 +261,7 @@ class SealedSnapshot:
             raise VerifyError(f"cannot read {path}: {exc}; verify the snapshot") from exc
 
 
-def open_snapshot(path: Path, *, expected_id: str | None = None,
+def open_snapshot(path: Path | str, *, expected_id: str | None = None,
                   verify: Literal["lazy", "full"] = "lazy",
                   crypto: ShardCrypto | None = None,
                   products: Collection[str] = (PRODUCT_CLEAN,)) -> SealedSnapshot:
@@ -258,9 +269,10 @@ def open_snapshot(path: Path, *, expected_id: str | None = None,
 
     ``lazy`` reads only ``manifest.json`` now and hashes each shard when first read;
     ``full`` runs :func:`verify_snapshot` first (also refusing extra files). Encrypted
-    shards are read with ``crypto``, else the default local key file. ``products`` are
-    the replay products the caller reads: clean-path only by default, so a
-    candidate-path snapshot raises :class:`ProductError` (and the reverse with
+    shards are read with ``crypto``, else the default local key file. An
+    ``s3://.../epoch=N`` is read from its checked local cache (:mod:`.remote`).
+    ``products`` are the replay products the caller reads: clean-path only by default,
+    so a candidate-path snapshot raises :class:`ProductError` (and the reverse with
     ``products=("candidate_path",)``); pass both to read either.
     """
     if verify not in ("lazy", "full"):
@@ -269,7 +281,8 @@ def open_snapshot(path: Path, *, expected_id: str | None = None,
     if unknown or not products:
         raise ProductError(f"products must be a non-empty subset of {PRODUCTS}, got "
                            f"{sorted(products)}")
-    directory = manifest_path(Path(path)).parent
+    local = fetch_snapshot(path) if isinstance(path, str) and is_object_url(path) else Path(path)
+    directory = manifest_path(local).parent
     if verify == "full":
         verify_snapshot(directory, expected_id=expected_id)
     manifest = load_manifest(directory)

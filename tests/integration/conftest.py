@@ -131,3 +131,19 @@ def topic_factory(kafka_bootstrap: str) -> Iterator[TopicFactory]:
     factory = TopicFactory(kafka_bootstrap)
     yield factory
     factory.cleanup()
+
+
+@pytest.fixture(scope="session")
+def s3_root() -> Iterator[str]:
+    """``s3://flywheel-snapshots/t-<uuid>`` on the embedded S3Proxy of ``$FLYWHEEL_HOME``
+    (started here if it is not running yet and left running, like the broker; ``make
+    test`` starts it first); every object under the prefix is deleted afterwards."""
+    from hebrus_flywheel.core.storage import WRITE_ROLE, S3Store, s3_target
+    from hebrus_flywheel.core.storage.config import DEFAULT_BUCKET
+    from hebrus_flywheel.streams.storage_server import EmbeddedStorage
+
+    EmbeddedStorage().up()
+    root = f"s3://{DEFAULT_BUCKET}/t-{uuid.uuid4().hex[:12]}"
+    yield root
+    store = S3Store(root, s3_target(WRITE_ROLE))
+    store.delete(list(store.objects("")))

@@ -97,7 +97,7 @@ def test_every_service_command_parses_with_the_cli(services: dict[str, Any]) -> 
     assert parsed["replay-worker"] == "replay worker"
     assert parsed["streams-worker"] == "streams worker"
     assert set(parsed) == {"kafka-config", "topics", "teacher", "streams-worker",
-                           "replay-worker"}
+                           "replay-worker", "storage-config"}
     replay = services["replay-worker"]["command"]
     teacher = services["teacher"]["command"][-1]
     assert _option(replay, "--teacher") in teacher  # the one-shot creates what it loads
@@ -179,3 +179,29 @@ def test_each_worker_mounts_only_its_role_and_scales(services: dict[str, Any],
         # --scale: no fixed container name, host port or static group member id
         assert not {"container_name", "ports"} & set(service)
         assert "--instance-id" not in service["command"]
+
+
+def test_the_object_store_runs_the_pinned_s3proxy_on_the_rendered_properties(
+        services: dict[str, Any], tmp_path: Path) -> None:
+    """The S3Proxy image tag is the pom's version; its --properties files are the ones
+    `storage render-config` writes (rendered here with the compose arguments)."""
+    from hebrus_flywheel.streams.storage_server import POM_PATH, render_config
+
+    store, config = services["object-store"], services["storage-config"]["command"]
+    version = POM_PATH.read_text().split("<s3proxy.version>")[1].split("<")[0]
+    assert store["image"] == f"andrewgaul/s3proxy:s3proxy-{version}"
+    mount = Path(_option(config, "--mount"))
+    written = render_config(tmp_path, host=_option(config, "--host"),
+                            port=int(_option(config, "--port")), mount=mount,
+                            data_dir=Path(_option(config, "--data-dir")))
+    entry = store["entrypoint"]
+    wanted = [entry[i + 1] for i, a in enumerate(entry) if a == "--properties"]
+    assert wanted == [str(mount / p.name) for p in written]
+    home = services["storage-config"]["volumes"][0].split(":")[1]
+    assert str(mount).startswith(home) and _option(config, "--home") == home
+    text = written[0].read_text()
+    assert f"s3proxy.secure-endpoint=https://0.0.0.0:{_option(config, '--port')}" in text
+    assert f"s3proxy.keystore-path={mount}/keystore.p12" in text
+    assert "read-only-blobstore=true" in written[1].read_text()
+    endpoint = services["replay-worker"]["environment"]["FLYWHEEL_S3_ENDPOINT"]
+    assert endpoint == f"https://object-store:{_option(config, '--port')}"

@@ -1,0 +1,96 @@
+"""``flywheel storage up|down|status|credentials|pin-jars``: the embedded S3-compatible
+store (:mod:`streams.storage_server`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hebrus_flywheel.core.storage.config import (
+    ACCESS_ENV,
+    CA_ENV,
+    DEFAULT_BUCKET,
+    ENDPOINT_ENV,
+    SECRET_ENV,
+    STORAGE_ROLES,
+    s3_target,
+)
+from hebrus_flywheel.streams.cli import _fail_cleanly
+from hebrus_flywheel.streams.storage_server import EmbeddedStorage, pin_jars, render_config
+
+storage_app = typer.Typer(
+    help="Run the embedded S3-compatible store (S3Proxy on loopback, TLS, per-role keys).",
+    no_args_is_help=True)
+
+
+@storage_app.command("up")
+@_fail_cleanly
+def storage_up(timeout_s: Annotated[float, typer.Option("--timeout-s")] = 120.0) -> None:
+    """Start the store (jars, certificate and keys made on the first start)."""
+    store = EmbeddedStorage()
+    started = store.up(timeout_s)
+    status = store.status()
+    typer.echo(f"{'started' if started else 'already running'}: S3 store on {status.endpoint} "
+               f"(pid {status.pid}), bucket s3://{DEFAULT_BUCKET}, data {status.data_dir}")
+
+
+@storage_app.command("down")
+@_fail_cleanly
+def storage_down() -> None:
+    """Stop the store (its data stays)."""
+    stopped = EmbeddedStorage().down()
+    typer.echo("stopped" if stopped else "not running")
+
+
+@storage_app.command("status")
+@_fail_cleanly
+def storage_status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Whether the store runs and answers on its port."""
+    status = EmbeddedStorage().status()
+    view = {"running": status.running, "pid": status.pid, "endpoint": status.endpoint,
+            "reachable": status.reachable, "data_dir": str(status.data_dir),
+            "log_file": str(status.log_file)}
+    typer.echo(json.dumps(view, indent=2) if as_json else
+               "  ".join(f"{k}={v}" for k, v in view.items()))
+    if not status.running:
+        raise SystemExit(1)
+
+
+@storage_app.command("credentials")
+@_fail_cleanly
+def storage_credentials(role: Annotated[str, typer.Option(
+        "--role", help=f"One of {', '.join(STORAGE_ROLES)}.")]) -> None:
+    """Print the role's settings as shell exports (contains the secret key)."""
+    target = s3_target(role)
+    typer.echo(f"export {ENDPOINT_ENV}={target.endpoint or ''}")
+    typer.echo(f"export {CA_ENV}={target.ca_bundle or ''}")
+    typer.echo(f"export {ACCESS_ENV}={target.access_key}")
+    typer.echo(f"export {SECRET_ENV}={target.secret_key}")
+
+
+@storage_app.command("render-config")
+@_fail_cleanly
+def storage_render_config(
+    home: Annotated[Path, typer.Option("--home", help="FLYWHEEL_HOME the clients share (a "
+                                       "volume): keys go to <home>/storage/security.")],
+    host: Annotated[str, typer.Option("--host", help="The store's host name (certificate).")],
+    port: Annotated[int, typer.Option("--port", help="The TLS port S3Proxy listens on.")],
+    mount: Annotated[Path, typer.Option("--mount", help="Where S3Proxy sees "
+                                        "<home>/storage/security.")],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="S3Proxy's backend directory "
+                                           "(a volume).")],
+) -> None:
+    """Write the store's certificate, per-role keys and S3Proxy properties for a container
+    (compose.yaml); keys are kept when present."""
+    for path in render_config(home, host=host, port=port, mount=mount, data_dir=data_dir):
+        typer.echo(f"wrote {path}")
+
+
+@storage_app.command("pin-jars")
+@_fail_cleanly
+def storage_pin_jars() -> None:
+    """Resolve the S3Proxy jars afresh and rewrite streams/s3proxy/jars.sha256."""
+    typer.echo(f"wrote {pin_jars()}; review the diff and commit it")
