@@ -19,16 +19,17 @@ from hebrus_flywheel.core.snapshot.crypto import ShardCrypto
 from hebrus_flywheel.core.snapshot.encode import ParquetSettings, plaintext_encoding
 from hebrus_flywheel.core.snapshot.errors import VerifyError
 from hebrus_flywheel.core.snapshot.read import open_snapshot
+from hebrus_flywheel.core.snapshot.shard import PRODUCTS
 
 
-def export_plaintext(snapshot: Path, out: Path, *,
+def export_plaintext(snapshot: Path | str, out: Path, *,
                      crypto: ShardCrypto | None = None) -> list[Path]:
     """Write every shard of ``snapshot`` unencrypted under ``out`` (same relative paths).
 
     VerifyError when a decrypted shard does not re-encode to its ``plaintext_sha256``;
     KeyAccessError without the snapshot's KEK.
     """
-    sealed = open_snapshot(snapshot, verify="full", crypto=crypto)
+    sealed = open_snapshot(snapshot, verify="full", crypto=crypto, products=PRODUCTS)
     settings = ParquetSettings.from_mapping(sealed.manifest["determinism"].get("shard") or {})
     out = Path(out)
     written = []
