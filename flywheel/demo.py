@@ -83,11 +83,13 @@ def _pretrain_teacher(ctx: DemoContext) -> None:
         preset=DEFAULT_PRESET, steps=steps))
     before, after = record["held_out_before"], record["held_out_after"]
     print(f"[teacher] {'reusing' if reused else 'pretrained'} {ctx.teacher_dir.name}: "
-          f"{record['steps_run']} steps ({record['stopped']}), held-out loss "
+          f"{record['steps_run']} steps ({record.get('seconds_per_step', '?')} s/step), "
+          f"held-out loss "
           f"{before['loss']:.3f} -> {after['loss']:.3f}, expert-load entropy "
           f"{after['mean_load_entropy']:.3f}, {record['total_seconds']} s to build")
     ctx.results["teacher_pretrain"] = {k: record[k] for k in (
-        "held_out_before", "held_out_after", "steps_run", "stopped", "total_seconds")}
+        "held_out_before", "held_out_after", "steps_run", "total_seconds")}
+    ctx.results["teacher_pretrain"]["config_digest"] = record.get("config_digest")
     ctx.results["teacher_digest"] = artifact_digest(ctx.teacher_dir)
 
 
@@ -325,19 +327,19 @@ def _chosen_predictor(ctx: DemoContext) -> dict[str, Any]:
 
 def _stage_train(ctx: DemoContext) -> None:
     """Train, save and (later) qualify the predictor the ablation chose on validation."""
-    from hebrus_flywheel.train.predictor_bench import TRAIN_TOML, train_arguments
+    from hebrus_flywheel.train.predictor_bench import BenchConfig, train_arguments, train_toml
 
     chosen = _chosen_predictor(ctx)
     ctx.results["trained_predictor"] = chosen
     config = ctx.run_dir / "train.toml"
-    atomic_write_text(config, TRAIN_TOML)
+    bench = BenchConfig(steps=_predictor_steps())  # the ablation's recipe, not a cousin
+    atomic_write_text(config, train_toml(bench))
     ctx.checkpoint_dir = ctx.run_dir / "checkpoint"
-    steps = os.environ.get("FLYWHEEL_DEMO_TRAIN_STEPS", "600")
-    print(f"[train] the ablation's choice on validation: {chosen['name']}")
+    print(f"[train] the ablation's choice on validation: {chosen['name']} (its recipe)")
     lines = _flywheel("train", "--snapshot", str(ctx.snapshot_dir), "--out",
-                      str(ctx.checkpoint_dir), "--max-steps", steps, "--no-progress",
+                      str(ctx.checkpoint_dir), "--no-progress",
                       "--config", str(config), "--teacher", str(ctx.teacher_dir),
-                      *train_arguments(chosen), log_name="train", ctx=ctx)
+                      *train_arguments(chosen, bench), log_name="train", ctx=ctx)
     _print_lines("train", lines[-6:])
 
 
@@ -350,8 +352,13 @@ def _stage_evaluate(ctx: DemoContext) -> None:
     _print_lines("evaluate", lines)
 
 
+def _predictor_steps() -> int:
+    """Most optimiser steps of every predictor (ablation and checkpoint alike)."""
+    return int(os.environ.get("FLYWHEEL_DEMO_PREDICTOR_STEPS", "300"))
+
+
 def _stage_predictors(ctx: DemoContext) -> None:
-    steps = os.environ.get("FLYWHEEL_DEMO_PREDICTOR_STEPS", "300")
+    steps = str(_predictor_steps())
     widths = os.environ.get("FLYWHEEL_DEMO_PREDICTOR_WIDTHS", "32,64,128").split(",")
     lines = _flywheel("predictors", "--snapshot", str(ctx.snapshot_dir), "--teacher",
                       str(ctx.teacher_dir), "--out", str(ctx.run_dir), "--steps", steps,

@@ -116,8 +116,9 @@ def pretrain_command(
     preset: str = typer.Option("tiny-qwen3-next", "--preset", help="Teacher preset name."),
     seed: int = typer.Option(0, "--seed", help="Init, corpus-sample and batch-order seed."),
     steps: int = typer.Option(100, "--steps", help="Optimiser steps (the deterministic budget)."),
-    max_seconds: float = typer.Option(240.0, "--max-seconds",
-                                      help="Safety cap on training time (stops early)."),
+    max_seconds: float = typer.Option(
+        1800.0, "--max-seconds", help="Safety ceiling on training time: past it the run "
+        "fails and saves nothing (never a shorter teacher); not part of the cache key."),
     batch_size: int = typer.Option(8, "--batch-size", help="Sequences per step."),
     seq_len: int = typer.Option(128, "--seq-len", help="Tokens per sequence."),
     corpus_bytes: int = typer.Option(3_000_000, "--corpus-bytes",
@@ -139,7 +140,7 @@ def pretrain_command(
         return
     before, after = record["held_out_before"], record["held_out_after"]
     typer.echo(f"{'reused' if reused else 'pretrained'} teacher {preset} in {path}: "
-               f"{record['steps_run']} steps ({record['stopped']}) on "
+               f"{record['steps_run']} steps ({record.get('seconds_per_step', '?')} s/step) on "
                f"{record['train_tokens']} tokens of {record['corpus_files']} local files "
                f"[{record['total_seconds']} s]")
     typer.echo(f"  held-out loss {before['loss']:.3f} -> {after['loss']:.3f} nats/token; "

@@ -8,12 +8,15 @@ download): the installed Python packages' sources and docs (``*.py``, ``*.md``,
 documentation (``/usr/share/doc``). The objective is next-token cross-entropy plus the
 standard (Switch/Mixtral) MoE load-balancing loss, ``router_aux_loss_coef * aux``.
 
-Determinism: given the seed, the step budget and the corpus list (recorded with its
-digest in ``flywheel_teacher.json``), the weights are the same on the same torch build
-and thread count. The corpus is a seeded sample of the candidate files (ranked by
-SHA-256 of seed and relative path, up to ``corpus_bytes``); every 20th sampled file is
-held out for the held-out loss. ``max_seconds`` is a safety cap: a run that hits it
-records ``stopped: "time"`` and is then only as deterministic as the machine's speed.
+Determinism: the budget is a number of optimiser steps, never wall time. Given the
+seed, the step budget and the corpus list (recorded with its digest in
+``flywheel_teacher.json``), the weights are the same on the same torch build and thread
+count, however loaded the machine. The corpus is a seeded sample of the candidate files
+(ranked by SHA-256 of seed and relative path, up to ``corpus_bytes``); every 20th
+sampled file is held out for the held-out loss. ``max_seconds`` is only a safety
+ceiling: a run that passes it fails loudly (:class:`TeacherError`) instead of saving a
+shorter, machine-dependent teacher. It is not part of the teacher's identity: the cache
+key is :func:`config_digest` of every other field.
 
 The corpus is tokenized with the flywheel's own tokenizer (:mod:`replay.tokenizer`),
 the one written beside the weights. Reports: held-out loss (nats/token) before and
@@ -52,7 +55,8 @@ HELD_OUT_EVERY = 20
 
 @dataclass(frozen=True, kw_only=True)
 class PretrainConfig:
-    """Budget and corpus of one pretraining run (every field enters the cache key)."""
+    """Budget and corpus of one pretraining run (every field but ``max_seconds`` enters
+    the cache key, :func:`config_digest`)."""
 
     preset: str = "tiny-qwen3-next"
     """Teacher preset (geometry) to initialise and train."""
@@ -60,8 +64,9 @@ class PretrainConfig:
     """Initialisation, corpus-sampling and batch-order seed."""
     steps: int = 100
     """Optimiser steps: the deterministic budget."""
-    max_seconds: float = 240.0
-    """Safety cap on training wall time (the run stops early and says so)."""
+    max_seconds: float = 1800.0
+    """Safety ceiling on training wall time: past it the run fails (never a shorter
+    teacher). Not part of the cache key."""
     batch_size: int = 8
     """Sequences per step."""
     seq_len: int = 128
@@ -100,6 +105,13 @@ class PretrainConfig:
         object.__setattr__(self, "corpus_roots", tuple(str(r) for r in self.corpus_roots))
         if not (math.isfinite(self.aux_loss_coef) and self.aux_loss_coef >= 0):
             raise ConfigError("PretrainConfig.aux_loss_coef must be >= 0")
+
+
+def config_digest(config: PretrainConfig) -> str:
+    """SHA-256 of the fields that decide the weights (all but ``max_seconds``)."""
+    fields = {k: v for k, v in asdict(config).items() if k != "max_seconds"}
+    body = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=list)
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def corpus_roots() -> list[Path]:
@@ -214,15 +226,20 @@ def held_out_figures(model: Any, stream: np.ndarray, config: PretrainConfig) -> 
 
 
 def train_model(model: Any, stream: np.ndarray, config: PretrainConfig) -> dict[str, Any]:
-    """The training loop; returns steps run, why it stopped and the loss trace."""
+    """The training loop: exactly ``config.steps`` steps; returns the loss trace.
+    Raises :class:`TeacherError` past ``max_seconds`` (the safety ceiling)."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
     rng = np.random.default_rng(config.seed)
-    started, trace, stopped, step = time.perf_counter(), [], "steps", 0
+    started, trace = time.perf_counter(), []
     for step in range(config.steps):
-        if time.perf_counter() - started > config.max_seconds:
-            stopped = "time"
-            break
+        elapsed = time.perf_counter() - started
+        if elapsed > config.max_seconds:
+            raise TeacherError(
+                f"teacher pretraining passed its safety ceiling of {config.max_seconds:.0f} s "
+                f"after {step} of {config.steps} steps; the machine is slower or busier than "
+                "planned. Nothing was saved: raise --max-seconds (the teacher is the same "
+                "either way) or lower --steps (a different teacher)")
         for group in optimizer.param_groups:
             group["lr"] = _lr(step, config)
         ids = _windows(stream, rng, config.batch_size, config.seq_len)
@@ -234,10 +251,10 @@ def train_model(model: Any, stream: np.ndarray, config: PretrainConfig) -> dict[
         if step % 25 == 0 or step == config.steps - 1:
             trace.append({"step": step, "loss": round(float(out.loss.detach()), 4),
                           "aux": round(float(out.aux_loss.detach()), 4)})
-    else:
-        step = config.steps
-    return {"steps_run": step, "stopped": stopped, "trace": trace,
-            "train_seconds": round(time.perf_counter() - started, 1)}
+    seconds = time.perf_counter() - started
+    return {"steps_run": config.steps, "stopped": "steps", "trace": trace,
+            "train_seconds": round(seconds, 1),
+            "seconds_per_step": round(seconds / config.steps, 3)}
 
 
 def cached(out_dir: Path, config: PretrainConfig) -> dict[str, Any] | None:
@@ -248,7 +265,7 @@ def cached(out_dir: Path, config: PretrainConfig) -> dict[str, Any] | None:
         return None
     manifest = read_manifest(out_dir) or {}
     record = manifest.get("pretrain") or {}
-    return record if record.get("config") == json.loads(json.dumps(asdict(config))) else None
+    return record if record.get("config_digest") == config_digest(config) else None
 
 
 def _manifest(config: PretrainConfig, record: dict[str, Any]) -> str:
@@ -294,6 +311,7 @@ def _pretrain_into(target: Path, config: PretrainConfig) -> dict[str, Any]:
     with _quiet_progress():
         model.save_pretrained(target)
     record = {"format": PRETRAIN_FORMAT, "config": asdict(config),
+              "config_digest": config_digest(config),
               "corpus_digest": corpus_digest(listing), "corpus_files": len(listing),
               "train_tokens": len(train_stream), "held_out_tokens": len(held_stream),
               "corpus_seconds": corpus_seconds, "held_out_before": before,

@@ -18,31 +18,28 @@ and >= 0.02 exact-match@k on validation and runtime holdout, with ECE <= 0.05.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.train.baselines import BaselineConfig
 from hebrus_flywheel.train.data import Snapshot
 from hebrus_flywheel.train.figures import literature_budgets, result_lines
-from hebrus_flywheel.train.losses import LossConfig, SidecarLoss
 from hebrus_flywheel.train.metrics import EVALUATION_SPLITS, MetricsAccumulator, MetricsConfig
 from hebrus_flywheel.train.predictor_data import Controls, GateWeights, Rows, fit_frequency_rows
-from hebrus_flywheel.train.predictors import (
-    PlattCalibration,
-    Predictor,
-    PredictorSpec,
-    calibration_candidates,
-    candidate_pairs,
-    fit_platt,
+from hebrus_flywheel.train.predictors import PredictorSpec
+from hebrus_flywheel.train.recipe import (
+    Inputs,
+    Recipe,
+    Trained,
+    fit_predictor,
+    model_scores,
+    spec_inputs,
 )
 
 log = logging.getLogger(__name__)
@@ -53,12 +50,32 @@ GOAL_SPLITS = ("validation", "runtime_holdout")
 
 def default_specs(widths: tuple[int, ...] = (64,)) -> tuple[PredictorSpec, ...]:
     """The ablation: {per-layer MLP, shared low-rank} x {feature, feature + gate logits}
-    x {own layer, P1 next layer}, at every width."""
-    return tuple([PredictorSpec(architecture=a, gate_prior=g, target_offset=t, width=w)
-                  for t in (0, 1) for a in ("per_layer_mlp", "shared_lowrank")
-                  for g in (False, True) for w in widths]
-                 + [PredictorSpec(architecture="gate_adapter", target_offset=t,
-                                  width=widths[0]) for t in (0, 1)])
+    x {own layer, P1 next layer}, plus the gate adapters. The width axis is swept only
+    where it can decide the outcome: the own-layer gate-prior families (the strongest
+    models on every teacher measured so far); every other cell is trained at the middle
+    width (the median of ``widths``), so the table stays features x model x target."""
+    middle = sorted(widths)[len(widths) // 2]
+    specs = [PredictorSpec(architecture=a, gate_prior=g, target_offset=t, width=w)
+             for t in (0, 1) for a in ("per_layer_mlp", "shared_lowrank")
+             for g in (False, True)
+             for w in (widths if (t == 0 and g) else (middle,))]
+    return tuple(specs + [PredictorSpec(architecture="gate_adapter", target_offset=t,
+                                        width=middle) for t in (0, 1)])
+
+
+class SharedInputs:
+    """Each split's (source rows, targets, gate prior) per (target offset, gate prior),
+    computed once and shared by every spec that needs them (the prior is the costly part)."""
+
+    def __init__(self, rows: dict[str, Rows], gate: GateWeights | None) -> None:
+        self.rows, self.gate = rows, gate
+        self.cache: dict[tuple[str, int, bool], Inputs] = {}
+
+    def get(self, split: str, spec: PredictorSpec) -> Inputs:
+        key = (split, spec.target_offset, spec.gate_prior)
+        if key not in self.cache:
+            self.cache[key] = spec_inputs(self.rows[split], spec, self.gate)
+        return self.cache[key]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +96,8 @@ class BenchConfig:
     """Steps between validation checks of the best-state selection."""
     select_on: str = "recall"
     """Validation criterion of the best state: ``recall`` (recall@k) or ``recall+exact``."""
+    patience: int = 4
+    """Validations without improvement before a model stops early (0: never)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
     seed: int = 0
@@ -107,150 +126,21 @@ class BenchConfig:
                               ".prior_lr_factor in (0, 1]")
 
 
-@dataclass(eq=False)
-class Trained:
-    spec: PredictorSpec
-    model: torch.nn.Module
-    calibration: PlattCalibration
-    seconds: float
-    best_step: dict[str, int] = field(default_factory=dict)
+def bench_recipe(config: BenchConfig) -> Recipe:
+    """The :class:`train.recipe.Recipe` of the bench's settings."""
+    return Recipe(steps=config.steps, batch_size=config.batch_size, lr=config.lr,
+                  prior_lr_factor=config.prior_lr_factor, weight_decay=config.weight_decay,
+                  eval_every=config.eval_every, patience=config.patience,
+                  select_on=config.select_on, seed=config.seed)
 
 
-def _inputs(rows: Rows, spec: PredictorSpec, gate: GateWeights | None
-            ) -> tuple[Rows, np.ndarray, np.ndarray | None]:
-    """(source rows, target ids, gate prior logits) of one spec on one split."""
-    if spec.target_offset == 0:
-        source, targets = rows, rows.target_NK
-    else:
-        source, _ = rows.next_rows()
-        targets = source.next_NK
-    prior = None
-    if spec.gate_prior:
-        if gate is None:
-            raise ConfigError(f"{spec.name} needs the teacher's routers; pass --teacher")
-        prior = gate.logits(source.feature_ND, source.layer_N + spec.target_offset)
-    return source, targets, prior
-
-
-def _scores(model: torch.nn.Module, source: Rows, prior: np.ndarray | None,
-            chunk: int = 8192) -> torch.Tensor:
-    model.eval()
-    out = []
-    with torch.no_grad():
-        for start in range(0, len(source), chunk):
-            stop = start + chunk
-            p = None if prior is None else torch.from_numpy(prior[start:stop])
-            out.append(model(torch.from_numpy(source.feature_ND[start:stop]),
-                             torch.from_numpy(source.layer_N[start:stop]), p))
-    return torch.cat(out)
-
-
-def _selection_score(scores_NE: torch.Tensor, targets_NK: np.ndarray, select_on: str) -> float:
-    """Recall@K (plus exact-match@K for ``recall+exact``) against native top-K sets:
-    the model-selection criterion on validation."""
-    picked = scores_NE.topk(targets_NK.shape[1], dim=1).indices.numpy()
-    hit_NK = (picked[:, :, None] == targets_NK[:, None, :]).any(-1)
-    recall = float(hit_NK.mean())
-    return recall + float(hit_NK.all(1).mean()) if select_on == "recall+exact" else recall
-
-
-class LayerwiseModel(torch.nn.Module):
-    """One trained state per source layer (each chosen on that layer's validation rows)."""
-
-    def __init__(self, models: dict[int, Predictor]) -> None:
-        super().__init__()
-        self.models = torch.nn.ModuleDict({str(k): m for k, m in models.items()})
-        self.fallback = str(min(models))
-
-    def forward(self, feature_BD: torch.Tensor, layer_B: torch.Tensor,
-                prior_BE: torch.Tensor | None = None) -> torch.Tensor:
-        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for layer in torch.unique(layer_B).tolist():
-            rows = layer_B == layer
-            model = self.models[str(layer) if str(layer) in self.models else self.fallback]
-            parts.append((rows, model(feature_BD[rows], layer_B[rows],
-                                      None if prior_BE is None else prior_BE[rows])))
-        out_BE = parts[0][1].new_empty(feature_BD.shape[0], parts[0][1].shape[1])
-        for rows, scores in parts:
-            out_BE[rows] = scores
-        return out_BE
-
-
-class _BestStates:
-    """Per source layer: the best validation score, its step and the model state."""
-
-    def __init__(self, source: Rows, targets: np.ndarray, prior: np.ndarray | None,
-                 select_on: str) -> None:
-        self.source, self.targets, self.prior, self.select_on = source, targets, prior, select_on
-        self.best: dict[int, tuple[float, int, dict[str, Any]]] = {}
-
-    def offer(self, model: Predictor, step: int) -> None:
-        scores = _scores(model, self.source, self.prior)
-        state: dict[str, Any] | None = None
-        for layer in np.unique(self.source.layer_N).tolist():
-            rows = self.source.layer_N == layer
-            score = _selection_score(scores[torch.from_numpy(rows)], self.targets[rows],
-                                     self.select_on)
-            if layer not in self.best or score > self.best[layer][0]:
-                state = state if state is not None else copy.deepcopy(model.state_dict())
-                self.best[layer] = (score, step, state)
-
-    def steps(self) -> dict[str, int]:
-        return {str(layer): b[1] for layer, b in sorted(self.best.items())}
-
-    def model(self, template: Predictor) -> torch.nn.Module:
-        states = {layer: b[2] for layer, b in self.best.items()}
-        if len({id(s) for s in states.values()}) == 1:
-            template.load_state_dict(next(iter(states.values())))
-            return template
-        models = {}
-        for layer, state in states.items():
-            models[layer] = copy.deepcopy(template)
-            models[layer].load_state_dict(state)
-        return LayerwiseModel(models).eval()
-
-
-def train_one(spec: PredictorSpec, train: Rows, validation: Rows, gate: GateWeights | None,
-              config: BenchConfig, *, layer_count: int, expert_count: int) -> Trained:
-    """Train one predictor on ``train``; for every source layer keep the state with the
-    best validation ``select_on`` score on that layer's rows (checked every
-    ``eval_every`` steps and before the first, which for a gate-prior model is the
-    control itself); fit its calibration on validation. Nothing sees the holdouts."""
-    started = time.perf_counter()
-    source, targets, prior = _inputs(train, spec, gate)
-    best = _BestStates(*_inputs(validation, spec, gate), config.select_on)
-    torch.manual_seed(config.seed)
-    arrays = None if gate is None else (gate.router_LEH, gate.lift_DH, gate.norm_gain_LH)
-    model = Predictor(spec, feature_dim=source.feature_ND.shape[1], layer_count=layer_count,
-                      expert_count=expert_count, gate=arrays)
-    loss_fn = SidecarLoss(LossConfig(calibration_weight=0.0))
-    starts_at_control = spec.gate_prior or spec.architecture == "gate_adapter"
-    lr = config.lr * (config.prior_lr_factor if starts_at_control else 1.0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
-    rng = np.random.default_rng(config.seed)
-    x, layer = torch.from_numpy(source.feature_ND), torch.from_numpy(source.layer_N)
-    y = torch.from_numpy(targets)
-    p = None if prior is None else torch.from_numpy(prior)
-    best.offer(model, 0)
-    for step in range(config.steps):
-        model.train()
-        ratio = step / max(config.steps - 1, 1)
-        for group in optimizer.param_groups:
-            group["lr"] = lr * (0.1 + 0.45 * (1 + math.cos(math.pi * ratio)))
-        pick = torch.from_numpy(rng.integers(0, len(source), config.batch_size))
-        scores = model(x[pick], layer[pick], None if p is None else p[pick])
-        loss = loss_fn(scores, y[pick], layer_B=layer[pick] + spec.target_offset)["total"]
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
-            best.offer(model, step + 1)
-    chosen = best.model(model)
-    calibration = fit_platt(*candidate_pairs(
-        _scores(chosen, best.source, best.prior), torch.from_numpy(best.targets),
-        calibration_candidates(best.targets.shape[1], expert_count)))
-    return Trained(spec=spec, model=chosen, calibration=calibration,
-                   seconds=round(time.perf_counter() - started, 2), best_step=best.steps())
+def train_one(spec: PredictorSpec, train: Rows | Inputs, validation: Rows | Inputs,
+              gate: GateWeights | None, config: BenchConfig, *, layer_count: int,
+              expert_count: int) -> Trained:
+    """:func:`train.recipe.fit_predictor` with the bench's :class:`Recipe` (the very
+    function ``flywheel train`` calls)."""
+    return fit_predictor(spec, train, validation, gate, bench_recipe(config),
+                         layer_count=layer_count, expert_count=expert_count)
 
 
 class Scoreboard:
@@ -289,8 +179,8 @@ def score_split(board: Scoreboard, rows: Rows, controls: Controls, trained: list
                   rows=source, scores_NE=scores, target_NK=source.next_NK,
                   layer_N=source.layer_N + 1)
     for item in trained:
-        src, targets, prior = _inputs(rows, item.spec, gate)
-        learned_NE = _scores(item.model, src, prior)
+        src, targets, prior = spec_inputs(rows, item.spec, gate)
+        learned_NE = model_scores(item.model, src, prior)
         board.add(item.spec.name, kind="learned",
                   target="next_layer" if item.spec.target_offset else "same_layer",
                   features=item.spec.features, rows=src, scores_NE=learned_NE.double(),
@@ -352,10 +242,10 @@ def run_bench(snapshot: Snapshot, rows: dict[str, Rows], gate: GateWeights | Non
                           lru_capacity=max(64, 4 * K))
     frequency = fit_frequency_rows(rows["train"], base)
     controls = Controls(base, frequency, gate)
-    trained = []
+    trained, shared = [], SharedInputs(rows, gate)
     for spec in config.specs:
-        item = train_one(spec, rows["train"], rows["validation"], gate, config,
-                         layer_count=L, expert_count=E)
+        item = train_one(spec, shared.get("train", spec), shared.get("validation", spec), gate,
+                         config, layer_count=L, expert_count=E)
         log.info("trained %s in %.1f s (best validation step per layer %s, calibration %s)",
                  spec.name, item.seconds, item.best_step, item.calibration)
         trained.append(item)
@@ -374,7 +264,8 @@ def run_bench(snapshot: Snapshot, rows: dict[str, Rows], gate: GateWeights | Non
             "expert_bytes": config.expert_bytes, "results": results, "kinds": board.kinds,
             "lines": lines,
             "training": {t.spec.name: {"seconds": t.seconds, "features": t.spec.features,
-                                       "best_step": t.best_step, "spec": spec_fields(t.spec),
+                                       "best_step": t.best_step, "steps_run": t.steps_run,
+                                       "spec": spec_fields(t.spec),
                                        "calibration": vars(t.calibration)} for t in trained},
             "goal": {t: goal_summary(results, board.kinds, K, t)
                      for t in ("same_layer", "next_layer")}}
@@ -382,7 +273,9 @@ def run_bench(snapshot: Snapshot, rows: dict[str, Rows], gate: GateWeights | Non
 
 ECE_NOTE = ("ECE: of candidate membership: for each row's 2k best-ranked candidates, the "
             "calibrated probability that the candidate is in the teacher's top-k set against "
-            "whether it is (10 equal-width bins; calibration fitted on validation only).")
+            "whether it is (10 equal-width bins). Calibration: Platt (temperature and bias) of "
+            "the score or of its distance from the row's top-k edge, whichever has the lower "
+            "validation BCE; fitted on validation only.")
 
 
 def spec_fields(spec: PredictorSpec) -> dict[str, Any]:
@@ -391,12 +284,19 @@ def spec_fields(spec: PredictorSpec) -> dict[str, Any]:
             "target_offset": spec.target_offset, "width": spec.width}
 
 
-TRAIN_TOML = """\
-# flywheel train of a predictor chosen by `flywheel predictors`: the bench's objective
-# (ranking terms only; calibration is fitted on validation after training)
-[loss]
-calibration_weight = 0.0
-"""
+def train_toml(config: BenchConfig | None = None) -> str:
+    """The ``flywheel train --config`` of a predictor chosen by ``flywheel predictors``:
+    the bench's objective (ranking terms only; calibration is fitted on validation after
+    training), weight decay and early stopping, so that with :func:`train_arguments` the
+    checkpoint is trained by the same :class:`train.recipe.Recipe`."""
+    config = config or BenchConfig()
+    return (f"# flywheel train of a predictor chosen by `flywheel predictors` (one recipe)\n"
+            f"seed = {config.seed}\n\n[loss]\ncalibration_weight = 0.0\n\n"
+            f"[optim]\nweight_decay = {config.weight_decay!r}\n\n"
+            f"[schedule]\npatience = {config.patience}\nmonitor = \"recall\"\n")
+
+
+TRAIN_TOML = train_toml()
 
 
 def method_name(spec: dict[str, Any]) -> str:
@@ -408,8 +308,8 @@ def method_name(spec: dict[str, Any]) -> str:
 
 def train_arguments(spec: dict[str, Any], config: BenchConfig | None = None) -> list[str]:
     """``flywheel train`` flags that train ``spec`` (a same-layer spec of
-    :func:`spec_fields`) with the bench's learning rate, batch size and validation
-    cadence; pair them with ``--config`` of :data:`TRAIN_TOML`."""
+    :func:`spec_fields`) with the bench's learning rate, steps, batch size and
+    validation cadence; pair them with ``--config`` of :func:`train_toml`."""
     config = config or BenchConfig()
     if spec.get("target_offset"):
         raise ConfigError(f"{method_name(spec)} predicts the next layer; flywheel train's "
@@ -418,7 +318,7 @@ def train_arguments(spec: dict[str, Any], config: BenchConfig | None = None) -> 
     lr = config.lr * (config.prior_lr_factor if starts_at_control else 1.0)
     return ["--model", spec["architecture"], "--width", str(spec["width"]),
             "--gate-prior" if spec["gate_prior"] else "--no-gate-prior",
-            "--method", method_name(spec), "--lr", repr(lr),
+            "--method", method_name(spec), "--lr", repr(lr), "--max-steps", str(config.steps),
             "--batch-size", str(config.batch_size), "--eval-every", str(config.eval_every)]
 
 

@@ -78,7 +78,8 @@ def load_rows(snapshot: Snapshot, split: str, *, batch_size: int = 65536) -> Row
         raise SnapshotError(f"snapshot {snapshot.snapshot_id} has no {split!r} rows")
     parts: dict[str, list[Any]] = {name: [] for name in _ARRAYS}
     stream = SnapshotDataset(snapshot, StreamConfig(
-        splits=(split,), batch_size=batch_size, shuffle=False, layer_offsets=(0, 1)))
+        splits=(split,), batch_size=batch_size, shuffle=False, layer_offsets=(0, 1)),
+        rank=0, world_size=1)  # every row on every rank (the recipe is single-process)
     for batch in stream:
         parts["feature_ND"].append(batch["feature_BD"].float().numpy())
         parts["layer_N"].append(batch["layer_B"].numpy())

@@ -138,7 +138,7 @@ class GatePrior(nn.Module):
 class RoutePredictor(nn.Module):
     """One learned predictor per head offset, the gate it may lean on, its calibration."""
 
-    calibration_O2: torch.Tensor
+    calibration_O3: torch.Tensor
 
     def __init__(self, config: PredictorConfig, gate: GateArrays | None = None) -> None:
         super().__init__()
@@ -151,8 +151,8 @@ class RoutePredictor(nn.Module):
             Predictor(config.spec(dl), feature_dim=config.feature_dim,
                       layer_count=config.layer_count, expert_count=config.expert_count,
                       gate=arrays) for _, dl in config.offsets])
-        identity = [[1.0, 0.0]] * len(config.offsets)
-        self.register_buffer("calibration_O2", torch.tensor(identity, dtype=torch.float64))
+        identity = [[1.0, 0.0, 0.0]] * len(config.offsets)  # scale, bias, boundary
+        self.register_buffer("calibration_O3", torch.tensor(identity, dtype=torch.float64))
 
     def target_layers(self, source_layer_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Target layer of every head and whether it exists: ``(B, O)`` each."""
@@ -183,13 +183,14 @@ class RoutePredictor(nn.Module):
         return torch.stack(heads, dim=1)
 
     def calibration(self, head: int = 0) -> PlattCalibration:
-        scale, bias = (float(v) for v in self.calibration_O2[head])
-        return PlattCalibration(scale=scale, bias=bias)
+        scale, bias, boundary = (float(v) for v in self.calibration_O3[head])
+        return PlattCalibration(scale=scale, bias=bias, boundary=int(boundary))
 
     def set_calibration(self, head: int, calibration: PlattCalibration) -> None:
         with torch.no_grad():
-            self.calibration_O2[head] = torch.tensor([calibration.scale, calibration.bias],
-                                                     dtype=torch.float64)
+            self.calibration_O3[head] = torch.tensor(
+                [calibration.scale, calibration.bias, float(calibration.boundary)],
+                dtype=torch.float64)
 
     def probabilities(self, scores_BE: torch.Tensor, head: int = 0) -> torch.Tensor:
         """Calibrated probability that an expert is in the native top-k set."""

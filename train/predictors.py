@@ -1,8 +1,8 @@
 """Learned route predictors beside the shared sidecar, and their calibration.
 
 * :class:`PerLayerMLP`: the published pre-attention predictor: for every source layer
-  its own two linear layers (``feature -> GELU(hidden) -> E scores``), trained with the
-  ranking loss of :mod:`train.losses`.
+  its own LayerNorm and two linear layers (``feature -> GELU(hidden) -> E scores``),
+  trained with the ranking loss of :mod:`train.losses`.
 * :class:`SharedLowRank`: the shared low-rank sidecar (:class:`train.models.RouteSidecar`)
   for one head offset.
 * Both can add a *gate prior*: the native router of the target layer applied to the
@@ -10,7 +10,8 @@
   per-layer factor. The network then only learns the residual the control misses
   (what attention adds to the residual stream before the router reads it).
 * ``target_offset`` 0 predicts the row's own layer; 1 is the P1 (next-layer) variant.
-* :class:`PlattCalibration`: ``sigmoid(a * score + b)`` per model, fitted on the
+* :class:`PlattCalibration`: ``sigmoid(a * x + b)`` per model, ``x`` the score or its
+  distance from the row's top-k edge, fitted on the
   validation split only (a temperature ``1/a`` plus a bias) on the pairs the ECE
   judges: each row's ``2k`` best-ranked candidates and whether each is in the native
   top-k set (:func:`calibration_candidates`). It does not change the ranking, only
@@ -81,18 +82,20 @@ class PerLayerMLP(nn.Module):
                  expert_count: int) -> None:
         super().__init__()
         D, M, L, E = feature_dim, width, layer_count, expert_count
-        self.norm = nn.LayerNorm(D)
+        self.norm_gain_LD = nn.Parameter(torch.ones(L, D))  # a LayerNorm per layer: every
+        self.norm_bias_LD = nn.Parameter(torch.zeros(L, D))  # parameter is per layer
         self.w1_LDM = nn.Parameter(torch.randn(L, D, M) / math.sqrt(D))
         self.b1_LM = nn.Parameter(torch.zeros(L, M))
         self.w2_LME = nn.Parameter(torch.randn(L, M, E) / math.sqrt(M))
         self.b2_LE = nn.Parameter(torch.zeros(L, E))
 
     def forward(self, feature_BD: torch.Tensor, layer_B: torch.Tensor) -> torch.Tensor:
-        x_BD = self.norm(feature_BD)
+        x_BD = F.layer_norm(feature_BD, feature_BD.shape[1:])
         out_BE = feature_BD.new_empty(feature_BD.shape[0], self.b2_LE.shape[1])
         for layer in torch.unique(layer_B).tolist():  # one pair of matmuls per layer
             rows = layer_B == layer
-            h_BM = F.gelu(x_BD[rows] @ self.w1_LDM[layer] + self.b1_LM[layer])
+            x_RD = x_BD[rows] * self.norm_gain_LD[layer] + self.norm_bias_LD[layer]
+            h_BM = F.gelu(x_RD @ self.w1_LDM[layer] + self.b1_LM[layer])
             out_BE[rows] = h_BM @ self.w2_LME[layer] + self.b2_LE[layer]
         return out_BE
 
@@ -183,13 +186,27 @@ class Predictor(nn.Module):
 
 @dataclass(frozen=True, kw_only=True)
 class PlattCalibration:
-    """``p = sigmoid(scale * score + bias)``; identity is ``scale=1, bias=0``."""
+    """``p = sigmoid(scale * x + bias)``; identity is ``scale=1, bias=0, boundary=0``.
+
+    ``x`` is the raw score (``boundary=0``) or, with ``boundary=k``, the score's distance
+    from the edge of the row's predicted top-k set: ``score - (s_(k) + s_(k+1)) / 2``
+    with ``s_(i)`` the row's i-th best score. A raw score means different things in rows
+    and layers of different score scales; the distance from the row's own top-k edge is
+    what decides membership, so one temperature fits every row."""
 
     scale: float = 1.0
     bias: float = 0.0
+    boundary: int = 0
+
+    def features(self, scores_BE: torch.Tensor) -> torch.Tensor:
+        scores = scores_BE.double()
+        if not self.boundary or scores.shape[1] <= self.boundary:
+            return scores
+        top_BK = scores.topk(self.boundary + 1, dim=1).values
+        return scores - 0.5 * (top_BK[:, -2:-1] + top_BK[:, -1:])
 
     def probabilities(self, scores_BE: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.scale * scores_BE.double() + self.bias)
+        return torch.sigmoid(self.scale * self.features(scores_BE) + self.bias)
 
 
 def calibration_candidates(top_k: int, expert_count: int) -> int:
@@ -211,25 +228,52 @@ def candidate_pairs(scores_BE: torch.Tensor, target_ids_BK: torch.Tensor,
     return scores.gather(1, picked_BC), member_BC.double()
 
 
-def fit_platt(scores_BC: torch.Tensor, member_BC: torch.Tensor, *,
-              iterations: int = 100) -> PlattCalibration:
-    """Scale and bias minimising the BCE of candidate membership on the given
-    (validation) pairs: :func:`candidate_pairs` of the ECE's candidates."""
-    scores, member = scores_BC.detach().double(), member_BC.detach().double()
+def _fit_sigmoid(x_BC: torch.Tensor, member_BC: torch.Tensor,
+                 iterations: int) -> tuple[float, float, float]:
+    """(scale, bias, mean BCE) of ``sigmoid(scale * x + bias)`` against membership."""
     params = torch.tensor([1.0, 0.0], dtype=torch.float64, requires_grad=True)
     optimizer = torch.optim.LBFGS([params], max_iter=iterations, line_search_fn="strong_wolfe")
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(params[0] * scores + params[1], member)
+        loss = F.binary_cross_entropy_with_logits(params[0] * x_BC + params[1], member_BC)
         loss.backward()
         return loss
 
     optimizer.step(closure)
     scale, bias = (float(v) for v in params.detach())
-    if not (np.isfinite(scale) and np.isfinite(bias)):
-        return PlattCalibration()
-    return PlattCalibration(scale=scale, bias=bias)
+    with torch.no_grad():
+        loss = float(F.binary_cross_entropy_with_logits(scale * x_BC + bias, member_BC))
+    return scale, bias, loss
+
+
+def fit_platt(scores_BC: torch.Tensor, member_BC: torch.Tensor, *, top_k: int = 0,
+              iterations: int = 100) -> PlattCalibration:
+    """Scale and bias minimising the BCE of candidate membership on the given
+    (validation) pairs: :func:`candidate_pairs` of the ECE's candidates, best first.
+    With ``top_k`` both forms are fitted (raw score, and distance from the row's top-k
+    edge, :class:`PlattCalibration`; the pairs are each row's best-ranked candidates in
+    order, so the edge is between columns k-1 and k) and the one with the lower BCE on
+    these validation pairs is kept. BCE, a proper scoring rule, not the ECE: a constant
+    probability equal to the base rate has an ECE of zero and says nothing."""
+    scores, member = scores_BC.detach().double(), member_BC.detach().double()
+    fits = []
+    for boundary in (0, top_k) if 0 < top_k < scores.shape[1] else (0,):
+        form = PlattCalibration(boundary=boundary)
+        scale, bias, loss = _fit_sigmoid(form.features(scores), member, iterations)
+        if np.isfinite(scale) and np.isfinite(bias) and np.isfinite(loss):
+            fitted = PlattCalibration(scale=scale, bias=bias, boundary=boundary)
+            fits.append((loss, fitted))
+    return min(fits, key=lambda f: f[0])[1] if fits else PlattCalibration()
+
+
+def pair_ece(prob_BC: torch.Tensor, member_BC: torch.Tensor, bins: int = 10) -> float:
+    """Binned ECE of probabilities against membership, as :mod:`train.metrics` defines
+    it: ``sum_bins |members - sum p| / pairs`` over ``bins`` equal-width bins."""
+    index = torch.clamp((prob_BC.double() * bins).long(), 0, bins - 1).flatten()
+    gap = torch.zeros(bins, dtype=torch.float64)
+    gap.index_add_(0, index, (member_BC.double() - prob_BC.double()).flatten())
+    return float(gap.abs().sum() / max(prob_BC.numel(), 1))
 
 
 def gate_logits(feature_BD: np.ndarray, layer_B: np.ndarray, *, router_LEH: np.ndarray,

@@ -59,13 +59,9 @@ from hebrus_flywheel.train.exceptions import CheckpointError, SnapshotError
 from hebrus_flywheel.train.losses import SidecarLoss
 from hebrus_flywheel.train.metrics import check_evaluation_rows, check_train_rows
 from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig, rank_candidates
+from hebrus_flywheel.train.predictor_data import GateWeights, load_gate
 from hebrus_flywheel.train.predictor_model import PredictorConfig, RoutePredictor
-from hebrus_flywheel.train.predictors import (
-    GateArrays,
-    calibration_candidates,
-    candidate_pairs,
-    fit_platt,
-)
+from hebrus_flywheel.train.predictors import GateArrays
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +111,13 @@ def build_model(config: TrainConfig, snapshot: Snapshot,
 def load_gate_arrays(teacher_dir: Path, snapshot: Snapshot) -> GateArrays:
     """The snapshot's own teacher's routers ``(L, E, H)``, the lift of its feature
     contract ``(D, H)`` and the RMSNorm gains ``(L, H)`` (float32)."""
+    return gate_arrays(load_gate(teacher_dir, snapshot), snapshot)
+
+
+def gate_arrays(gate: GateWeights, snapshot: Snapshot) -> GateArrays:
+    """:class:`GateWeights` as the float32 buffers of a checkpoint."""
     import numpy as np
 
-    from hebrus_flywheel.train.predictor_data import load_gate
-
-    gate = load_gate(teacher_dir, snapshot)
     L, _, H = gate.router_LEH.shape
     D = int(snapshot.geometry["feature_dim"])
     lift = np.eye(D, H) if gate.lift_DH is None else gate.lift_DH
@@ -262,15 +260,21 @@ class Trainer:
                 "code": code_version(), "world_size": self.ctx.world_size,
                 "training": outcome, "parent": self.parent}
 
-    def run(self) -> TrainResult:
+    def run(self, gate: GateWeights | None = None) -> TrainResult:
+        """Train. A predictor of the ablation (:class:`RoutePredictor`) is trained by
+        the ablation's own recipe (:func:`train.predictor_train.fit_checkpoint`, with
+        ``gate`` for its prior); the sidecar by the streaming loop below."""
+        if isinstance(self.model, RoutePredictor):
+            from hebrus_flywheel.train.predictor_train import fit_checkpoint
+
+            fitted, records = fit_checkpoint(self, gate)
+            return TrainResult(checkpoint_dir=self.out_dir, lineage=fitted, history=records)
         s, o = self.config.schedule, self.config.optim
         self._best: dict[str, Any] | None = None
         self._stale = 0
         history: list[dict[str, Any]] = []
         losses: list[float] = []
         started, stopped = time.perf_counter(), "max_steps"
-        if self.starts_at_control:  # step 0 is the native-gate control: a valid choice
-            self._consider(self._record(0, [], started), history)
         batches = iter(make_loader(self.stream(self.config.data.train_split, train=True),
                                    num_workers=self.config.data.num_workers,
                                    pin_memory=self.ctx.device.type == "cuda"))
@@ -293,14 +297,8 @@ class Trainer:
         del batches
         lineage: dict[str, Any] = {}
         if self._best is not None:
-            self._calibrate()
             lineage = self._checkpoint(self._best, history, stopped)
         return TrainResult(checkpoint_dir=self.out_dir, lineage=lineage, history=history)
-
-    @property
-    def starts_at_control(self) -> bool:
-        """A gate-prior predictor or a gate adapter starts exactly at the native gate."""
-        return isinstance(self.model, RoutePredictor) and self.model.config.needs_gate
 
     def _consider(self, record: dict[str, Any], history: list[dict[str, Any]]) -> None:
         """Keep ``record``'s parameters when they beat the best validation so far."""
@@ -317,41 +315,6 @@ class Trainer:
         else:
             self._stale += 1
         self._write_history(record)
-
-    @torch.no_grad()
-    def _calibrate(self) -> None:
-        """Fit each head's Platt calibration of the best parameters on the whole
-        validation split (every rank reads all of it: the same fit everywhere), on the
-        pairs the ECE judges (:func:`train.predictors.calibration_candidates`)."""
-        if not isinstance(self.model, RoutePredictor):
-            return  # the sidecar's calibration is a loss term
-        model = self.model
-        model.load_state_dict({k: v.to(self.ctx.device) for k, v in self._best_state.items()})
-        model.eval()
-        width = calibration_candidates(int(self.snapshot.geometry["top_k"]),
-                                       model.config.expert_count)
-        parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in model.heads]
-        stream = SnapshotDataset(self.snapshot, StreamConfig(
-            splits=(self.config.data.validation_split,), batch_size=self.config.data.batch_size,
-            shuffle=False, epochs=1, layer_offsets=self.layer_offsets, lineage=False),
-            rank=0, world_size=1)
-        for batch in stream:
-            check_evaluation_rows(batch_splits(batch), len(batch["layer_B"]))
-            layer_B = batch["layer_B"].to(self.ctx.device)
-            scores_BOE = model(batch["feature_BD"].to(self.ctx.device, torch.float32), layer_B)
-            _, in_range_BO = model.target_layers(layer_B)
-            valid_BO = batch["offset_valid_BO"].to(self.ctx.device) & in_range_BO
-            targets_BOK = batch["offset_target_ids_BOK"].to(self.ctx.device)
-            for slot in range(len(model.heads)):
-                rows = valid_BO[:, slot]
-                if bool(rows.any()):
-                    parts[slot].append(candidate_pairs(scores_BOE[rows, slot].cpu(),
-                                                       targets_BOK[rows, slot].cpu(), width))
-        for slot, pairs in enumerate(parts):
-            if pairs:
-                model.set_calibration(slot, fit_platt(torch.cat([p[0] for p in pairs]),
-                                                      torch.cat([p[1] for p in pairs])))
-        self._best_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
     def _record(self, step: int, losses: list[float], started: float) -> dict[str, Any]:
         validation = self.validate()
@@ -427,16 +390,17 @@ def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
             make_dirs(out_dir)
             (out_dir / HISTORY_FILE).unlink(missing_ok=True)
         ddp.barrier(ctx)
-        gate = None
+        weights = None
         if config.model.needs_teacher:
             if teacher_dir is None:
                 raise ConfigError(f"model {config.model.architecture} with gate_prior="
                                   f"{config.model.gate_prior} needs the snapshot's teacher: "
                                   "pass --teacher DIR")
-            gate = load_gate_arrays(Path(teacher_dir), opened)
-        trainer = Trainer(opened, out_dir, config, ctx, gate)
+            weights = load_gate(Path(teacher_dir), opened)
+        trainer = Trainer(opened, out_dir, config, ctx,
+                          None if weights is None else gate_arrays(weights, opened))
         if resume is not None:
             _resume(trainer, resume)
-        return trainer.run()
+        return trainer.run(weights)
     finally:
         ddp.shutdown(ctx)

@@ -13,12 +13,14 @@ from hebrus_flywheel.train.predictor_bench import BenchConfig, goal_summary, tra
 from hebrus_flywheel.train.predictor_data import GateWeights, Rows
 from hebrus_flywheel.train.predictors import (
     PerLayerMLP,
+    PlattCalibration,
     Predictor,
     PredictorSpec,
     calibration_candidates,
     candidate_pairs,
     fit_platt,
     gate_logits,
+    pair_ece,
 )
 
 D, L, E, K = 8, 2, 16, 2
@@ -135,3 +137,40 @@ def test_gate_adapter_starts_at_the_native_gate() -> None:
     assert np.allclose(scores, expected, atol=1e-3)
     with pytest.raises(ConfigError, match="routers"):
         Predictor(spec, feature_dim=D, layer_count=L, expert_count=E)
+
+
+def test_boundary_calibration_wins_when_rows_differ_in_score_offset() -> None:
+    """Rows whose scores carry their own offset (as rows and layers do): one sigmoid of
+    the raw score cannot fit them; of the distance from the row's top-k edge it can. The
+    form is chosen on the (validation) pairs' BCE; the ranking is unchanged; the ECE
+    is the metrics module's."""
+    from hebrus_flywheel.train.metrics import reliability_counts
+
+    torch.manual_seed(1)
+    targets = torch.stack([torch.randperm(E)[:K] for _ in range(2000)])
+    scores = torch.randn(2000, E)
+    scores.scatter_(1, targets, 1.2 + torch.randn(2000, K))
+    scores = scores * 3 + torch.randn(2000, 1) * 6  # each row its own offset
+    width = calibration_candidates(K, E)
+    pairs, member = candidate_pairs(scores, targets, width)
+    raw, chosen = fit_platt(pairs, member), fit_platt(pairs, member, top_k=K)
+    assert raw.boundary == 0 and chosen.boundary == K
+    assert torch.equal(chosen.probabilities(scores).argsort(dim=1, stable=True),
+                       scores.double().argsort(dim=1, stable=True))
+
+    def ece(platt: PlattCalibration) -> float:
+        order = scores.double().argsort(dim=1, descending=True, stable=True)[:, :width]
+        counts = reliability_counts(platt.probabilities(scores).numpy(), targets.numpy(),
+                                    10, order.numpy()).sum(axis=0)
+        assert abs(pair_ece(platt.probabilities(scores).gather(1, order), member)
+                   - float(np.abs(counts[2] - counts[1]).sum() / counts[0].sum())) < 1e-9
+        return float(np.abs(counts[2] - counts[1]).sum() / counts[0].sum())
+
+    assert ece(chosen) < 0.05
+
+    def bce(platt: PlattCalibration) -> float:
+        probs = platt.probabilities(pairs if not platt.boundary else scores.double().sort(
+            dim=1, descending=True).values)[:, :width].clamp(1e-9, 1 - 1e-9)
+        return float(-(member * probs.log() + (1 - member) * (1 - probs).log()).mean())
+
+    assert bce(chosen) < bce(raw) - 0.02  # sharper: it tells members from misses

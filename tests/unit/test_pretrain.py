@@ -4,6 +4,7 @@ deterministic, cached, and loadable as a teacher."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.replay.pretrain import (
     PretrainConfig,
+    config_digest,
     corpus_digest,
     pretrain_teacher,
     sample_corpus,
@@ -61,6 +63,9 @@ def test_tiny_pretrain_is_deterministic_cached_and_loads(tmp_path) -> None:
     assert artifact_digest(first) == artifact_digest(second)
     _, again, reused = pretrain_teacher(first, config)
     assert reused and again["corpus_digest"] == record["corpus_digest"]
+    # the safety ceiling is not the teacher's identity: a new ceiling reuses the cache
+    _, _, reused = pretrain_teacher(first, dataclasses.replace(config, max_seconds=5.0))
+    assert reused
     manifest = json.loads((first / "flywheel_teacher.json").read_text())
     assert manifest["pretrain"]["config"]["steps"] == 2
     tok = load_tokenizer(first)
@@ -68,3 +73,19 @@ def test_tiny_pretrain_is_deterministic_cached_and_loads(tmp_path) -> None:
     assert ids[-1] == tok.eos_id and np.issubdtype(ids.dtype, np.integer)
     teacher = load_teacher(first)
     assert teacher.geometry.top_k == 10
+
+
+def test_time_ceiling_fails_loudly_and_saves_nothing(tmp_path) -> None:
+    from hebrus_flywheel.replay.exceptions import TeacherError
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    _corpus(corpus)
+    config = PretrainConfig(steps=3, batch_size=2, seq_len=16, eval_batches=1,
+                            max_seconds=1e-9, corpus_bytes=10**6,
+                            corpus_roots=(str(corpus),))
+    with pytest.raises(TeacherError, match="safety ceiling"):
+        pretrain_teacher(tmp_path / "t", config)
+    assert not (tmp_path / "t").exists()
+    assert config_digest(config) == config_digest(dataclasses.replace(config, max_seconds=9.0))
+    assert config_digest(config) != config_digest(dataclasses.replace(config, steps=4))

@@ -27,6 +27,7 @@ from hebrus_flywheel.train.config import (
 from hebrus_flywheel.train.data import Snapshot
 from hebrus_flywheel.train.evaluate import EvaluateConfig, RouterWeights, evaluate
 from hebrus_flywheel.train.exceptions import CheckpointError
+from hebrus_flywheel.train.predictor_data import GateWeights
 from hebrus_flywheel.train.predictor_model import PredictorConfig, RoutePredictor
 from hebrus_flywheel.train.predictors import PlattCalibration, PredictorSpec
 from hebrus_flywheel.train.trainer import Trainer, make_optimizer, train
@@ -143,7 +144,9 @@ def test_a_per_layer_mlp_learns_past_the_history_controls(small: PlantedSnapshot
         config(architecture="per_layer_mlp", rank=32, offsets=((0, 0), (0, 1))),
         optim=OptimConfig(max_steps=80, lr=1e-2, min_lr=1e-3, warmup_steps=5)))
     assert result.lineage["geometry"]["offsets"] == [[0, 0], [0, 1]]
-    assert result.history[0]["step"] == 20  # no gate: no step-0 validation
+    # the recipe validates the initialisation too (step 0), then every 20 steps
+    assert [r["step"] for r in result.history] == [0, 20, 40, 60, 80]
+    assert result.lineage["training"]["recipe"] == "train.recipe.fit_predictor"
     report = evaluate(small.directory, tmp_path, EvaluateConfig(progress=False))
     recall = _recall(report)
     assert recall["learned"] > max(v for k, v in recall.items() if k != "learned") + 0.1
@@ -157,7 +160,9 @@ def test_resume_and_the_teacher_requirement(small: PlantedSnapshot, prior_ckpt: 
     settings = config(architecture="per_layer_mlp", gate_prior=True)
     with pytest.raises(ConfigError, match="--teacher"):
         train(small.directory, tmp_path / "a", settings)
-    monkeypatch.setattr(trainer_module, "load_gate_arrays", lambda d, s: gate_of(small))
+    monkeypatch.setattr(trainer_module, "load_gate", lambda d, s: GateWeights(
+        router_LEH=small.router_LEH.astype(np.float64), norm_gain_LH=small.gain_LH,
+        lift_DH=np.linalg.pinv(small.projection.matrix_HD.astype(np.float64))))
     resumed = train(small.directory, tmp_path / "b", dataclasses.replace(
         settings, optim=OptimConfig(max_steps=5, warmup_steps=1)), resume=prior_ckpt,
         teacher_dir=tmp_path)
@@ -181,3 +186,33 @@ def test_the_simulator_ranks_with_the_predictor(small: PlantedSnapshot,
                               torch.arange(4).repeat(3))[:, 0]
     assert np.array_equal(own.reshape(12, 12), scores.argsort(dim=1, descending=True,
                                                               stable=True)[:, :12].numpy())
+
+
+def test_flywheel_train_and_the_ablation_are_one_recipe(small: PlantedSnapshot,
+                                                         tmp_path: Path) -> None:
+    """The checkpoint of `flywheel train` holds the parameters the ablation chose for the
+    same spec: one function (train.recipe.fit_predictor) trains both."""
+    from hebrus_flywheel.train.losses import LossConfig
+    from hebrus_flywheel.train.predictor_bench import BenchConfig, train_one
+    from hebrus_flywheel.train.predictor_data import load_rows
+
+    snapshot = Snapshot(small.directory)
+    spec = PredictorSpec(architecture="per_layer_mlp", width=16)
+    bench = BenchConfig(specs=(spec,), steps=40, batch_size=128, lr=1e-2, eval_every=10,
+                        patience=2, seed=3)
+    L, E = int(snapshot.geometry["layers"]), snapshot.expert_count
+    item = train_one(spec, load_rows(snapshot, "train"), load_rows(snapshot, "validation"),
+                     None, bench, layer_count=L, expert_count=E)
+    settings = TrainConfig(
+        threads=1, seed=3, method="learned", loss=LossConfig(calibration_weight=0.0),
+        model=ModelOptions(architecture="per_layer_mlp", rank=16),
+        data=DataOptions(batch_size=128, num_workers=0),
+        optim=OptimConfig(max_steps=40, lr=1e-2, min_lr=1e-3),
+        schedule=ScheduleConfig(eval_every=10, progress=False, patience=2))
+    result = train(small.directory, tmp_path, settings)
+    head = load_checkpoint(tmp_path).model.heads[0]
+    mine, theirs = head.state_dict(), item.model.state_dict()
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert result.lineage["training"]["best_step_per_layer"] == item.best_step
+    assert load_checkpoint(tmp_path).model.calibration(0) == item.calibration
