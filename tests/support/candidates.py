@@ -4,7 +4,9 @@ One row per (proposal, path, candidate position) in the column contract of the
 ``candidate_path`` product. Routes have learnable structure: each layer's native top-k
 is the top-k of ``features[l] @ M_l`` plus a per-position bias, so a model reading the
 features beats the frequency control; acceptance drops with the candidate position and
-the drafter log-probability is higher on accepted positions.
+the drafter log-probability is higher on accepted positions. ``path_correlation``
+shares part of the features along a path, so its positions' routes overlap (a smaller
+route union U_B).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def acceptance_lengths(proposals: int, width: int, block: int, survive: tuple[fl
 def candidate_table(*, proposals: int = 60, width: int = 2, block: int = 4, layers: int = 2,
                     experts: int = 16, top_k: int = 2, feature_dim: int = 8, seed: int = 0,
                     survive: tuple[float, ...] = (0.9, 0.75, 0.6, 0.45, 0.3, 0.2, 0.1, 0.1),
-                    validation_share: float = 0.3, noise: float = 0.3) -> pa.Table:
+                    validation_share: float = 0.3, noise: float = 0.3,
+                    path_correlation: float = 0.0) -> pa.Table:
     """The table; proposals are split by a hash of their id (train / validation)."""
     rng = np.random.default_rng(seed)
     mix_LDE = rng.normal(size=(layers, feature_dim, experts))
@@ -49,7 +52,9 @@ def candidate_table(*, proposals: int = 60, width: int = 2, block: int = 4, laye
     prop_n = np.repeat(np.arange(proposals), width * block)
     path_n = np.tile(np.repeat(np.arange(width), block), proposals)
     pos_n = np.tile(np.arange(1, block + 1), proposals * width)
-    feat_nLD = rng.normal(size=(n, layers, feature_dim)).astype(np.float32)
+    shared_nLD = rng.normal(size=(proposals * width, layers, feature_dim))[prop_n * width + path_n]
+    feat_nLD = (np.sqrt(path_correlation) * shared_nLD + np.sqrt(1 - path_correlation)
+                * rng.normal(size=(n, layers, feature_dim))).astype(np.float32)
     logits_nLE = np.einsum("nld,lde->nle", feat_nLD, mix_LDE) + bias_PLE[pos_n - 1]
     logits_nLE += rng.normal(size=logits_nLE.shape) * noise
     ids_nLK = np.argsort(-logits_nLE, axis=2, kind="stable")[:, :, :top_k]
