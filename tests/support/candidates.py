@@ -6,7 +6,7 @@ is the top-k of ``features[l] @ M_l`` plus a per-position bias, so a model readi
 features beats the frequency control; acceptance drops with the candidate position and
 the drafter log-probability is higher on accepted positions. ``path_correlation``
 shares part of the features along a path, so its positions' routes overlap (a smaller
-route union U_B).
+route union U_B); ``feature_signal=0`` makes routes independent of the features.
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ def candidate_table(*, proposals: int = 60, width: int = 2, block: int = 4, laye
                     experts: int = 16, top_k: int = 2, feature_dim: int = 8, seed: int = 0,
                     survive: tuple[float, ...] = (0.9, 0.75, 0.6, 0.45, 0.3, 0.2, 0.1, 0.1),
                     validation_share: float = 0.3, noise: float = 0.3,
-                    path_correlation: float = 0.0) -> pa.Table:
+                    path_correlation: float = 0.0, feature_signal: float = 1.0) -> pa.Table:
     """The table; proposals are split by a hash of their id (train / validation)."""
     rng = np.random.default_rng(seed)
-    mix_LDE = rng.normal(size=(layers, feature_dim, experts))
+    mix_LDE = rng.normal(size=(layers, feature_dim, experts)) * feature_signal
     bias_PLE = rng.normal(size=(block, layers, experts)) * 0.5
     n = proposals * width * block
     prop_n = np.repeat(np.arange(proposals), width * block)

@@ -136,3 +136,23 @@ def acceptance_by_position(rows: CandidateRows) -> dict[int, float]:
         if at.any():
             out[p] = float(rows.accepted_N[at].mean())
     return out
+
+
+def read_candidate_table(path: Any) -> pa.Table:
+    """Every row of a sealed ``candidate_path`` snapshot (its shards, checked against the
+    manifest); SnapshotError when the manifest names another product."""
+    from pathlib import Path
+
+    from hebrus_flywheel.core.snapshot.read import open_snapshot
+
+    sealed = open_snapshot(Path(path))
+    product = sealed.manifest.get("product")
+    if product != "candidate_path":
+        raise SnapshotError(f"snapshot {sealed.snapshot_id} is a {product or 'clean_path'} "
+                            "snapshot; Model B and the governor read candidate_path snapshots")
+    tables = [sealed.read_shard(i, None) for i in range(len(sealed.manifest.shards))]
+    if not tables:
+        raise SnapshotError(f"candidate snapshot {sealed.snapshot_id} has no shards")
+    table = pa.concat_tables(tables)
+    check_table(table)
+    return table
