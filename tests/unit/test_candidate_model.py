@@ -94,3 +94,13 @@ def test_figure_lines_name_the_product_and_positions(model_b, tmp_path):
              and line["group"] == "overall" and line["subset"] == "all"]
     assert union and all(line["window"] == 4 for line in union)
     assert np.isfinite([line["value"] for line in lines]).all()
+
+
+def test_a_clean_path_snapshot_is_not_read_as_candidates(tmp_path):
+    from hebrus_flywheel.train.candidates.rows import read_candidate_table
+    from tests.support.planted import PlantedConfig, write_planted_snapshot
+
+    planted = write_planted_snapshot(tmp_path, PlantedConfig(
+        threads={"train": 2, "validation": 1}, tokens_per_thread=8))
+    with pytest.raises(SnapshotError, match="clean_path"):
+        read_candidate_table(planted.directory)
