@@ -26,7 +26,7 @@ from hebrus_flywheel.train.qualify.plots import render_plots
 from tests.support.candidates import candidate_table
 
 FIXTURE = Path(__file__).resolve().parents[1] / "assets" / "qualify_inputs.json"
-TRAIN = CandidateTrainConfig(width=16, steps=60, batch_size=128, eval_every=20)
+TRAIN = CandidateTrainConfig(width=16, steps=60, batch_size=128, eval_every=20, lr=1e-2)
 
 
 def _evidence(**table):

@@ -28,7 +28,7 @@ def table():
 
 @pytest.fixture(scope="module")
 def model_b(table):
-    config = CandidateTrainConfig(width=16, steps=60, batch_size=128, eval_every=20)
+    config = CandidateTrainConfig(width=16, steps=60, batch_size=128, eval_every=20, lr=1e-2)
     return run_model_b(table, expert_count=16, expert_bytes=100, config=config)
 
 
