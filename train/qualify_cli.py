@@ -61,6 +61,12 @@ def qualify_command(
     predictor_figures: Path | None = typer.Option(None, "--predictor-figures", help="The "
                                                   "predictor-figures.jsonl of `flywheel "
                                                   "predictors`: Gate 3 also judges it."),
+    candidate_snapshot: Path | None = typer.Option(
+        None, "--candidate-snapshot", help="A sealed candidate_path snapshot: trains Model B "
+        "and the governor (Model C) and measures falsifiers 3 and 6."),
+    candidate_replay_cost: float | None = typer.Option(
+        None, "--candidate-replay-cost", help="Candidate-path replay seconds per accepted "
+        "token, as bench/candidates.py printed it (falsifier 6)."),
 ) -> None:
     """Qualify a checkpoint on a snapshot: six gates, ten falsifiers, a report."""
     declare_role("trainer")
@@ -70,7 +76,8 @@ def qualify_command(
             rebuild_report=rebuild_report, streams_summary=streams_summary,
             bootstrap=bootstrap, prefix=prefix, progress=progress,
             erasure_receipt=erasure_receipt, predictor_figures=predictor_figures,
-            streams_accounting=streams_accounting)
+            streams_accounting=streams_accounting, candidate_snapshot=candidate_snapshot,
+            candidate_replay_cost=candidate_replay_cost)
     except FlywheelError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
@@ -85,7 +92,8 @@ def _run(*, snapshot: Path, checkpoint: Path, out: Path, teacher: Path | None,
          bootstrap: str | None, prefix: str | None, progress: bool,
          erasure_receipt: Path | None = None,
          predictor_figures: Path | None = None,
-         streams_accounting: Path | None = None) -> tuple[Any, float]:
+         streams_accounting: Path | None = None, candidate_snapshot: Path | None = None,
+         candidate_replay_cost: float | None = None) -> tuple[Any, float]:
     from hebrus_flywheel.train.qualify import qualify
     from hebrus_flywheel.train.qualify.collect import CollectRequest, collect_inputs, load_settings
     from hebrus_flywheel.train.qualify.errors import InputError
@@ -98,7 +106,9 @@ def _run(*, snapshot: Path, checkpoint: Path, out: Path, teacher: Path | None,
         snapshot=snapshot, checkpoint=checkpoint, teacher=teacher,
         rebuild_report=rebuild_report, streams_summary=streams_summary, bootstrap=bootstrap,
         prefix=prefix, settings=settings, progress=progress, erasure_receipt=erasure_receipt,
-        predictor_figures=predictor_figures, streams_accounting=streams_accounting))
+        predictor_figures=predictor_figures, streams_accounting=streams_accounting,
+        candidate_snapshot=candidate_snapshot,
+        candidate_replay_cost_s_per_accepted_token=candidate_replay_cost))
     report_started = time.perf_counter()
     outcome = qualify(collected.inputs, out, settings.thresholds,
                       date=datetime.datetime.now(datetime.UTC).date().isoformat())

@@ -36,6 +36,7 @@ from hebrus_flywheel.train.projection import ReplayThroughput
 from hebrus_flywheel.train.qualify import collect_data as data
 from hebrus_flywheel.train.qualify import collect_ids
 from hebrus_flywheel.train.qualify import collect_model as model
+from hebrus_flywheel.train.qualify.candidate_evidence import CandidateEvidence, candidate_evidence
 from hebrus_flywheel.train.qualify.config import QualificationConfig
 from hebrus_flywheel.train.qualify.errors import InputError
 from hebrus_flywheel.train.qualify.inputs import QualificationInputs
@@ -184,6 +185,10 @@ class CollectRequest:
     progress: bool = False
     erasure_receipt: Path | None = None
     predictor_figures: Path | None = None
+    candidate_snapshot: Path | None = None
+    """A sealed ``candidate_path`` snapshot: Model B, the governor, falsifiers #3 and #6."""
+    candidate_replay_cost_s_per_accepted_token: float | None = None
+    """Measured by ``bench/candidates.py`` on the same teacher (falsifier #6)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -357,6 +362,27 @@ def _figures(request: CollectRequest, notes: dict[str, str]) -> tuple[dict[str, 
     return tuple(read_figures(request.predictor_figures))
 
 
+def _candidates(request: CollectRequest, expert_count: int, expert_bytes: int,
+                notes: dict[str, str], timings: dict[str, float]) -> CandidateEvidence | None:
+    """Model B and the governor on the candidate snapshot when the request names one."""
+    if request.candidate_snapshot is None:
+        notes["candidates"] = "not measured: no --candidate-snapshot was given"
+        return None
+    from hebrus_flywheel.train.candidates.rows import read_candidate_table
+    from hebrus_flywheel.train.governor import GovernorConfig
+
+    started = time.perf_counter()
+    evidence, _ = candidate_evidence(
+        read_candidate_table(request.candidate_snapshot), expert_count=expert_count,
+        expert_bytes=expert_bytes, governor_config=GovernorConfig(expert_bytes=expert_bytes),
+        replay_cost_s_per_accepted_token=request.candidate_replay_cost_s_per_accepted_token,
+        source=str(request.candidate_snapshot))
+    timings["candidates"] = time.perf_counter() - started
+    notes["candidates"] = (f"Model B and the governor trained/calibrated on "
+                           f"{request.candidate_snapshot} (train, validation)")
+    return evidence
+
+
 def collect_inputs(request: CollectRequest) -> Collected:
     """The qualification bundle for ``request`` (see the module doc)."""
     notes: dict[str, str] = {}
@@ -386,7 +412,9 @@ def collect_inputs(request: CollectRequest) -> Collected:
         offline=found["offline"], decode=found["decode"],
         shadow_io=found["shadow_io"], objective=s.objective, throughput=s.throughput,
         economics=s.economics, predictor_figures=_figures(request, notes),
-        collection=ReplayThroughput.from_manifest(info.manifest), **pieces)
+        collection=ReplayThroughput.from_manifest(info.manifest),
+        candidates=_candidates(request, geometry.expert_count, sim.expert_bytes, notes,
+                               timings), **pieces)
     notes["collection"] = ("the manifest's replay_throughput (teacher prefill timed by the "
                            "replay worker)" if inputs.collection is not None else
                            "not measured: the manifest has no replay_throughput")

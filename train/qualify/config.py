@@ -188,10 +188,12 @@ class FalsifierConfig:
     """#7: the least recall advantage over the best control on ``temporal_holdout``."""
     min_oracle_hidden_fraction: float = 0.5
     """#9: the least hidden fraction a perfect predictor must reach."""
+    min_token_accuracy: float = 0.3
+    """#3: the drafter's next-token accuracy from which it "predicts tokens"."""
 
     def __post_init__(self) -> None:
         for name in ("match_tolerance", "useful_timely_recall", "meaningful_wait_reduction",
-                     "min_oracle_hidden_fraction"):
+                     "min_oracle_hidden_fraction", "min_token_accuracy"):
             _number("FalsifierConfig", name, getattr(self, name), low=0.0, high=1.0)
         _number("FalsifierConfig", "max_byte_amplification_ratio",
                 self.max_byte_amplification_ratio, low=1.0, high=None)

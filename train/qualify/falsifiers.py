@@ -8,9 +8,14 @@ the same evidence as the gates, never on training rows.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from hebrus_flywheel.train.qualify.config import HEURISTIC_METHODS, QualificationConfig
 from hebrus_flywheel.train.qualify.data_evidence import drill_summary
+from hebrus_flywheel.train.qualify.falsifiers_candidates import (
+    falsifier3_verdict,
+    falsifier6_verdict,
+)
 from hebrus_flywheel.train.qualify.falsifiers_io import (
     Outcome,
     f4_amplification,
@@ -105,17 +110,37 @@ def f2_heuristic(inputs: QualificationInputs, config: QualificationConfig) -> Ou
               measured=figure, threshold=threshold)
 
 
+def _from_verdict(result: dict[str, Any], threshold: str, measured: str = "") -> Outcome:
+    return outcome(result["verdict"], result["reason"], result["figures"], measured=measured,
+                   threshold=threshold)
+
+
+def f3_candidates(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
+    """#3 on Model B (the route sidecar on candidate positions)."""
+    margin = config.offline.margin
+    floor = config.falsifiers.min_token_accuracy
+    result = falsifier3_verdict(inputs.candidates, margin=margin, min_token_accuracy=floor)
+    f = result["figures"]
+    measured = "" if "route_recall" not in f else (
+        f"token accuracy {f['token_accuracy']:.3f}; route recall@{f['budget']} "
+        f"{f['route_recall']:.3f} vs {f['control']} {f['control_recall']:.3f}")
+    return _from_verdict(result, f"candidate-position recall >= strongest fair control + "
+                         f"{margin:.3f} (OfflineGateConfig.margin) while token accuracy >= "
+                         f"{floor:.2f} (FalsifierConfig.min_token_accuracy)", measured)
+
+
 def f3_dflash(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
+    if inputs.candidates is not None:
+        return f3_candidates(inputs, config)
     off = inputs.offline
     dflash = [] if off is None else sorted(m for m, f in off.features.items()
                                            if "dflash" in f.lower())
     threshold = (f"DFlash-feature recall >= strongest control + {config.offline.margin:.3f} "
                  "(OfflineGateConfig.margin)")
     if off is None or not dflash:
-        return outcome(NOT_MEASURABLE, "no learned method reads a DFlash candidate-position "
-                       "feature (offline.features declares none): candidate-path replay with "
-                       "a DFlash 2 drafter was not part of this run, and DFlash token "
-                       "acceptance is not an input here", threshold=threshold)
+        return outcome(NOT_MEASURABLE, "no candidate-path snapshot was given (Model B was not "
+                       "trained, the drafter's token accuracy not measured) and no learned "
+                       "method reads a DFlash candidate-position feature", threshold=threshold)
     budget, split = config.offline.budget or inputs.geometry.top_k, "validation"
     figures: dict = {"budget": budget, "split": split, "methods": {}}
     weak = []
@@ -139,21 +164,48 @@ def f3_dflash(inputs: QualificationInputs, config: QualificationConfig) -> Outco
                    "measured here", figures, measured=figure, threshold=threshold)
 
 
+def _saving(inputs: QualificationInputs) -> tuple[float | None, str]:
+    """Saving per served token: declared, else the shadow simulation's exposed-wait saving."""
+    e, m = inputs.economics, None if inputs.shadow_io is None else inputs.shadow_io.metrics
+    if e is not None and e.saving_s_per_token is not None:
+        return e.saving_s_per_token, "declared"
+    if m is not None and m.get("baseline_exposed_wait_s") is not None \
+            and m.get("accepted_tokens"):
+        return ((m["baseline_exposed_wait_s"] - m["exposed_wait_s"]) / m["accepted_tokens"],
+                "shadow simulation (illustrative timings)")
+    return None, ""
+
+
+def f6_candidates(inputs: QualificationInputs, config: QualificationConfig) -> Outcome:
+    """#6 on the measured candidate-path replay cost per accepted token."""
+    c = inputs.candidates
+    assert c is not None
+    saving, source = _saving(inputs)
+    result = falsifier6_verdict(
+        replay_cost_s_per_accepted_token=c.replay_cost_s_per_accepted_token,
+        accepted_tokens=c.accepted_tokens, saving_s_per_token=saving,
+        deployment_tokens=None if inputs.economics is None
+        else inputs.economics.deployment_tokens, saving_source=source)
+    f = result["figures"]
+    measured = "" if "expected_saving_s" not in f else (
+        f"{f['candidate_replay_cost_s']:.4g} s cost vs {f['expected_saving_s']:.4g} s saving")
+    return _from_verdict(result, "measured replay cost <= expected deployment saving", measured)
+
+
 def f6_economics(inputs: QualificationInputs,
                  config: QualificationConfig) -> Outcome:
+    c = inputs.candidates
+    if c is not None and c.replay_cost_s_per_accepted_token is not None:
+        return f6_candidates(inputs, config)
     e = inputs.economics
     threshold = "replay cost <= expected deployment saving"
     if e is None:
-        return outcome(NOT_MEASURABLE, "no candidate-path replay cost or deployment volume "
-                       "was given: this pipeline does not run DFlash 2 candidate-path replay "
-                       "yet, and the savings need the expected deployment token volume; "
-                       "declare them in the [economics] table", threshold=threshold)
-    saving, source = e.saving_s_per_token, "declared"
-    m = None if inputs.shadow_io is None else inputs.shadow_io.metrics
-    if saving is None and m is not None and m.get("baseline_exposed_wait_s") is not None \
-            and m.get("accepted_tokens"):
-        saving = (m["baseline_exposed_wait_s"] - m["exposed_wait_s"]) / m["accepted_tokens"]
-        source = "shadow simulation (illustrative timings)"
+        return outcome(NOT_MEASURABLE, "no candidate-path replay cost was measured (no "
+                       "candidate snapshot with bench/candidates.py's cost per accepted "
+                       "token) or declared, and the savings need the expected deployment "
+                       "token volume; declare them in the [economics] table",
+                       threshold=threshold)
+    saving, source = _saving(inputs)
     if saving is None:
         return outcome(NOT_MEASURABLE, "no saving per token was declared or simulated",
                        threshold=threshold)

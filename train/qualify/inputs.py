@@ -19,6 +19,7 @@ from typing import Any
 from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.train.projection import ReplayThroughput
 from hebrus_flywheel.train.qualify import checks as v
+from hebrus_flywheel.train.qualify.candidate_evidence import CandidateEvidence
 from hebrus_flywheel.train.qualify.data_evidence import (
     Authorization,
     ConsentMeasure,
@@ -43,7 +44,8 @@ from hebrus_flywheel.train.qualify.model_evidence import (
 from hebrus_flywheel.train.qualify.objective import ServiceObjective
 
 __all__ = [
-    "Authorization", "ConsentMeasure", "DecodeEvidence", "DeterminismEvidence", "EconomicsEvidence",
+    "Authorization", "CandidateEvidence", "ConsentMeasure", "DecodeEvidence",
+    "DeterminismEvidence", "EconomicsEvidence",
     "FailClosedEvidence", "Identity", "IntegrityEvidence", "NearDuplicates",
     "OfflineEvidence", "OpaqueIds", "Overlap", "ParityEvidence", "QualificationInputs",
     "RuntimeEvidence", "ShadowEvidence", "SplitIntegrity", "ThroughputEvidence",
@@ -118,6 +120,9 @@ class QualificationInputs:
     collection: ReplayThroughput | None = None
     """The snapshot's measured clean-path replay throughput (the manifest's
     ``replay_throughput``): the collection-time projection. None: not measured."""
+    candidates: CandidateEvidence | None = None
+    """Candidate-path evidence (Model B, the governor, replay cost): falsifiers #3, #6
+    and the governor plot. None: no candidate-path snapshot was given."""
 
     def __post_init__(self) -> None:
         v.freeze(self, "checkpoint_lineage", tuple)
@@ -143,7 +148,8 @@ class QualificationInputs:
                  "offline": OfflineEvidence, "decode": DecodeEvidence,
                  "shadow_io": ShadowEvidence, "objective": ServiceObjective,
                  "runtime": RuntimeEvidence, "throughput": ThroughputEvidence,
-                 "economics": EconomicsEvidence, "collection": ReplayThroughput}
+                 "economics": EconomicsEvidence, "collection": ReplayThroughput,
+                 "candidates": CandidateEvidence}
         for name, kind in kinds.items():
             v.instance(name, getattr(self, name), kind)
         if self.opaque_ids is not None:

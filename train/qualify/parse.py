@@ -18,6 +18,7 @@ from hebrus_flywheel.train.qualify.config import CONTROL_METHODS
 from hebrus_flywheel.train.qualify.errors import InputError
 from hebrus_flywheel.train.qualify.inputs import (
     Authorization,
+    CandidateEvidence,
     ConsentMeasure,
     DecodeEvidence,
     DeterminismEvidence,
@@ -144,6 +145,7 @@ _NESTED: dict[str, Converter] = {
     "throughput": _of(ThroughputEvidence),
     "economics": _of(EconomicsEvidence),
     "collection": _of(ReplayThroughput, {"machines": _tuple}),
+    "candidates": _of(CandidateEvidence),
 }
 
 

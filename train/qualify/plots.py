@@ -27,6 +27,7 @@ PLOT_TITLES: dict[str, str] = {
     "reliability": "Reliability diagram of predicted expert-membership probabilities",
     "byte_amplification": "Physical bytes read with / without predictions, by budget",
     "bandwidth": "Timely recall and exposed wait against SSD bandwidth",
+    "governor": "Block size: route union U_B against k x tau(B) (Model C)",
 }
 """Every figure the report may hold, in report order."""
 
@@ -206,6 +207,33 @@ def bandwidth(inputs: QualificationInputs, config: QualificationConfig) -> bytes
     return _png(fig)
 
 
+def governor(inputs: QualificationInputs, config: QualificationConfig) -> bytes | None:
+    """k·τ(B) and U_B (native, and Model B's predicted union) per block size on
+    validation, the recommended B marked; the break-even is U_B below k·τ(B)."""
+    c = inputs.candidates
+    table = None if c is None or c.governor is None else (
+        c.governor["tables"].get("validation"))
+    if not table:
+        return None
+    blocks = [r["block"] for r in table]
+    fig = Figure(figsize=(4.6, 3.2), layout="constrained")
+    ax = fig.subplots()
+    ax.plot(blocks, [r["k_tau"] for r in table], marker="o", label="k x tau(B)")
+    ax.plot(blocks, [r["union"] for r in table], marker="s", label="U_B (native routes)")
+    if all(r["predicted_union"] is not None for r in table):
+        ax.plot(blocks, [r["predicted_union"] for r in table], marker="^", linestyle="--",
+                label="U_B (Model B top-k)")
+    chosen = c.governor.get("recommended_block") if c is not None and c.governor else None
+    if chosen is not None:
+        ax.axvline(chosen, color="grey", linestyle=":", label=f"recommended B = {chosen}")
+    ax.set_xlabel("block size B (candidate positions)")
+    ax.set_ylabel("experts per layer per block")
+    ax.set_xticks(blocks)
+    ax.set_title("validation: speculation breaks even where U_B < k x tau(B)")
+    ax.legend(fontsize=6)
+    return _png(fig)
+
+
 def _per_token(row: dict[str, Any], key: str) -> float | None:
     value, tokens = row.get(key), row.get("accepted_tokens")
     return None if value is None or not tokens else 1e3 * float(value) / float(tokens)
@@ -213,7 +241,7 @@ def _per_token(row: dict[str, Any], key: str) -> float | None:
 
 _RENDERERS: dict[str, Callable[[QualificationInputs, QualificationConfig], bytes | None]] = {
     "recall_curves": recall_curves, "layer_heatmap": layer_heatmap, "reliability": reliability,
-    "byte_amplification": byte_amplification, "bandwidth": bandwidth,
+    "byte_amplification": byte_amplification, "bandwidth": bandwidth, "governor": governor,
 }
 
 
