@@ -144,8 +144,10 @@ def read_candidate_table(path: Any) -> pa.Table:
     from pathlib import Path
 
     from hebrus_flywheel.core.snapshot.read import open_snapshot
+    from hebrus_flywheel.core.snapshot.shard import PRODUCTS
 
-    sealed = open_snapshot(Path(path))
+    # opened as either product, so a clean snapshot gets this reader's own message
+    sealed = open_snapshot(Path(path), products=PRODUCTS)
     product = sealed.manifest.get("product")
     if product != "candidate_path":
         raise SnapshotError(f"snapshot {sealed.snapshot_id} is a {product or 'clean_path'} "
