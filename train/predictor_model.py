@@ -31,6 +31,7 @@ from torch import nn
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.train.exceptions import BatchError
+from hebrus_flywheel.train.isotonic import KNOTS
 from hebrus_flywheel.train.predictors import (
     ARCHITECTURES,
     GateArrays,
@@ -139,6 +140,7 @@ class RoutePredictor(nn.Module):
     """One learned predictor per head offset, the gate it may lean on, its calibration."""
 
     calibration_O3: torch.Tensor
+    calibration_knots_O2M: torch.Tensor
 
     def __init__(self, config: PredictorConfig, gate: GateArrays | None = None) -> None:
         super().__init__()
@@ -153,6 +155,9 @@ class RoutePredictor(nn.Module):
                       gate=arrays) for _, dl in config.offsets])
         identity = [[1.0, 0.0, 0.0]] * len(config.offsets)  # scale, bias, boundary
         self.register_buffer("calibration_O3", torch.tensor(identity, dtype=torch.float64))
+        # the isotonic map's knots (x, y) per head; all-zero x: none
+        self.register_buffer("calibration_knots_O2M", torch.zeros(
+            len(config.offsets), 2, KNOTS, dtype=torch.float64))
 
     def target_layers(self, source_layer_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Target layer of every head and whether it exists: ``(B, O)`` each."""
@@ -184,13 +189,21 @@ class RoutePredictor(nn.Module):
 
     def calibration(self, head: int = 0) -> PlattCalibration:
         scale, bias, boundary = (float(v) for v in self.calibration_O3[head])
-        return PlattCalibration(scale=scale, bias=bias, boundary=int(boundary))
+        x_M, y_M = self.calibration_knots_O2M[head]
+        knots = bool(x_M.any())
+        return PlattCalibration(scale=scale, bias=bias, boundary=int(boundary),
+                                knot_x=tuple(x_M.tolist()) if knots else (),
+                                knot_y=tuple(y_M.tolist()) if knots else ())
 
     def set_calibration(self, head: int, calibration: PlattCalibration) -> None:
         with torch.no_grad():
             self.calibration_O3[head] = torch.tensor(
                 [calibration.scale, calibration.bias, float(calibration.boundary)],
                 dtype=torch.float64)
+            self.calibration_knots_O2M[head] = 0.0
+            if calibration.knot_x:
+                self.calibration_knots_O2M[head] = torch.tensor(
+                    [calibration.knot_x, calibration.knot_y], dtype=torch.float64)
 
     def probabilities(self, scores_BE: torch.Tensor, head: int = 0) -> torch.Tensor:
         """Calibrated probability that an expert is in the native top-k set."""

@@ -14,14 +14,16 @@
   distance from the row's top-k edge, fitted on the
   validation split only (a temperature ``1/a`` plus a bias) on the pairs the ECE
   judges: each row's ``2k`` best-ranked candidates and whether each is in the native
-  top-k set (:func:`calibration_candidates`). It does not change the ranking, only
-  what the membership probabilities mean.
+  top-k set (:func:`calibration_candidates`), then an isotonic map on top when it
+  lowers the BCE of held-out validation pairs (:mod:`train.isotonic`). It does not
+  change the ranking, only what the membership probabilities mean.
 
 Legend: B rows, D feature width, L routed layers, E experts, K native top-k, M MLP width.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.train.isotonic import fit_knots, held_out_gain, interpolate
 from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig
 
 ARCHITECTURES = ("per_layer_mlp", "shared_lowrank", "gate_adapter")
@@ -197,6 +200,10 @@ class PlattCalibration:
     scale: float = 1.0
     bias: float = 0.0
     boundary: int = 0
+    knot_x: tuple[float, ...] = ()
+    """With ``knot_y``: the isotonic map applied to the sigmoid's output
+    (:mod:`train.isotonic`); empty when the held-out pairs did not gain from it."""
+    knot_y: tuple[float, ...] = ()
 
     def features(self, scores_BE: torch.Tensor) -> torch.Tensor:
         scores = scores_BE.double()
@@ -206,7 +213,8 @@ class PlattCalibration:
         return scores - 0.5 * (top_BK[:, -2:-1] + top_BK[:, -1:])
 
     def probabilities(self, scores_BE: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.scale * self.features(scores_BE) + self.bias)
+        prob = torch.sigmoid(self.scale * self.features(scores_BE) + self.bias)
+        return interpolate(prob, self.knot_x, self.knot_y) if self.knot_x else prob
 
 
 def calibration_candidates(top_k: int, expert_count: int) -> int:
@@ -248,14 +256,15 @@ def _fit_sigmoid(x_BC: torch.Tensor, member_BC: torch.Tensor,
 
 
 def fit_platt(scores_BC: torch.Tensor, member_BC: torch.Tensor, *, top_k: int = 0,
-              iterations: int = 100) -> PlattCalibration:
+              iterations: int = 100, isotonic: bool = True) -> PlattCalibration:
     """Scale and bias minimising the BCE of candidate membership on the given
     (validation) pairs: :func:`candidate_pairs` of the ECE's candidates, best first.
     With ``top_k`` both forms are fitted (raw score, and distance from the row's top-k
     edge, :class:`PlattCalibration`; the pairs are each row's best-ranked candidates in
     order, so the edge is between columns k-1 and k) and the one with the lower BCE on
     these validation pairs is kept. BCE, a proper scoring rule, not the ECE: a constant
-    probability equal to the base rate has an ECE of zero and says nothing."""
+    probability equal to the base rate has an ECE of zero and says nothing. With
+    ``isotonic``, the isotonic map of :func:`with_isotonic` on top when it helps."""
     scores, member = scores_BC.detach().double(), member_BC.detach().double()
     fits = []
     for boundary in (0, top_k) if 0 < top_k < scores.shape[1] else (0,):
@@ -264,7 +273,20 @@ def fit_platt(scores_BC: torch.Tensor, member_BC: torch.Tensor, *, top_k: int = 
         if np.isfinite(scale) and np.isfinite(bias) and np.isfinite(loss):
             fitted = PlattCalibration(scale=scale, bias=bias, boundary=boundary)
             fits.append((loss, fitted))
-    return min(fits, key=lambda f: f[0])[1] if fits else PlattCalibration()
+    platt = min(fits, key=lambda f: f[0])[1] if fits else PlattCalibration()
+    return with_isotonic(platt, scores, member) if isotonic else platt
+
+
+def with_isotonic(platt: PlattCalibration, scores_BC: torch.Tensor,
+                  member_BC: torch.Tensor) -> PlattCalibration:
+    """``platt`` plus the isotonic map of :mod:`train.isotonic` when it lowers the BCE
+    of held-out validation pairs, else ``platt`` unchanged."""
+    prob_BC = platt.probabilities(scores_BC).numpy()
+    member = member_BC.numpy()
+    if held_out_gain(prob_BC, member) <= 0.0:
+        return platt
+    x, y = fit_knots(prob_BC.ravel(), member.ravel())
+    return dataclasses.replace(platt, knot_x=x, knot_y=y)
 
 
 def pair_ece(prob_BC: torch.Tensor, member_BC: torch.Tensor, bins: int = 10) -> float:

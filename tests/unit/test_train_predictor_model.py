@@ -27,6 +27,7 @@ from hebrus_flywheel.train.config import (
 from hebrus_flywheel.train.data import Snapshot
 from hebrus_flywheel.train.evaluate import EvaluateConfig, RouterWeights, evaluate
 from hebrus_flywheel.train.exceptions import CheckpointError
+from hebrus_flywheel.train.isotonic import KNOTS
 from hebrus_flywheel.train.predictor_data import GateWeights
 from hebrus_flywheel.train.predictor_model import PredictorConfig, RoutePredictor
 from hebrus_flywheel.train.predictors import PlattCalibration, PredictorSpec
@@ -113,6 +114,12 @@ def test_the_model_is_the_benchs_predictor_and_p1_rows_of_the_last_layer_are_zer
     assert target[:, 1].tolist() == [1, 2, 2, 2] and valid[:, 1].tolist() == [1, 1, 0, 0]
     model.set_calibration(1, PlattCalibration(scale=0.5, bias=-1.0))
     assert model.calibration(1) == PlattCalibration(scale=0.5, bias=-1.0)
+    knots = tuple(float(v) for v in torch.linspace(0.01, 0.99, KNOTS))
+    mapped = PlattCalibration(scale=0.5, knot_x=knots, knot_y=tuple(v * v for v in knots))
+    model.set_calibration(0, mapped)  # the isotonic map travels in the state dict
+    restored = RoutePredictor(cfg)
+    restored.load_state_dict(model.state_dict())
+    assert restored.calibration(0) == mapped and restored.calibration(1).knot_x == ()
     decayed = {id(p) for g in make_optimizer(model, TrainConfig()).param_groups
                if g["weight_decay"] > 0 for p in g["params"]}
     names = {n for n, p in model.named_parameters() if id(p) in decayed}
