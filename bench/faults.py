@@ -261,7 +261,12 @@ def main() -> int:
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="flywheel-faults-"))
     # the cluster is this home's local cluster: its clients take the home's role
-    # credentials for the node ports FLYWHEEL_BROKER_PORT + 2i (read at import)
+    # credentials for the node ports FLYWHEEL_BROKER_PORT + 2i (read at import); a
+    # client config, bootstrap, role or key store set for another broker (a test
+    # session's, say) must not leak into this run or the commands it starts
+    for inherited in ("FLYWHEEL_KAFKA_CONFIG", "FLYWHEEL_BOOTSTRAP_SERVERS", "FLYWHEEL_ROLE",
+                      "FLYWHEEL_OWNER_KEYS"):
+        os.environ.pop(inherited, None)
     os.environ["FLYWHEEL_HOME"] = str(work / "home")
     os.environ["FLYWHEEL_BROKER_PORT"] = str(args.base_port)
     from hebrus_flywheel.core.settings import BOOTSTRAP_ENV

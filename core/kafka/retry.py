@@ -33,6 +33,9 @@ RETRIABLE_CODES: frozenset[int] = frozenset({
     KafkaError._TIMED_OUT,
     KafkaError.REQUEST_TIMED_OUT,
     KafkaError._TRANSPORT,
+    # the connection to one node was torn down under the request (that node died or
+    # restarted); the next attempt goes to the partition's new leader
+    KafkaError._DESTROY_BROKER,
 })
 
 

@@ -119,6 +119,7 @@ def test_faust_refuses_what_it_cannot_honour(props: dict[str, str], match: str) 
     KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.REBALANCE_IN_PROGRESS,
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT,
+    KafkaError._DESTROY_BROKER,
 ])
 def test_retriable_codes(code: int) -> None:
     assert kafka.is_retriable(KafkaError(code))
