@@ -420,17 +420,23 @@ def _topic_configs(
 ) -> dict[str, dict[str, str]]:
     if not names:
         return {}
-    resources = [ConfigResource(ConfigResource.Type.TOPIC, n) for n in names]
+    retry = kafka.client_config(bootstrap).retry
     out: dict[str, dict[str, str]] = {}
-    for resource, fut in admin.describe_configs(resources, request_timeout=timeout_s).items():
-        try:
-            entries = fut.result(timeout=timeout_s + 5)
-        except KafkaException as exc:
+    for name in names:
+        resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+
+        def describe(resource: ConfigResource = resource) -> Any:
+            futures = admin.describe_configs([resource], request_timeout=timeout_s)
+            return futures[resource].result(timeout=timeout_s + 5)
+
+        try:  # retried: a controller election (a node just died) times out for a while
+            entries = retry.call(describe, what=f"configs of {name}")
+        except (KafkaException, kafka.KafkaRetryError) as exc:
             raise TopicError(
-                f"cannot describe configs of {resource.name} on {_where(bootstrap)}: {exc}; "
+                f"cannot describe configs of {name} on {_where(bootstrap)}: {exc}; "
                 "retry once the broker is healthy (`flywheel broker status`)"
             ) from exc
-        out[resource.name] = {k: str(e.value) for k, e in entries.items() if e.value is not None}
+        out[name] = {k: str(e.value) for k, e in entries.items() if e.value is not None}
     return out
 
 
