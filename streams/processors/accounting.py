@@ -14,7 +14,8 @@ put in exactly one class, first match wins:
 * ``in_windowed_generation``: its generation has windows, but no window holds this
   record itself (a token that is no anchor, a turn after the last anchor);
 * ``duplicate``: its generation was dropped by the dedup stage (by the decision's
-  reason: ``exact_duplicate``, ``near_duplicate``, ``near_duplicate_of_train``);
+  reason: ``exact_duplicate``, ``near_duplicate``, ``near_duplicate_of_train``,
+  ``near_duplicate_of_evaluation``);
 * ``kept_without_window``: its generation was kept but had no eligible anchor;
 * ``pending``: its generation is still open (or complete and awaiting its decision)
   in the latest ``capture-state`` changelog header: an open window;

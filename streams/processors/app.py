@@ -34,9 +34,9 @@ thread's content and the configuration, so a repeated window is byte-identical a
 downstream readers drop it by ``window_id``. A window is marked done only after its
 windows were acknowledged by the broker, so no window is lost. Quarantine records carry
 ids derived from their source coordinates and may also repeat. What is *not*
-guaranteed: dedup decisions follow the order threads complete; a train thread that
-completes after a near-identical evaluation thread keeps both and is counted as
-``late_eval_conflict``.
+guaranteed: dedup decisions follow the order threads complete; of a train thread and a
+near-identical evaluation thread, the one that completes second is dropped
+(``near_duplicate_of_train`` or ``near_duplicate_of_evaluation``).
 """
 
 from __future__ import annotations

@@ -11,9 +11,12 @@ token ids) and a MinHash signature over token shingles (datasketch ``MinHash``,
 * with ``drop_near_within_split``, a near duplicate of a kept thread of the same split
   is dropped (``near_duplicate``); other generations of the same owner/thread are
   exempt (they share the split by construction);
-* a *train* thread is never dropped in favour of an evaluation thread. When it arrives
-  after an evaluation thread it duplicates, whose windows are already published, it is
-  kept and the conflict is counted as ``late_eval_conflict`` (reported by inspect).
+* a *train* thread that arrives after a kept evaluation thread it near-duplicates (or
+  duplicates exactly) is dropped (``near_duplicate_of_evaluation``): that evaluation
+  thread's windows are already published and cannot be taken back, so the only way to
+  leave no near-identical content across train and evaluation is to give up the later
+  train thread. Which one of a cross-split pair survives thus follows completion order,
+  but no pair ever survives in both splits.
 
 The decision of a thread generation is recorded with it, so a repeated summary
 (redelivery) gets the same decision back.
@@ -153,7 +156,6 @@ class DedupVerdict:
     keep: bool
     reason: str
     match: str | None = None
-    late_conflicts: tuple[str, ...] = ()
 
 
 class DedupIndex:
@@ -218,9 +220,12 @@ class DedupIndex:
         if split == "train":
             if exact is not None and self._splits[exact] == "train":
                 return DedupVerdict(keep=False, reason="exact_duplicate", match=exact)
+            if evals:
+                return DedupVerdict(keep=False, reason="near_duplicate_of_evaluation",
+                                    match=evals[0])
             if train and self.config.drop_near_within_split:
                 return DedupVerdict(keep=False, reason="near_duplicate", match=train[0])
-            return DedupVerdict(keep=True, reason="unique", late_conflicts=evals)
+            return DedupVerdict(keep=True, reason="unique")
         if exact is not None:
             return DedupVerdict(keep=False, reason="exact_duplicate", match=exact)
         if train:
@@ -306,6 +311,7 @@ class DedupStage:
             split=split, digest=summary["digest"], thread=tkey, hashvalues=summary["minhash"]
         )
         decision = _decision(summary, split, rule, verdict)
+        decision["threshold"] = self.dedup_config.threshold
         self._record(summary, decision, verdict)
         return decision
 
@@ -385,8 +391,6 @@ class DedupStage:
             )
         self.counters.inc("split", decision["split"])
         self.counters.inc("dedup", verdict.reason)
-        if verdict.late_conflicts:
-            self.counters.inc("dedup", "late_eval_conflict", len(verdict.late_conflicts))
 
 
 def _start_ms(summary: Mapping[str, Any]) -> int:
@@ -411,5 +415,4 @@ def _decision(
         "keep": verdict.keep,
         "reason": verdict.reason,
         "match": verdict.match,
-        "late_conflicts": list(verdict.late_conflicts),
     }

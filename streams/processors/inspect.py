@@ -65,8 +65,11 @@ def decision_counts(bootstrap: str, topics: StreamTopics) -> dict[str, Any]:
     reasons = Counter(d["reason"] for d in decisions.values())
     kept = Counter(d["split"] for d in decisions.values() if d["keep"])
     dropped = Counter(d["split"] for d in decisions.values() if not d["keep"])
+    # Workers before near_duplicate_of_evaluation kept such train threads as late conflicts.
     late = sum(len(d.get("late_conflicts", ())) for d in decisions.values())
+    thresholds = {d["threshold"] for d in decisions.values() if d.get("threshold") is not None}
     return {
+        "threshold": thresholds.pop() if len(thresholds) == 1 else None,
         "thread_generations": len(decisions),
         "by_reason": dict(sorted(reasons.items())),
         "kept_by_split": dict(sorted(kept.items())),

@@ -191,15 +191,16 @@ def test_rebuild_report_maps_to_determinism() -> None:
 
 def test_streams_summary_maps_to_fail_closed_and_near_duplicates() -> None:
     summary = {"quarantine": {"wrong_k": 2, "undecodable": 1},
-               "dedup": {"by_reason": {"near_duplicate_of_train": 3, "unique": 9},
-                         "late_eval_conflicts": 1},
+               "dedup": {"by_reason": {"near_duplicate_of_train": 3, "unique": 9,
+                                       "near_duplicate_of_evaluation": 2},
+                         "late_eval_conflicts": 1, "threshold": 0.8},
                "capture": {"records": 120}}
     fail_closed = data.fail_closed_evidence(summary)
     assert fail_closed is not None
     assert (fail_closed.records_seen, fail_closed.total_quarantined) == (120, 3)
     assert fail_closed.records_accepted is None  # not in the summary: never invented
     near = data.near_duplicates_evidence(summary)
-    assert near is not None and (near.found, near.removed) == (4, 3)
+    assert near is not None and (near.found, near.removed, near.threshold) == (6, 5, 0.8)
     assert fail_closed.accounting == {}
     ledger = data.fail_closed_evidence({**summary, "accounting": {
         "totals": {"records": 100, "windowed": 97, "quarantined": 3, "unaccounted": 0}}})

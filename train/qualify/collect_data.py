@@ -242,20 +242,37 @@ def fail_closed_evidence(summary: Mapping[str, Any]) -> FailClosedEvidence | Non
                               accounting=accounting)
 
 
+CROSS_SPLIT_REASONS = ("near_duplicate_of_train", "near_duplicate_of_evaluation")
+"""Dedup reasons that remove one thread of a train/evaluation near-duplicate pair."""
+
+
 def near_duplicates_evidence(summary: Mapping[str, Any]) -> NearDuplicates | None:
-    """Cross-split near duplicates from the dedup decisions: evaluation threads dropped
-    as near duplicates of a train thread (found and removed) plus late conflicts (a train
-    thread that arrived after an already published evaluation thread: found, kept)."""
+    """Cross-split near duplicates from the dedup decisions: evaluation threads dropped as
+    near duplicates of an earlier train thread and train threads dropped as near
+    duplicates of an earlier evaluation thread (found and removed), plus the late
+    conflicts older workers recorded (a train thread kept after an already published
+    evaluation thread: found, kept)."""
     dedup = summary.get("dedup")
     if not isinstance(dedup, Mapping) or "by_reason" not in dedup:
         return None
-    removed = _counts(dedup["by_reason"], "dedup.by_reason").get("near_duplicate_of_train", 0)
+    by_reason = _counts(dedup["by_reason"], "dedup.by_reason")
+    removed = sum(by_reason.get(r, 0) for r in CROSS_SPLIT_REASONS)
     late = dedup.get("late_eval_conflicts", 0)
     if isinstance(late, bool) or not isinstance(late, int):
         raise InputError("the streams summary's dedup.late_eval_conflicts must be a count")
     return NearDuplicates(found=removed + late, removed=removed,
+                          threshold=_threshold(dedup.get("threshold")),
                           method="MinHash/LSH over token shingles (streams dedup stage): "
-                                 "near_duplicate_of_train + late_eval_conflicts")
+                                 "near_duplicate_of_train + near_duplicate_of_evaluation "
+                                 "+ late_eval_conflicts (ledgers of older workers)")
+
+
+def _threshold(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError("the streams summary's dedup.threshold must be a number")
+    return float(value)
 
 
 # --- split integrity from the shards' lineage columns ------------------------------------

@@ -274,10 +274,12 @@ def _dedup_check(integrity: IntegrityEvidence) -> Check:
                           "measured; run dedup before sealing (snapshot integrity report)",
                           threshold=threshold)
     left = nd.found - nd.removed
+    how = ", ".join(part for part in (
+        None if nd.threshold is None else f"similarity >= {nd.threshold:g}", nd.method) if part)
     return judged("near_duplicates", left == 0,
                   figure=f"{_n(nd.found)} cross-split near-duplicate window(s) found, "
-                  f"{_n(nd.removed)} removed, {_n(left)} left (similarity >= {nd.threshold}, "
-                  f"{nd.method})", threshold=threshold,
+                  f"{_n(nd.removed)} removed, {_n(left)} left" + (f" ({how})" if how else ""),
+                  threshold=threshold,
                   reason="" if left == 0 else f"{left} remain across train/evaluation")
 
 
