@@ -387,7 +387,17 @@ def test_gate5_fails_on_low_useful_ratio_and_no_misses_avoided() -> None:
 
 
 def test_gate5_pollution_and_starvation_bounds() -> None:
-    assert gate5_shadow(_shadow(pollution_misses=10**6), CFG.shadow).status == FAIL
+    caused = gate5_shadow(_shadow(pollution_misses_vs_baseline=10**6), CFG.shadow)
+    assert caused.status == FAIL and "no-prediction cache still held" in caused.headline
+    # Misses the no-prediction cache would have taken too are not pollution ...
+    assert gate5_shadow(_shadow(pollution_misses=10**6, pollution_misses_vs_baseline=0),
+                        CFG.shadow).status == PASS
+    # ... but without the counterfactual count the gross one is the bound.
+    data = _raw()
+    del data["shadow_io"]["metrics"]["pollution_misses_vs_baseline"]
+    data["shadow_io"]["metrics"]["pollution_misses"] = 10**6
+    gross = gate5_shadow(inputs_from_mapping(data), CFG.shadow)
+    assert gross.status == FAIL and "upper bound" in gross.headline
     strict = ShadowGateConfig(max_p0_starvation_per_token=0.0)
     starved = gate5_shadow(_shadow(p0_starvation_attempts=5), strict)
     assert starved.status == FAIL and "P0 starvation" in starved.headline

@@ -216,6 +216,22 @@ def test_evictions_caused_by_prefetch_and_the_misses_they_cause() -> None:
     result = simulate(trace, predictions, _config(cache_capacity_experts=2, eviction="lru"))
     assert result.counters["evictions_by_prefetch"] == 1
     assert result.counters["pollution_misses"] == 1
+    baseline = simulate(trace, None, _config(cache_capacity_experts=2, eviction="lru"))
+    assert summarize(result, baseline)["pollution_misses_vs_baseline"] == 1
+    assert result.demand_polluted.tolist() == [False, False, True]
+    assert baseline.demand_ready.tolist() == [False, False, True]
+
+
+def test_a_miss_the_cache_would_have_taken_anyway_is_no_pollution() -> None:
+    """Expert 0 is evicted by a prefetch, but without it expert 2 would have evicted it
+    before its next use: the miss on 0 counts in the gross figure only."""
+    trace = _one_layer([0, 1, 2, 0])
+    predictions = _early_p2(target_row=2, expert=5, ready_row=1, boundary=1)
+    config = _config(cache_capacity_experts=2, eviction="lru")
+    result = simulate(trace, predictions, config)
+    metrics = summarize(result, simulate(trace, None, config))
+    assert result.counters["pollution_misses"] == 1
+    assert metrics["pollution_misses_vs_baseline"] == 0
 
 
 def test_undispatched_prefetch_expires_and_partial_bytes_count() -> None:

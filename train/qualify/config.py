@@ -153,7 +153,8 @@ class ShadowGateConfig:
     max_byte_amplification_ratio: float = 1.5
     """Most physical bytes read with predictions / without them (same trace, config)."""
     max_pollution_miss_fraction: float | None = 0.01
-    """Most exact misses caused by prefetch evictions, as a fraction of exact demands."""
+    """Most exact misses caused by prefetch evictions (misses the no-prediction run
+    served from its cache), as a fraction of exact demands."""
     max_p0_starvation_per_token: float | None = None
     """Most P0 starvation attempts per accepted token; None: report only."""
     require_misses_avoided: bool = True

@@ -93,9 +93,17 @@ def _versus(result: SimResult, baseline: SimResult, exposed: float) -> Metrics:
     base_exposed = float(baseline.step_wait_s.sum())
     base_misses = baseline.counters["exact_misses"]
     reduction = _ratio(base_exposed - exposed, base_exposed)
+    if result.demand_polluted.shape != baseline.demand_ready.shape:
+        raise TraceError("the baseline served a different number of exact demands; "
+                         "simulate the same trace without predictions")
+    # Pollution proper: a miss a prefetch's eviction caused, i.e. one the no-prediction
+    # cache would have served. The gross counter also holds misses that LRU alone
+    # would have taken, because the expert aged out of the cache anyway.
+    caused = int(np.count_nonzero(result.demand_polluted & baseline.demand_ready))
     return {
         "baseline_exact_misses": base_misses,
         "exact_misses_avoided": base_misses - result.counters["exact_misses"],
+        "pollution_misses_vs_baseline": caused,
         "baseline_exposed_wait_s": base_exposed,
         "exposed_wait_reduction": reduction,
         "baseline_exposed_wait_step_p95_s": _percentile(baseline.step_wait_s, 95),

@@ -76,6 +76,10 @@ class SimResult:
         exact_io_wall_time_s: length of the union of [submit, land] intervals of every
             read that served an exact expert (its first consumption).
         sim_time_s: simulated wall time of the whole trace.
+        demand_ready: per exact demand in trace order (step, layer, the router's
+            order), whether its expert was resident when due (``counters["demands"]``,).
+        demand_polluted: per exact demand, whether it missed on an expert last evicted
+            to admit a prefetch (the ``pollution_misses`` counter, per demand).
     """
 
     config: SimConfig
@@ -90,6 +94,8 @@ class SimResult:
     slack_s: np.ndarray
     exact_io_wall_time_s: float
     sim_time_s: float
+    demand_ready: np.ndarray
+    demand_polluted: np.ndarray
 
 
 def simulate(trace: DecodeTrace, predictions: PredictionSet | None = None,
@@ -136,6 +142,7 @@ class _Run:
         self.expiry: list[tuple[int, int, Read]] = []
         self.polluted: set[int] = set()
         self.slack: list[float] = []
+        self.demand_ready, self.demand_polluted = bytearray(), bytearray()
         self.intervals: list[tuple[float, float]] = []
         self.ids = itertools.count()
 
@@ -158,6 +165,8 @@ class _Run:
             counters=dict(self.c), step_wait_s=step_wait,
             slack_s=np.asarray(self.slack, dtype=float),
             exact_io_wall_time_s=_union_length(self.intervals), sim_time_s=self.now,
+            demand_ready=np.frombuffer(bytes(self.demand_ready), dtype=bool),
+            demand_polluted=np.frombuffer(bytes(self.demand_polluted), dtype=bool),
         )
 
     def _close(self) -> None:
@@ -202,13 +211,17 @@ class _Run:
         c["demands"] += 1
         c["demands_predicted"] += predicted
         entry = self.cache.get(key)
-        if entry is not None and entry.state == RESIDENT:
+        ready = entry is not None and entry.state == RESIDENT
+        polluted = not ready and key in self.polluted
+        self.demand_ready.append(ready)
+        self.demand_polluted.append(polluted)
+        if entry is not None and ready:
             c["demands_ready"] += 1
             c["demands_predicted_ready"] += predicted
             self._consume(entry, due)
             return None
         c["exact_misses"] += 1
-        c["pollution_misses"] += key in self.polluted
+        c["pollution_misses"] += polluted
         if entry is None:
             entry = self._new_read(key, 0, due, self.key_now, rejected=False)
         else:
