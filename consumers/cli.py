@@ -124,6 +124,52 @@ def worker_command(
         typer.echo(worker.drained)
 
 
+@replay_app.command("candidates")
+def candidates_command(
+    snapshot: Path = typer.Option(..., "--snapshot", help="Sealed clean epoch directory."),
+    out: Path = typer.Option(..., "--out", help="Candidate dataset root (not the clean one)."),
+    teacher: Path = typer.Option(..., "--teacher", help="Teacher checkpoint directory."),
+    bootstrap: str | None = typer.Option(None, "--bootstrap-servers", help=_BOOTSTRAP_HELP),
+    drafter: list[str] = typer.Option(
+        ["prompt_lookup", "teacher_self"], "--drafter",
+        help="Drafter(s): prompt_lookup (n-gram lookup in the context, no model) and/or "
+        "teacher_self (the teacher drafts greedily: the upper bound)."),
+    width: int = typer.Option(4, "--width", help="Candidate paths per anchor (W)."),
+    depth: int = typer.Option(4, "--depth", help="Candidate positions per path (B)."),
+    anchors_per_window: int = typer.Option(
+        4, "--anchors-per-window", help="Anchors drafted per window, evenly spaced."),
+    parity_windows: int = typer.Option(
+        4, "--parity-windows", help="Windows checked against step-by-step decode (Gate 1)."),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", help="Source read timeout."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Candidate-path replay of a sealed clean epoch's windows into its own snapshot."""
+    declare_role("sealer")
+    from hebrus_flywheel.consumers.candidate_epoch import (
+        CandidateEpochConfig,
+        build_candidate_epoch,
+    )
+
+    report = build_candidate_epoch(CandidateEpochConfig(
+        snapshot=snapshot, out=out, teacher=teacher, bootstrap=bootstrap_servers(bootstrap),
+        drafters=tuple(drafter), width=width, depth=depth,
+        anchors_per_window=anchors_per_window, parity_windows=parity_windows,
+        timeout_s=timeout_s))
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    parity = report["parity"]
+    typer.echo(f"candidate snapshot {report['snapshot_id']}: {report['rows']} rows in "
+               f"{report['shards']} shards ({report['out']})")
+    typer.echo(f"  parity vs step-by-step decode: ids {parity['candidate_ids_exact']:.4f}, "
+               f"rank {parity['candidate_rank_exact']:.4f}, accepted-prefix digests "
+               f"{parity['accepted_prefix_digest_parity']:.4f} over {parity['paths']} paths")
+    cost = report["replay_cost_s_per_accepted_token"]
+    typer.echo(f"  {report['accepted_tokens']} accepted tokens, "
+               f"{'n/a' if cost is None else f'{cost:.4g}'} s of candidate replay per "
+               "accepted token")
+
+
 @replay_app.command("status")
 def status_command(max_age_s: float | None = typer.Option(
         None, "--max-age-s", help="Exit 1 unless a health file was written this recently.",

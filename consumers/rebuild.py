@@ -36,7 +36,7 @@ Nothing is published to Kafka: records refused again are only counted.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,9 +50,9 @@ from hebrus_flywheel.consumers.content_policy import (
 )
 from hebrus_flywheel.consumers.dataset import config_digest, writer_versions
 from hebrus_flywheel.consumers.engine import load_engine, window_check
-from hebrus_flywheel.consumers.epochs import EpochBoundary, EpochPlan, freeze_offsets
+from hebrus_flywheel.consumers.epochs import Block, EpochBoundary, EpochPlan, freeze_offsets
 from hebrus_flywheel.consumers.exceptions import RebuildError
-from hebrus_flywheel.consumers.intake import PartitionLog, classify
+from hebrus_flywheel.consumers.intake import Accepted, PartitionLog, classify
 from hebrus_flywheel.consumers.kafka_io import low_offsets, read_ranges
 from hebrus_flywheel.consumers.manifest import (
     build_manifest,
@@ -106,7 +106,7 @@ class RebuildConfig:
             raise ConfigError("RebuildConfig.bootstrap must name at least one broker")
 
 
-def _boundary(manifest: dict[str, Any]) -> tuple[EpochBoundary, dict[str, str]]:
+def manifest_boundary(manifest: dict[str, Any]) -> tuple[EpochBoundary, dict[str, str]]:
     topics = manifest["source"]["topics"]
     start = {t: {p: r["start"] for p, r in v["partitions"].items()} for t, v in topics.items()}
     end = {t: {p: r["end"] for p, r in v["partitions"].items()} for t, v in topics.items()}
@@ -115,18 +115,22 @@ def _boundary(manifest: dict[str, Any]) -> tuple[EpochBoundary, dict[str, str]]:
     return boundary, {t: v["split"] for t, v in topics.items()}
 
 
-def _load(config: RebuildConfig, manifest: dict[str, Any], teacher: Any) -> Any:
+def load_for_snapshot(manifest: Mapping[str, Any], teacher_dir: Path, *,
+                      tokenizer_dir: Path | None = None, teacher: Any = None) -> Any:
+    """The replay engine bundle a sealed epoch was made with (same dtype, kernel path,
+    options and thread count); RebuildError when the teacher's identity or the engine's
+    resolved config is not the snapshot's."""
     det = manifest["determinism"]
     path = parse_kernel_path(manifest["identity"].get("kernel_path") or "")
-    bundle = load_engine(teacher_dir=config.teacher, dtype=det["dtype"],
+    bundle = load_engine(teacher_dir=teacher_dir, dtype=det["dtype"],
                          device=path.get("device", "cpu"), attention=path.get("attention", "sdpa"),
                          replay_options=det["replay_options"],
                          torch_threads=det["torch_threads"],
-                         tokenizer_dir=config.tokenizer_dir, teacher=teacher)
+                         tokenizer_dir=tokenizer_dir, teacher=teacher)
     want = manifest["identity"]["identity_id"]
     if bundle.identity["identity_id"] != want:
         raise RebuildError(
-            f"the teacher in {config.teacher} has identity {bundle.identity['identity_id']}, "
+            f"the teacher in {teacher_dir} has identity {bundle.identity['identity_id']}, "
             f"the snapshot was made with {want}; load the same checkpoint, tokenizer, dtype "
             "and kernel path"
         )
@@ -139,7 +143,7 @@ def _load(config: RebuildConfig, manifest: dict[str, Any], teacher: Any) -> Any:
 
 
 def _window_ranges(manifest: dict[str, Any]) -> dict[tuple[str, int], tuple[int, int]]:
-    boundary, _ = _boundary(manifest)
+    boundary, _ = manifest_boundary(manifest)
     return {(t, p): (0, boundary.end_of(t, p)) for t, parts in boundary.end.items()
             for p in parts}
 
@@ -169,7 +173,7 @@ def check_retained(bootstrap: str, needed: Mapping[tuple[str, int], int], *,
 
 
 def _window_starts(manifest: dict[str, Any]) -> dict[tuple[str, int], int]:
-    boundary, _ = _boundary(manifest)
+    boundary, _ = manifest_boundary(manifest)
     return {(t, int(p)): boundary.start_of(t, p) for t, parts in boundary.end.items()
             for p in parts if boundary.start_of(t, p) < boundary.end_of(t, p)}
 
@@ -220,14 +224,15 @@ def _classify(msg: Any, split: str, settings: BlockSettings, bundle: Any, check:
     return run(fresh.get(verdict.window["window_id"], msg.value()))
 
 
-def _policy(config: RebuildConfig, det: Mapping[str, Any], bundle: Any) -> ContentPolicy | None:
+def _policy(tokenizer_dir: Path | None, det: Mapping[str, Any],
+            bundle: Any) -> ContentPolicy | None:
     """The content policy the snapshot was written under (None: sealed before it existed,
     every accepted window was replayed)."""
     recorded = det.get("content_policy")
     if recorded is None:
         return None
     return ContentPolicy(policy_from_mapping(recorded, "manifest determinism.content_policy"),
-                         tokenizer_decoder(config.tokenizer_dir or bundle.teacher.path))
+                         tokenizer_decoder(tokenizer_dir or bundle.teacher.path))
 
 
 def _intake(plog: PartitionLog, offset: int, verdict: Any, policy: ContentPolicy | None,
@@ -249,27 +254,36 @@ def _intake(plog: PartitionLog, offset: int, verdict: Any, policy: ContentPolicy
         stats.inc("intake", "duplicate")
 
 
-def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: Path,
-            stats: Counters, fresh: Mapping[str, bytes] | None = None) -> None:
+def _settings(manifest: Mapping[str, Any], bundle: Any, root: Path) -> BlockSettings:
     det = manifest["determinism"]
-    boundary, splits = _boundary(manifest)
-    settings = BlockSettings(
+    return BlockSettings(
         root=root, shard=ShardConfig(**det["shard"]), batch_windows=det["batch_windows"],
         route=bundle.teacher.geometry, identity_id=bundle.identity["identity_id"],
         config_digest=config_digest(det),
         feature_contract=bundle.replay_config.get("feature_contract"))
+
+
+def epoch_blocks(bootstrap: str, manifest: Mapping[str, Any], bundle: Any, stats: Counters, *,
+                 timeout_s: float, tokenizer_dir: Path | None = None,
+                 fresh: Mapping[str, bytes] | None = None,
+                 ) -> Iterator[tuple[Block, str, list[Accepted]]]:
+    """The sealed epoch's blocks as the replay worker closed them: ``(block, split,
+    accepted windows)`` from the window topics (offset 0 up to the recorded end), with the
+    worker's classification, duplicate rule, consent check and content policy."""
+    det = manifest["determinism"]
+    boundary, splits = manifest_boundary(dict(manifest))
+    settings = _settings(manifest, bundle, Path("."))
     plan = EpochPlan(settings.shard.offsets_per_shard, [boundary])
     logs = {(t, p): PartitionLog(topic=t, partition=p, split=splits[t],
                                  base=boundary.start_of(t, p))
             for t, parts in boundary.end.items() for p in parts}
     ranges = {tp: (0, boundary.end_of(*tp)) for tp in logs}
     check = window_check(bundle)
-    policy = _policy(config, det, bundle)
-    consent = ConsentBook(bootstrap=config.bootstrap,
+    policy = _policy(tokenizer_dir, det, bundle)
+    consent = ConsentBook(bootstrap=bootstrap,
                           topic=str(manifest["source"].get("prefix") or "") + CONSENT_TOPIC)
     consent.load()
-    for msg in read_ranges(config.bootstrap, ranges, timeout_s=config.timeout_s,
-                           error=RebuildError):
+    for msg in read_ranges(bootstrap, ranges, timeout_s=timeout_s, error=RebuildError):
         plog = logs[(msg.topic(), msg.partition())]
         verdict = _classify(msg, plog.split, settings, bundle, check, fresh)
         if msg.offset() < plog.base:
@@ -279,7 +293,16 @@ def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: 
             continue
         _intake(plog, msg.offset(), verdict, policy, stats, consent)
         while (block := plog.next_block(plan)) is not None:
-            close_block(bundle.engine, settings, block, plog.split, plog.take(block), stats)
+            yield block, plog.split, plog.take(block)
+
+
+def _replay(config: RebuildConfig, manifest: dict[str, Any], bundle: Any, root: Path,
+            stats: Counters, fresh: Mapping[str, bytes] | None = None) -> None:
+    settings = _settings(manifest, bundle, root)
+    for block, split, items in epoch_blocks(
+            config.bootstrap, manifest, bundle, stats, timeout_s=config.timeout_s,
+            tokenizer_dir=config.tokenizer_dir, fresh=fresh):
+        close_block(bundle.engine, settings, block, split, items, stats)
 
 
 def _differences(original: dict[str, Any], rebuilt: dict[str, Any]) -> list[str]:
@@ -304,11 +327,12 @@ def rebuild_snapshot(config: RebuildConfig, *, teacher: Any = None) -> dict[str,
     check_retained(config.bootstrap, _window_starts(manifest), what="the window records",
                    timeout_s=config.timeout_s)
     capture = _capture_check(config, manifest) if config.from_capture else None
-    bundle = _load(config, manifest, teacher)
+    bundle = load_for_snapshot(manifest, config.teacher, tokenizer_dir=config.tokenizer_dir,
+                               teacher=teacher)
     stats = Counters()
     _replay(config, manifest, bundle, out, stats,
             None if capture is None else capture.fresh.encoded)
-    boundary, splits = _boundary(manifest)
+    boundary, splits = manifest_boundary(manifest)
     dataset = {"identity": manifest["identity"], "determinism": manifest["determinism"],
                "writer": writer_versions()}
     dataset["source"] = {k: v for k, v in manifest["source"].items() if k != "topics"}

@@ -51,6 +51,7 @@ class DemoContext:
     temporal_cut_ms: int | None = None
     checkpoint_dir: Path | None = None
     rebuild_report: Path | None = None
+    candidate_report: dict[str, Any] | None = None
     results: dict[str, Any] = field(default_factory=dict)
 
 
@@ -308,6 +309,44 @@ def _stage_rebuild(ctx: DemoContext) -> None:
           "ciphertext fresh: encrypted at rest)")
 
 
+CANDIDATE_ANCHORS_PER_WINDOW = 2
+"""Anchors per window drafted on the candidate path (the demo's time budget)."""
+
+
+def _stage_candidates(ctx: DemoContext) -> None:
+    """The candidate-path product of the sealed epoch: both drafters, W=4 x B=4, its own
+    snapshot beside the clean one, parity against step-by-step decode, replay cost."""
+    if ctx.snapshot_dir is None:
+        raise FlywheelError("candidate replay needs the sealed snapshot of the replay stage")
+    root = ctx.home / "datasets" / f"{_teacher_name()}-candidates"
+    lines = _flywheel("replay", "candidates", "--snapshot", str(ctx.snapshot_dir), "--out",
+                      str(root), "--teacher", str(ctx.teacher_dir), "--anchors-per-window",
+                      str(CANDIDATE_ANCHORS_PER_WINDOW), "--json", log_name="candidates",
+                      ctx=ctx)
+    start = next(i for i, line in enumerate(lines) if line.startswith("{"))
+    report = json.loads("\n".join(lines[start:]))
+    ctx.candidate_report = report
+    ctx.results["candidate_snapshot"] = report["out"]
+    parity = report["parity"]
+    cost = report["replay_cost_s_per_accepted_token"]
+    print(f"[candidates] snapshot {report['snapshot_id'][:12]}: {report['rows']} candidate rows "
+          f"({', '.join(report['drafters'])}), {report['accepted_tokens']} accepted tokens, "
+          f"{'n/a' if cost is None else f'{cost:.3g}'} s replay per accepted token; parity "
+          f"vs step-by-step decode: ids {parity['candidate_ids_exact']:.3f}, rank "
+          f"{parity['candidate_rank_exact']:.3f}, accepted-prefix digests "
+          f"{parity['accepted_prefix_digest_parity']:.3f} ({parity['paths']} paths)")
+
+
+def _candidate_args(ctx: DemoContext) -> list[str]:
+    report = ctx.candidate_report
+    if report is None:
+        return []
+    args = ["--candidate-snapshot", str(report["out"])]
+    if report["replay_cost_s_per_accepted_token"] is not None:
+        args += ["--candidate-replay-cost", str(report["replay_cost_s_per_accepted_token"])]
+    return args
+
+
 def _print_lines(tag: str, lines: list[str]) -> None:
     shown = [line for line in lines if line.strip() and not line.startswith(("20", "[", "WARN"))]
     print(f"[{tag}]")
@@ -376,6 +415,12 @@ QUALIFY_CONFIG = """\
 [authorization]
 policy = "synthetic-threads"
 production_transcripts = false
+
+# An assumed deployment, not a measurement: the output tokens one predictor serves before
+# it is replaced. Falsifier 6 weighs the candidate replay cost measured in this run
+# against the saving per token the shadow simulation measured, times this volume.
+[economics]
+deployment_tokens = 10000000
 """
 
 
@@ -416,7 +461,8 @@ def _stage_qualify(ctx: DemoContext) -> None:
                       str(report_dir), "--rebuild-report", str(ctx.rebuild_report),
                       "--erasure-receipt", str(ctx.run_dir / "erasure-receipt.json"),
                       "--streams-accounting", str(ctx.run_dir / ACCOUNTING_FILE),
-                      *_figures_args(ctx), log_name="qualify", ctx=ctx)
+                      *_figures_args(ctx), *_candidate_args(ctx), log_name="qualify",
+                      ctx=ctx)
     ctx.results["report"] = str(report_dir / "report.html")
     _print_lines("qualify", lines)
 
@@ -429,6 +475,7 @@ STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("streams", _stage_streams),
     ("replay", _stage_replay),
     ("rebuild", _stage_rebuild),
+    ("candidates", _stage_candidates),
     ("predictors", _stage_predictors),  # the ablation chooses on validation what to train
     ("train", _stage_train),
     ("evaluate", _stage_evaluate),

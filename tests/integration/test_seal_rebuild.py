@@ -285,6 +285,62 @@ def test_rebuild_regenerates_plaintext_identical_shards(scenario: Scenario,
     assert report["rebuilt_content_id"] == scenario.epochs[1].manifest["content_id"]
 
 
+def _candidate_config(scenario: Scenario, out: Path) -> Any:
+    from hebrus_flywheel.consumers.candidate_epoch import CandidateEpochConfig
+
+    return CandidateEpochConfig(
+        snapshot=scenario.epochs[0].manifest_path.parent, out=out,
+        teacher=scenario.teacher_dir, bootstrap=scenario.bootstrap,
+        drafters=("teacher_self", "prompt_lookup"), width=2, depth=2, anchors_per_window=2,
+        parity_windows=2)
+
+
+def test_candidate_epoch_is_its_own_product_over_the_clean_epochs_windows(
+        scenario: Scenario, tmp_path: Path) -> None:
+    """`flywheel replay candidates`: the same blocks as the clean epoch, parity against
+    step-by-step decode, a product clean readers refuse; a rerun after a crash keeps the
+    shards written and ends in the same content; a sealed epoch is not redone."""
+    from hebrus_flywheel.consumers.candidate_epoch import build_candidate_epoch
+    from hebrus_flywheel.core.snapshot import PRODUCT_CANDIDATE, ProductError, open_snapshot
+    from hebrus_flywheel.train.candidates.rows import read_candidate_table
+
+    clean = scenario.epochs[0].manifest
+    config = _candidate_config(scenario, tmp_path / "first")
+    report = build_candidate_epoch(config, teacher=scenario.teacher)
+    sealed = Path(report["out"])
+    manifest = load_manifest(sealed).to_dict()
+    assert manifest["product"] == PRODUCT_CANDIDATE and report["rows"] > 0
+    assert manifest["parity"]["authoritative"] and manifest["parity"]["paths"] > 0
+    assert report["parity"]["candidate_rank_exact"] == 1.0
+    assert report["parity"]["accepted_prefix_digest_parity"] == 1.0
+    assert report["accepted_tokens"] > 0 and report["replay_cost_s_per_accepted_token"] > 0
+    # teacher self-drafting proposes at every anchor: every clean shard has its candidate twin
+    assert {s["path"] for s in manifest["shards"]} == {s["path"] for s in clean["shards"]}
+    assert manifest["source"]["clean_snapshot"] == clean["snapshot_id"]
+    verify_snapshot(sealed, keys=True)
+    with pytest.raises(ProductError):
+        open_snapshot(sealed)
+    table = read_candidate_table(sealed)
+    assert set(table.column("drafter_id").to_pylist()) >= {"teacher_self"}
+    assert not {"accepted", "accepted_prefix_digest", "path_id"} - set(table.column_names)
+    opened = open_snapshot(scenario.epochs[0].manifest_path.parent)
+    windows = {w for i in range(len(opened.manifest.shards))
+               for w in opened.read_shard(i, ["window_id"]).column("window_id").to_pylist()}
+    assert set(table.column("window_id").to_pylist()) <= windows
+    with pytest.raises(RebuildError, match="already sealed"):
+        build_candidate_epoch(config, teacher=scenario.teacher)
+
+    # A crash that left every shard but one: the rerun replays only the missing block.
+    partial = tmp_path / "second"
+    shards = sorted(s["path"] for s in manifest["shards"])
+    for rel in shards[1:]:  # manifest paths are relative to the epoch directory
+        (partial / sealed.name / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(sealed / rel, partial / sealed.name / rel)
+    again = build_candidate_epoch(_candidate_config(scenario, partial), teacher=scenario.teacher)
+    assert (again["shards_written"], again["shards_kept"]) == (1, len(shards) - 1)
+    assert load_manifest(Path(again["out"])).to_dict()["content_id"] == manifest["content_id"]
+
+
 def test_seal_without_running_workers_times_out_with_a_clear_message(
     scenario: Scenario,
 ) -> None:

@@ -37,6 +37,10 @@ class CandidateEvidence:
     """Measured candidate-path replay device seconds per accepted token (bench)."""
     source: str = ""
     """Where the rows came from (the candidate snapshot's id or path)."""
+    parity: dict[str, Any] | None = None
+    """The candidate snapshot's parity against step-by-step decode (its manifest's
+    ``parity``: ``candidate_ids_exact``, ``candidate_rank_exact``,
+    ``accepted_prefix_digest_parity``, ``pairs``, ``paths``, ``authoritative``)."""
     notes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -53,6 +57,8 @@ class CandidateEvidence:
         v.count("candidates.accepted_tokens", self.accepted_tokens, optional=True)
         v.number("candidates.replay_cost_s_per_accepted_token",
                  self.replay_cost_s_per_accepted_token, optional=True)
+        if self.parity is not None:
+            v.mapping("candidates.parity", self.parity)
 
     @property
     def token_accuracy(self) -> float | None:
@@ -64,7 +70,8 @@ class CandidateEvidence:
 def candidate_evidence(table: Any, *, expert_count: int, expert_bytes: int = 1,
                        train_config: Any = None, governor_config: Any = None,
                        replay_cost_s_per_accepted_token: float | None = None,
-                       source: str = "") -> tuple[CandidateEvidence, dict[str, Any]]:
+                       source: str = "", parity: dict[str, Any] | None = None,
+                       ) -> tuple[CandidateEvidence, dict[str, Any]]:
     """Model B and Model C on a candidate-path table; returns the evidence and Model B's
     full report (its ``lines`` are ``candidate-figures.jsonl``)."""
     from hebrus_flywheel.train.candidates.bench import run_model_b
@@ -85,6 +92,6 @@ def candidate_evidence(table: Any, *, expert_count: int, expert_bytes: int = 1,
     evidence = CandidateEvidence(
         model=report["model"], top_k=top_k, acceptance=report["acceptance"],
         summary=report["summary"], governor=governor_report(summaries, governor_config),
-        accepted_tokens=accepted, source=source,
+        accepted_tokens=accepted, source=source, parity=parity,
         replay_cost_s_per_accepted_token=replay_cost_s_per_accepted_token)
     return evidence, report

@@ -368,15 +368,17 @@ def _candidates(request: CollectRequest, expert_count: int, expert_bytes: int,
     if request.candidate_snapshot is None:
         notes["candidates"] = "not measured: no --candidate-snapshot was given"
         return None
+    from hebrus_flywheel.core.snapshot import load_manifest
     from hebrus_flywheel.train.candidates.rows import read_candidate_table
     from hebrus_flywheel.train.governor import GovernorConfig
 
     started = time.perf_counter()
+    manifest = load_manifest(Path(request.candidate_snapshot)).to_dict()
     evidence, _ = candidate_evidence(
         read_candidate_table(request.candidate_snapshot), expert_count=expert_count,
         expert_bytes=expert_bytes, governor_config=GovernorConfig(expert_bytes=expert_bytes),
         replay_cost_s_per_accepted_token=request.candidate_replay_cost_s_per_accepted_token,
-        source=str(request.candidate_snapshot))
+        source=str(request.candidate_snapshot), parity=manifest.get("parity"))
     timings["candidates"] = time.perf_counter() - started
     notes["candidates"] = (f"Model B and the governor trained/calibrated on "
                            f"{request.candidate_snapshot} (train, validation)")

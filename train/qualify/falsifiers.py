@@ -199,7 +199,7 @@ def f6_economics(inputs: QualificationInputs,
         return f6_candidates(inputs, config)
     e = inputs.economics
     threshold = "replay cost <= expected deployment saving"
-    if e is None:
+    if e is None or e.candidate_replay_cost_s is None:
         return outcome(NOT_MEASURABLE, "no candidate-path replay cost was measured (no "
                        "candidate snapshot with bench/candidates.py's cost per accepted "
                        "token) or declared, and the savings need the expected deployment "

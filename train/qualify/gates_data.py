@@ -210,10 +210,35 @@ def _gate1_figures(inputs: QualificationInputs) -> dict[str, Any]:
 def gate1_replay(inputs: QualificationInputs, config: ReplayGateConfig) -> GateVerdict:
     """Gate 1: exact parity (authoritative or overridden), a deterministic rebuild and
     fail-closed accounting. Fails closed: if it does not pass, do not train."""
-    checks = [*_parity_checks(inputs.parity), _determinism_check(inputs.determinism, config),
+    checks = [*_parity_checks(inputs.parity), _candidate_parity_check(inputs.candidates),
+              _determinism_check(inputs.determinism, config),
               *_fail_closed_checks(inputs.fail_closed, config),
               _opaque_id_check(inputs.opaque_ids)]
     return gate_verdict(1, GATE1_NAME, checks, _gate1_figures(inputs))
+
+
+CANDIDATE_RATES = ("candidate_ids_exact", "candidate_rank_exact",
+                   "accepted_prefix_digest_parity")
+
+
+def _candidate_parity_check(candidates: Any) -> Check:
+    """Candidate-path replay against step-by-step cached decode over the same prefixes and
+    paths: ids and rank per (candidate row, layer) and accepted-prefix digests per path."""
+    threshold = "candidate ids, rank and accepted-prefix digests all at 1.000 (non-empty)"
+    parity = None if candidates is None else candidates.parity
+    if parity is None:
+        return unmeasured("candidate_parity", "no candidate-path snapshot with a parity "
+                          "result was given (`flywheel replay candidates`, then qualify "
+                          "--candidate-snapshot)", threshold=threshold,
+                          required=candidates is not None)
+    rates = {k: parity.get(k) for k in CANDIDATE_RATES}
+    pairs, paths = int(parity.get("pairs") or 0), int(parity.get("paths") or 0)
+    ok = bool(parity.get("authoritative")) and pairs > 0 and all(r == 1.0 for r in rates.values())
+    shown = ", ".join(f"{k} {'n/a' if r is None else f'{float(r):.4f}'}" for k, r in rates.items())
+    return judged("candidate_parity", ok, figure=f"candidate-path parity vs step-by-step "
+                  f"decode: {shown} over {_n(pairs)} (row, layer) pairs and {_n(paths)} paths",
+                  threshold=threshold, reason="" if ok else "candidate rows differ from decode "
+                  "(or nothing was compared): do not train Model B on them")
 
 
 def _pairs(config: IntegrityGateConfig) -> str:

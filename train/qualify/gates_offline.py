@@ -161,7 +161,36 @@ def gate3_offline(inputs: QualificationInputs, config: OfflineGateConfig) -> Gat
             inputs.predictor_figures, splits=_figure_splits(config), top_k=budget,
             margin=config.margin, max_ece=config.max_ece)
         checks += extra
+    checks += _candidate_checks(inputs.candidates, config)
     return gate_verdict(3, GATE3_NAME, checks, figures)
+
+
+def _candidate_checks(candidates: Any, config: OfflineGateConfig) -> list[Check]:
+    """Model B (the route sidecar on candidate positions) against the strongest fair
+    control at the teacher's k, on the accepted candidate rows of each decision split and
+    the runtime holdout. No candidate snapshot: one unrequired, unmeasured check."""
+    threshold = f"recall@k on accepted candidate rows >= strongest control + {config.margin:.3f}"
+    if candidates is None:
+        return [unmeasured("candidate_sidecar", "no candidate-path snapshot was given: Model B "
+                           "was not trained (`flywheel replay candidates`, then qualify "
+                           "--candidate-snapshot)", threshold=threshold, required=False)]
+    checks = []
+    for split in _figure_splits(config):
+        node = candidates.summary.get(f"{split}/accepted") or {}
+        recall, control = node.get("recall"), node.get("control_recall")
+        name = f"candidate_sidecar_{split}"
+        if recall is None or control is None:
+            checks.append(unmeasured(name, f"no {split} candidate rows (or no fair control) "
+                                     "to score Model B on", threshold=threshold))
+            continue
+        lead = float(recall) - float(control)
+        checks.append(judged(name, lead >= config.margin, threshold=threshold,
+                             figure=f"{split}: {candidates.model} recall@{candidates.top_k} "
+                             f"{float(recall):.3f} vs {node.get('control')} "
+                             f"{float(control):.3f} ({lead:+.3f}) on accepted candidate rows",
+                             reason="" if lead >= config.margin else
+                             f"leads by only {lead:+.3f}"))
+    return checks
 
 
 def _figure_splits(config: OfflineGateConfig) -> tuple[str, ...]:

@@ -279,15 +279,17 @@ class ThroughputEvidence:
 class EconomicsEvidence:
     """Candidate-path replay cost against expected deployment savings (falsifier #6)."""
 
-    candidate_replay_cost_s: float
-    """Device seconds spent on candidate-path replay for this checkpoint."""
     deployment_tokens: float
     """Output tokens the checkpoint is expected to serve before it is replaced."""
+    candidate_replay_cost_s: float | None = None
+    """Device seconds spent on candidate-path replay for this checkpoint; None: only the
+    cost measured on a candidate-path snapshot counts (``--candidate-replay-cost``)."""
     saving_s_per_token: float | None = None
     """Expected saving per output token; None: the shadow run's exposed-wait saving."""
 
     def __post_init__(self) -> None:
-        v.number("economics.candidate_replay_cost_s", self.candidate_replay_cost_s)
+        v.number("economics.candidate_replay_cost_s", self.candidate_replay_cost_s,
+                 optional=True)
         v.number("economics.deployment_tokens", self.deployment_tokens)
         v.number("economics.saving_s_per_token", self.saving_s_per_token, optional=True,
                  low=None)

@@ -22,7 +22,7 @@ from hebrus_flywheel.core.files import (
 )
 from hebrus_flywheel.core.geometry import teacher_budgets
 from hebrus_flywheel.core.kafka.security import INSECURE_WARNING, insecure_plaintext
-from hebrus_flywheel.train.projection import projection
+from hebrus_flywheel.train.projection import ReplayThroughput, projection
 from hebrus_flywheel.train.qualify.config import QualificationConfig
 from hebrus_flywheel.train.qualify.errors import ReportError
 from hebrus_flywheel.train.qualify.inputs import QualificationInputs
@@ -94,6 +94,20 @@ def simulator_geometry(inputs: QualificationInputs) -> dict[str, Any]:
     }
 
 
+def candidate_throughput(inputs: QualificationInputs) -> ReplayThroughput | None:
+    """The candidate path's measured speed: accepted candidate tokens per second of
+    candidate replay (None without a measured cost)."""
+    c = inputs.candidates
+    cost = None if c is None else c.replay_cost_s_per_accepted_token
+    if c is None or not cost or not c.accepted_tokens:
+        return None
+    return ReplayThroughput(
+        path="candidate", tokens=c.accepted_tokens, rows=c.accepted_tokens,
+        seconds=cost * c.accepted_tokens, tokens_per_s=1.0 / cost, rows_per_s=1.0 / cost,
+        shards_measured=0, shards=0,
+        measured="candidate replay seconds per accepted candidate token")
+
+
 def build_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
                  falsifiers: Sequence[FalsifierVerdict], *,
                  config: QualificationConfig | None = None,
@@ -113,7 +127,7 @@ def build_report(inputs: QualificationInputs, verdicts: Sequence[GateVerdict],
         "geometry": inputs.geometry.to_dict(),
         "expert_bytes": inputs.expert_bytes,
         "simulator_geometry": simulator_geometry(inputs),
-        "collection_projection": projection(inputs.collection),
+        "collection_projection": projection(inputs.collection, candidate_throughput(inputs)),
         "decision": decision(verdicts, falsifiers),
         "gates": [v.to_dict() for v in sorted(verdicts, key=lambda v: v.gate)],
         "falsifiers": [f.to_dict() for f in sorted(falsifiers, key=lambda f: f.number)],
