@@ -131,9 +131,10 @@ def candidates_command(
     teacher: Path = typer.Option(..., "--teacher", help="Teacher checkpoint directory."),
     bootstrap: str | None = typer.Option(None, "--bootstrap-servers", help=_BOOTSTRAP_HELP),
     drafter: list[str] = typer.Option(
-        ["prompt_lookup", "teacher_self"], "--drafter",
-        help="Drafter(s): prompt_lookup (n-gram lookup in the context, no model) and/or "
-        "teacher_self (the teacher drafts greedily: the upper bound)."),
+        ["prompt_lookup", "dense", "teacher_self"], "--drafter",
+        help="Drafter(s): prompt_lookup (n-gram lookup in the context, no model), dense (a "
+        "small GRU draft model trained on the snapshot's train split), teacher_self (the "
+        "teacher drafts greedily: the upper bound)."),
     width: int = typer.Option(4, "--width", help="Candidate paths per anchor (W)."),
     depth: int = typer.Option(4, "--depth", help="Candidate positions per path (B)."),
     anchors_per_window: int = typer.Option(

@@ -314,7 +314,7 @@ CANDIDATE_ANCHORS_PER_WINDOW = 2
 
 
 def _stage_candidates(ctx: DemoContext) -> None:
-    """The candidate-path product of the sealed epoch: both drafters, W=4 x B=4, its own
+    """The candidate-path product of the sealed epoch: all three drafters, W=4 x B=4, its own
     snapshot beside the clean one, parity against step-by-step decode, replay cost."""
     if ctx.snapshot_dir is None:
         raise FlywheelError("candidate replay needs the sealed snapshot of the replay stage")

@@ -291,7 +291,8 @@ def _candidate_config(scenario: Scenario, out: Path) -> Any:
     return CandidateEpochConfig(
         snapshot=scenario.epochs[0].manifest_path.parent, out=out,
         teacher=scenario.teacher_dir, bootstrap=scenario.bootstrap,
-        drafters=("teacher_self", "prompt_lookup"), width=2, depth=2, anchors_per_window=2,
+        drafters=("teacher_self", "prompt_lookup", "dense"), width=2, depth=2,
+        anchors_per_window=2,
         parity_windows=2)
 
 
@@ -321,7 +322,8 @@ def test_candidate_epoch_is_its_own_product_over_the_clean_epochs_windows(
     with pytest.raises(ProductError):
         open_snapshot(sealed)
     table = read_candidate_table(sealed)
-    assert set(table.column("drafter_id").to_pylist()) >= {"teacher_self"}
+    drafters = set(table.column("drafter_id").to_pylist())
+    assert "teacher_self" in drafters and any(d.startswith("dense_gru/") for d in drafters)
     assert not {"accepted", "accepted_prefix_digest", "path_id"} - set(table.column_names)
     opened = open_snapshot(scenario.epochs[0].manifest_path.parent)
     windows = {w for i in range(len(opened.manifest.shards))

@@ -22,7 +22,7 @@ def _config(**overrides: Any) -> CandidateEpochConfig:
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("drafters", ("dense",), "drafters"),
+    ("drafters", ("gpt",), "drafters"),
     ("drafters", (), "drafters"),
     ("width", 0, "width"),
     ("depth", True, "depth"),
