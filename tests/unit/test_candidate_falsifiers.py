@@ -103,3 +103,52 @@ def test_governor_uses_model_b_predicted_union(learnable):
     breaks_even = any(row["break_even"] for row in table)
     assert (learnable.governor["recommended_block"] is not None) == breaks_even
     assert learnable.governor["admission"]["validation"]["paths"] > 0
+
+
+def test_gates_read_candidate_parity_model_b_and_its_p2_hints():
+    from hebrus_flywheel.core.geometry import RouteGeometry
+    from hebrus_flywheel.train.qualify import (
+        FAIL,
+        PASS,
+        QualificationConfig,
+        gate1_replay,
+        gate3_offline,
+        gate5_shadow,
+    )
+    from hebrus_flywheel.train.sim import SimConfig
+
+    shape = RouteGeometry(family="t", routed_layers=(0, 1), layer_count=2, expert_count=16,
+                          top_k=2, hidden_size=10, routed_intermediate_size=10)
+    sim = SimConfig(geometry=shape, dtype_bytes=1.0, attention_time_s=1e-3, moe_time_s=1e-3,
+                    step_overhead_s=0.0, ssd_bandwidth_bytes_per_s=3e5, ssd_latency_s=0.0,
+                    ssd_queue_depth=4, cache_capacity_experts=64)
+    parity = {"authoritative": True, "pairs": 40, "paths": 8, "candidate_ids_exact": 1.0,
+              "candidate_rank_exact": 1.0, "accepted_prefix_digest_parity": 1.0}
+    evidence, _ = candidate_evidence(
+        candidate_table(proposals=60, experts=16, top_k=2), expert_count=16, expert_bytes=100,
+        train_config=TRAIN, source="fixture", parity=parity, sim_config=sim)
+    assert evidence.p2_shadow is not None
+    assert "exposed_wait_reduction" in evidence.p2_shadow["metrics"]
+    raw = json.loads(FIXTURE.read_text(encoding="utf-8"))
+    plain = inputs_from_mapping(raw)
+    raw["candidates"] = inputs_to_mapping(
+        dataclasses.replace(plain, candidates=evidence))["candidates"]
+    inputs = inputs_from_mapping(json.loads(json.dumps(raw)))  # survives the JSON round trip
+    assert inputs.candidates == evidence
+    config = QualificationConfig()
+
+    def check(verdict, name):
+        return next(c for c in verdict.checks if c.name == name)
+
+    assert check(gate1_replay(inputs, config.replay), "candidate_parity").status == PASS
+    wrong = dataclasses.replace(inputs, candidates=dataclasses.replace(
+        evidence, parity={**parity, "candidate_rank_exact": 0.99}))
+    assert check(gate1_replay(wrong, config.replay), "candidate_parity").status == FAIL
+    absent = check(gate1_replay(plain, config.replay), "candidate_parity")
+    assert absent.status == NOT_MEASURABLE and not absent.required
+    model_b = check(gate3_offline(inputs, config.offline), "candidate_sidecar_validation")
+    assert model_b.status in (PASS, FAIL) and "accepted candidate rows" in model_b.measured
+    assert not check(gate3_offline(plain, config.offline), "candidate_sidecar").required
+    shadow = gate5_shadow(inputs, config.shadow)
+    assert shadow.figures["candidate_p2"]["split"] == evidence.p2_shadow["split"]
+    assert not check(shadow, "candidate_p2_hints").required

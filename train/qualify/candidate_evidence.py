@@ -37,6 +37,9 @@ class CandidateEvidence:
     """Measured candidate-path replay device seconds per accepted token (bench)."""
     source: str = ""
     """Where the rows came from (the candidate snapshot's id or path)."""
+    p2_shadow: dict[str, Any] | None = None
+    """Shadow I/O of Model B's top-k as P2 hints on the committed candidate paths of one
+    split (``split`` and the simulator's metrics against no prediction); None: not run."""
     parity: dict[str, Any] | None = None
     """The candidate snapshot's parity against step-by-step decode (its manifest's
     ``parity``: ``candidate_ids_exact``, ``candidate_rank_exact``,
@@ -59,6 +62,8 @@ class CandidateEvidence:
                  self.replay_cost_s_per_accepted_token, optional=True)
         if self.parity is not None:
             v.mapping("candidates.parity", self.parity)
+        if self.p2_shadow is not None:
+            v.mapping("candidates.p2_shadow", self.p2_shadow)
 
     @property
     def token_accuracy(self) -> float | None:
@@ -67,10 +72,15 @@ class CandidateEvidence:
         return None if value is None else float(value)
 
 
+P2_SHADOW_SPLITS = ("runtime_holdout", "validation")
+"""Where Model B's P2 hints are simulated: the first of these the snapshot holds."""
+
+
 def candidate_evidence(table: Any, *, expert_count: int, expert_bytes: int = 1,
                        train_config: Any = None, governor_config: Any = None,
                        replay_cost_s_per_accepted_token: float | None = None,
                        source: str = "", parity: dict[str, Any] | None = None,
+                       sim_config: Any = None,
                        ) -> tuple[CandidateEvidence, dict[str, Any]]:
     """Model B and Model C on a candidate-path table; returns the evidence and Model B's
     full report (its ``lines`` are ``candidate-figures.jsonl``)."""
@@ -82,16 +92,23 @@ def candidate_evidence(table: Any, *, expert_count: int, expert_bytes: int = 1,
     trained, report = run_model_b(table, expert_count=expert_count, expert_bytes=expert_bytes,
                                   config=train_config)
     top_k = int(report["top_k"])
-    summaries = {}
-    for split in sorted(set(table.column("split").to_pylist())):
+    summaries, p2_shadow = {}, None
+    splits = sorted(set(table.column("split").to_pylist()))
+    shadow_split = next((s for s in P2_SHADOW_SPLITS if s in splits), None)
+    for split in splits:
         rows = load_candidate_rows(table, split)
         predicted = predict(trained.model, rows).topk(top_k, dim=1).indices.numpy()
         summaries[split] = summarize_paths(rows, expert_count=expert_count,
                                            predicted_NC=predicted)
+        if split == shadow_split and sim_config is not None:
+            from hebrus_flywheel.train.sim.candidates import model_b_shadow
+
+            p2_shadow = {"split": split, "budget": top_k, "metrics": model_b_shadow(
+                rows, predicted, expert_count=expert_count, config=sim_config)}
     accepted = int(sum(table.column("accepted").to_pylist()))
     evidence = CandidateEvidence(
         model=report["model"], top_k=top_k, acceptance=report["acceptance"],
         summary=report["summary"], governor=governor_report(summaries, governor_config),
-        accepted_tokens=accepted, source=source, parity=parity,
+        accepted_tokens=accepted, source=source, parity=parity, p2_shadow=p2_shadow,
         replay_cost_s_per_accepted_token=replay_cost_s_per_accepted_token)
     return evidence, report

@@ -362,7 +362,7 @@ def _figures(request: CollectRequest, notes: dict[str, str]) -> tuple[dict[str, 
     return tuple(read_figures(request.predictor_figures))
 
 
-def _candidates(request: CollectRequest, expert_count: int, expert_bytes: int,
+def _candidates(request: CollectRequest, expert_count: int, sim: SimConfig,
                 notes: dict[str, str], timings: dict[str, float]) -> CandidateEvidence | None:
     """Model B and the governor on the candidate snapshot when the request names one."""
     if request.candidate_snapshot is None:
@@ -376,9 +376,10 @@ def _candidates(request: CollectRequest, expert_count: int, expert_bytes: int,
     manifest = load_manifest(Path(request.candidate_snapshot)).to_dict()
     evidence, _ = candidate_evidence(
         read_candidate_table(request.candidate_snapshot), expert_count=expert_count,
-        expert_bytes=expert_bytes, governor_config=GovernorConfig(expert_bytes=expert_bytes),
+        expert_bytes=sim.expert_bytes,
+        governor_config=GovernorConfig(expert_bytes=sim.expert_bytes),
         replay_cost_s_per_accepted_token=request.candidate_replay_cost_s_per_accepted_token,
-        source=str(request.candidate_snapshot), parity=manifest.get("parity"))
+        source=str(request.candidate_snapshot), parity=manifest.get("parity"), sim_config=sim)
     timings["candidates"] = time.perf_counter() - started
     notes["candidates"] = (f"Model B and the governor trained/calibrated on "
                            f"{request.candidate_snapshot} (train, validation)")
@@ -415,8 +416,8 @@ def collect_inputs(request: CollectRequest) -> Collected:
         shadow_io=found["shadow_io"], objective=s.objective, throughput=s.throughput,
         economics=s.economics, predictor_figures=_figures(request, notes),
         collection=ReplayThroughput.from_manifest(info.manifest),
-        candidates=_candidates(request, geometry.expert_count, sim.expert_bytes, notes,
-                               timings), **pieces)
+        candidates=_candidates(request, geometry.expert_count, sim, notes, timings),
+        **pieces)
     notes["collection"] = ("the manifest's replay_throughput (teacher prefill timed by the "
                            "replay worker)" if inputs.collection is not None else
                            "not measured: the manifest has no replay_throughput")

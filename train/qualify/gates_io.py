@@ -200,7 +200,26 @@ def gate5_shadow(inputs: QualificationInputs, config: ShadowGateConfig) -> GateV
     figures.update({"budget": shadow.budget, "amplification_ratio": amplification_ratio(m),
                     "sim_config": dict(shadow.sim_config), "break_even": list(shadow.break_even),
                     "sweep_points": len(shadow.sweep)})
-    return gate_verdict(5, GATE5_NAME, _shadow_checks(m, config), figures)
+    checks = _shadow_checks(m, config)
+    p2 = None if inputs.candidates is None else inputs.candidates.p2_shadow
+    if p2 is not None:
+        figures["candidate_p2"] = {"split": p2["split"], "budget": p2["budget"],
+                                   **{k: p2["metrics"].get(k) for k in SHADOW_FIGURES}}
+        checks.append(_p2_check(p2))
+    return gate_verdict(5, GATE5_NAME, checks, figures)
+
+
+def _p2_check(p2: Mapping[str, Any]) -> Check:
+    """Reported only: Model B's top-k as P2 hints on the committed candidate paths."""
+    m = p2["metrics"]
+    hidden, useful = _value(m, "exposed_wait_reduction"), _value(m, "useful_prefetch_ratio")
+    ratio = amplification_ratio(m)
+    return judged("candidate_p2_hints", True, required=False,
+                  figure=f"{p2['split']}: Model B's top-{p2['budget']} as P2 hints hide "
+                  f"{(hidden or 0):.1%} of the exposed wait on the committed candidate paths "
+                  f"(useful prefetch ratio {(useful or 0):.3f}, bytes x{(ratio or 0):.3f})",
+                  threshold="reported only (the clean-path run above is judged)",
+                  reason="reported")
 
 
 def _prior_check(prior: Sequence[GateVerdict]) -> Check:
