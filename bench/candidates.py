@@ -6,7 +6,8 @@ repeated stretch so prompt lookup finds continuations), at the same anchors:
 (a) clean-path replay: :class:`replay.prefill.PrefillReplayer`, one forward per window;
     labels are (anchor, routed layer) pairs;
 (b) candidate-path replay: :class:`replay.candidates.replay.CandidateReplayer` with the
-    prompt-lookup drafter and with teacher self-drafting (W x B per anchor); labels are
+    prompt-lookup drafter, the dense draft model (trained here on other windows of the
+    same generator) and teacher self-drafting (W x B per anchor); labels are
     (candidate row, routed layer) pairs; each anchor prefills its prefix once.
 
 Figures (one JSON line each): ``clean_labels_per_s``, ``candidate_labels_per_s`` (one
@@ -36,9 +37,10 @@ def emit(figure: str, value: Any, **extra: Any) -> None:
     print(json.dumps({"figure": figure, "value": value, **extra}, sort_keys=True), flush=True)
 
 
-def windows(identity_id: str, length: int, count: int, anchors: int) -> list[dict[str, Any]]:
+def windows(identity_id: str, length: int, count: int, anchors: int,
+            first_seed: int = 0) -> list[dict[str, Any]]:
     out = []
-    for i in range(count):
+    for i in range(first_seed, first_seed + count):
         rng = np.random.default_rng(i)
         base = rng.integers(5, 4000, max(length // 3, 8)).tolist()
         tokens = (base * 4)[:length]
@@ -69,6 +71,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
+    from hebrus_flywheel.replay.candidates.dense_draft import (
+        DenseDraftConfig,
+        train_dense_drafter,
+    )
     from hebrus_flywheel.replay.candidates.drafters import DraftConfig, PromptLookupDrafter
     from hebrus_flywheel.replay.candidates.replay import CandidateConfig, CandidateReplayer
     from hebrus_flywheel.replay.candidates.self_draft import TeacherSelfDrafter
@@ -86,7 +92,15 @@ def main() -> None:
         emit("clean_labels_per_s", round(clean_rate, 1), seconds=round(seconds, 3),
              length=args.length, windows=args.windows)
         config = CandidateConfig(draft=DraftConfig(width=args.width, depth=args.depth))
-        for drafter in (PromptLookupDrafter(ngram=3), TeacherSelfDrafter(teacher)):
+        # the dense drafter learns from other windows of the same generator (its "train split")
+        streams = [w["token_ids"] for w in windows(clean.identity_id, args.length,
+                                                   max(args.windows, 4), args.anchors,
+                                                   first_seed=1000)]
+        dense, seconds = timed(lambda: train_dense_drafter(
+            streams, DenseDraftConfig(vocab_size=teacher.vocab_size)))
+        emit("dense_drafter_train_seconds", round(seconds, 3), streams=len(streams),
+             drafter_id=dense.drafter_id)
+        for drafter in (PromptLookupDrafter(ngram=3), dense, TeacherSelfDrafter(teacher)):
             replayer = CandidateReplayer(teacher, drafter, config)
             out, seconds = timed(lambda r=replayer: r.replay(batch))
             anchors = [a for per in out for a in per]
