@@ -152,3 +152,19 @@ def test_gates_read_candidate_parity_model_b_and_its_p2_hints():
     shadow = gate5_shadow(inputs, config.shadow)
     assert shadow.figures["candidate_p2"]["split"] == evidence.p2_shadow["split"]
     assert not check(shadow, "candidate_p2_hints").required
+
+
+def test_the_native_gate_on_candidate_features_is_a_control_model_b_must_beat():
+    import numpy as np
+
+    from hebrus_flywheel.train.predictor_data import GateWeights
+
+    rng = np.random.default_rng(3)
+    gate = GateWeights(router_LEH=rng.normal(size=(2, 16, 8)), norm_gain_LH=None, lift_DH=None)
+    _, report = candidate_evidence(candidate_table(proposals=60, experts=16, top_k=2),
+                                   expert_count=16, expert_bytes=100, train_config=TRAIN,
+                                   gate=gate)
+    assert any(line.get("model") == "native_gate" for line in report["lines"])
+    _, without = candidate_evidence(candidate_table(proposals=60, experts=16, top_k=2),
+                                    expert_count=16, expert_bytes=100, train_config=TRAIN)
+    assert not any(line.get("model") == "native_gate" for line in without["lines"])

@@ -80,17 +80,19 @@ def candidate_evidence(table: Any, *, expert_count: int, expert_bytes: int = 1,
                        train_config: Any = None, governor_config: Any = None,
                        replay_cost_s_per_accepted_token: float | None = None,
                        source: str = "", parity: dict[str, Any] | None = None,
-                       sim_config: Any = None,
+                       sim_config: Any = None, gate: Any = None,
                        ) -> tuple[CandidateEvidence, dict[str, Any]]:
     """Model B and Model C on a candidate-path table; returns the evidence and Model B's
-    full report (its ``lines`` are ``candidate-figures.jsonl``)."""
+    full report (its ``lines`` are ``candidate-figures.jsonl``). With ``gate`` (the
+    teacher's routers, :func:`train.predictor_data.load_gate`) the native gate on the
+    candidate positions' features is one of the controls Model B must beat."""
     from hebrus_flywheel.train.candidates.bench import run_model_b
     from hebrus_flywheel.train.candidates.rows import load_candidate_rows
     from hebrus_flywheel.train.candidates.train import predict
     from hebrus_flywheel.train.governor import governor_report, summarize_paths
 
     trained, report = run_model_b(table, expert_count=expert_count, expert_bytes=expert_bytes,
-                                  config=train_config)
+                                  config=train_config, gate=gate)
     top_k = int(report["top_k"])
     summaries, p2_shadow = {}, None
     splits = sorted(set(table.column("split").to_pylist()))

@@ -374,12 +374,19 @@ def _candidates(request: CollectRequest, expert_count: int, sim: SimConfig,
 
     started = time.perf_counter()
     manifest = load_manifest(Path(request.candidate_snapshot)).to_dict()
+    gate = None
+    if request.teacher is not None:  # candidate features share the clean snapshot's projection
+        from hebrus_flywheel.train.data import Snapshot
+        from hebrus_flywheel.train.predictor_data import load_gate
+
+        gate = load_gate(request.teacher, Snapshot(request.snapshot))
     evidence, _ = candidate_evidence(
         read_candidate_table(request.candidate_snapshot), expert_count=expert_count,
         expert_bytes=sim.expert_bytes,
         governor_config=GovernorConfig(expert_bytes=sim.expert_bytes),
         replay_cost_s_per_accepted_token=request.candidate_replay_cost_s_per_accepted_token,
-        source=str(request.candidate_snapshot), parity=manifest.get("parity"), sim_config=sim)
+        source=str(request.candidate_snapshot), parity=manifest.get("parity"), sim_config=sim,
+        gate=gate)
     timings["candidates"] = time.perf_counter() - started
     notes["candidates"] = (f"Model B and the governor trained/calibrated on "
                            f"{request.candidate_snapshot} (train, validation)")
