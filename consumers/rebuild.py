@@ -210,12 +210,12 @@ def _capture_check(config: RebuildConfig, manifest: dict[str, Any]) -> Any:
     return check
 
 
-def _classify(msg: Any, split: str, settings: BlockSettings, bundle: Any, check: Any,
+def _classify(msg: Any, split: str, identity_id: str, bundle: Any, check: Any,
               fresh: Mapping[str, bytes] | None) -> Any:
     """Classify one window record; with ``fresh``, classify its regenerated copy instead."""
     def run(value: bytes | None) -> Any:
         return classify(value, msg.headers(), msg.key(), split=split,
-                        identity_id=settings.identity_id, vocab_size=bundle.vocab_size,
+                        identity_id=identity_id, vocab_size=bundle.vocab_size,
                         check=check)
 
     verdict = run(msg.value())
@@ -272,8 +272,8 @@ def epoch_blocks(bootstrap: str, manifest: Mapping[str, Any], bundle: Any, stats
     worker's classification, duplicate rule, consent check and content policy."""
     det = manifest["determinism"]
     boundary, splits = manifest_boundary(dict(manifest))
-    settings = _settings(manifest, bundle, Path("."))
-    plan = EpochPlan(settings.shard.offsets_per_shard, [boundary])
+    identity_id = bundle.identity["identity_id"]
+    plan = EpochPlan(ShardConfig(**det["shard"]).offsets_per_shard, [boundary])
     logs = {(t, p): PartitionLog(topic=t, partition=p, split=splits[t],
                                  base=boundary.start_of(t, p))
             for t, parts in boundary.end.items() for p in parts}
@@ -285,7 +285,7 @@ def epoch_blocks(bootstrap: str, manifest: Mapping[str, Any], bundle: Any, stats
     consent.load()
     for msg in read_ranges(bootstrap, ranges, timeout_s=timeout_s, error=RebuildError):
         plog = logs[(msg.topic(), msg.partition())]
-        verdict = _classify(msg, plog.split, settings, bundle, check, fresh)
+        verdict = _classify(msg, plog.split, identity_id, bundle, check, fresh)
         if msg.offset() < plog.base:
             if verdict.accepted and verdict.window is not None:
                 plog.written_ids.add(verdict.window["window_id"])

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.replay.candidates.drafters import CandidatePath, DraftConfig, Proposal
+from hebrus_flywheel.replay.candidates.drafters import DraftConfig, Proposal, paths_from_rows
 from hebrus_flywheel.replay.exceptions import CandidateError
 
 
@@ -169,6 +169,4 @@ class DenseDrafter:
         ids_WB = torch.stack(tokens, dim=1).tolist()
         logp_WB = torch.stack(logps, dim=1).clamp(max=0.0).tolist()
         # distinct first tokens make distinct paths
-        paths = tuple(CandidatePath(tuple(int(t) for t in row), tuple(float(p) for p in lp))
-                      for row, lp in zip(ids_WB, logp_WB, strict=True))
-        return Proposal(self.drafter_id, paths)
+        return Proposal(self.drafter_id, paths_from_rows(ids_WB, logp_WB))

@@ -80,6 +80,13 @@ class Proposal:
         return max((len(p.token_ids) for p in self.paths), default=0)
 
 
+def paths_from_rows(ids_WB: Sequence[Sequence[int]],
+                    logp_WB: Sequence[Sequence[float]]) -> tuple[CandidatePath, ...]:
+    """Candidate paths from per-path token ids and log-probabilities, in row order."""
+    return tuple(CandidatePath(tuple(int(t) for t in row), tuple(float(p) for p in lp))
+                 for row, lp in zip(ids_WB, logp_WB, strict=True))
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """Proposes candidate paths given the committed tokens up to the anchor."""

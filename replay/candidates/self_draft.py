@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hebrus_flywheel.replay.candidates.drafters import CandidatePath, DraftConfig, Proposal
+from hebrus_flywheel.replay.candidates.drafters import DraftConfig, Proposal, paths_from_rows
 from hebrus_flywheel.replay.candidates.kv import expanded, forward_block, prefill_prefix
 from hebrus_flywheel.replay.exceptions import CandidateError
 from hebrus_flywheel.replay.teacher import Teacher
@@ -55,6 +55,5 @@ class TeacherSelfDrafter:
                 logps.append(logp_WV.gather(1, chosen_W.unsqueeze(1)).squeeze(1))
         ids_WB = torch.stack(tokens, dim=1).tolist()
         logp_WB = torch.stack(logps, dim=1).clamp(max=0.0).tolist()
-        paths = tuple(CandidatePath(tuple(int(t) for t in row), tuple(float(p) for p in lp))
-                      for row, lp in zip(ids_WB, logp_WB, strict=True))
-        return Proposal(self.drafter_id, paths)
+        # distinct first tokens make distinct paths
+        return Proposal(self.drafter_id, paths_from_rows(ids_WB, logp_WB))

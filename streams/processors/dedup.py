@@ -310,8 +310,7 @@ class DedupStage:
         verdict = self.index(summary.get("identity_id")).decide(
             split=split, digest=summary["digest"], thread=tkey, hashvalues=summary["minhash"]
         )
-        decision = _decision(summary, split, rule, verdict)
-        decision["threshold"] = self.dedup_config.threshold
+        decision = _decision(summary, split, rule, verdict, self.dedup_config.threshold)
         self._record(summary, decision, verdict)
         return decision
 
@@ -400,7 +399,7 @@ def _start_ms(summary: Mapping[str, Any]) -> int:
 
 
 def _decision(
-    summary: Mapping[str, Any], split: str, rule: str, verdict: DedupVerdict
+    summary: Mapping[str, Any], split: str, rule: str, verdict: DedupVerdict, threshold: float
 ) -> dict[str, Any]:
     return {
         "iid": summary["iid"],
@@ -415,4 +414,5 @@ def _decision(
         "keep": verdict.keep,
         "reason": verdict.reason,
         "match": verdict.match,
+        "threshold": threshold,
     }
