@@ -153,6 +153,13 @@ class CandidateBlock:
     last_offset: int
     windows: int
 
+    @property
+    def relpath(self) -> str:
+        """The shard's path under the dataset root: the clean shard name of the block."""
+        name = ShardName(topic=self.topic, partition=self.partition,
+                         first_offset=self.first_offset, last_offset=self.last_offset)
+        return shard_relpath(self.epoch, self.split, name)
+
 
 def write_candidate_shard(root: Path, block: CandidateBlock,
                           items: Sequence[tuple[Any, SourceRef]], layout: ShardLayout, *,
@@ -167,10 +174,7 @@ def write_candidate_shard(root: Path, block: CandidateBlock,
         "identity_id": identity_id, "config_digest": config_digest,
         "windows": block.windows, "rows": table.num_rows,
     }))
-    name = ShardName(topic=block.topic, partition=block.partition,
-                     first_offset=block.first_offset, last_offset=block.last_offset)
-    return write_shard(root, shard_relpath(block.epoch, block.split, name), table, shard,
-                       windows=block.windows, crypto=crypto)
+    return write_shard(root, block.relpath, table, shard, windows=block.windows, crypto=crypto)
 
 
 def seal_candidate_epoch(root: Path, *, epoch: int, dataset: Mapping[str, Any],

@@ -142,9 +142,16 @@ def candidates_command(
     parity_windows: int = typer.Option(
         4, "--parity-windows", help="Windows checked against step-by-step decode (Gate 1)."),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="Source read timeout."),
+    external_workers: bool = typer.Option(
+        False, "--external-workers",
+        help="Only plan and seal here: `flywheel replay candidate-worker` processes replay "
+        "the blocks from the candidate topic."),
+    wait_s: float = typer.Option(3600.0, "--wait-s",
+                                 help="How long to wait for every block to be reported."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Candidate-path replay of a sealed clean epoch's windows into its own snapshot."""
+    """Candidate-path replay of a sealed clean epoch's windows into its own snapshot: plan
+    the blocks on the candidate topic, replay them (here unless --external-workers), seal."""
     declare_role("sealer")
     from hebrus_flywheel.consumers.candidate_epoch import (
         CandidateEpochConfig,
@@ -155,7 +162,7 @@ def candidates_command(
         snapshot=snapshot, out=out, teacher=teacher, bootstrap=bootstrap_servers(bootstrap),
         drafters=tuple(drafter), width=width, depth=depth,
         anchors_per_window=anchors_per_window, parity_windows=parity_windows,
-        timeout_s=timeout_s))
+        timeout_s=timeout_s, external_workers=external_workers, wait_s=wait_s))
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
         return
@@ -169,6 +176,31 @@ def candidates_command(
     typer.echo(f"  {report['accepted_tokens']} accepted tokens, "
                f"{'n/a' if cost is None else f'{cost:.4g}'} s of candidate replay per "
                "accepted token")
+
+
+@replay_app.command("candidate-worker")
+def candidate_worker_command(
+    teacher: Path = typer.Option(..., "--teacher", help="Teacher checkpoint directory."),
+    bootstrap: str | None = typer.Option(None, "--bootstrap-servers", help=_BOOTSTRAP_HELP),
+    prefix: str | None = typer.Option(
+        None, "--prefix", help="Topic-name and group prefix: the namespace ('' for the shared "
+        "one; default: $FLYWHEEL_NAMESPACE or the teacher's)."),
+    max_idle_s: float | None = typer.Option(
+        None, "--max-idle-s", help="Exit after this long without work (default: run on)."),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", help="Window read timeout."),
+) -> None:
+    """Replay candidate work items (planned by `flywheel replay candidates`) into shards."""
+    declare_role("replay")
+    from hebrus_flywheel.consumers.candidate_worker import CandidateWorker, CandidateWorkerConfig
+    from hebrus_flywheel.core.namespace import resolve_prefix
+
+    worker = CandidateWorker(CandidateWorkerConfig(
+        teacher=teacher, bootstrap=bootstrap_servers(bootstrap),
+        prefix=resolve_prefix(prefix, teacher=teacher), max_idle_s=max_idle_s,
+        timeout_s=timeout_s))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop())
+    typer.echo(json.dumps(worker.run().report(), indent=2, sort_keys=True))
 
 
 @replay_app.command("status")

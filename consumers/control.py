@@ -28,9 +28,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
@@ -135,21 +135,30 @@ def _boundary(offset: int, record: Mapping[str, Any]) -> EpochBoundary:
         ) from exc
 
 
-class ControlChannel:
-    """Reads the control topic to its end on demand, and publishes control records."""
+class FoldedState(Protocol):
+    def apply(self, offset: int, value: bytes | None) -> None: ...
 
-    def __init__(self, bootstrap: kafka.KafkaTarget, topic: str, *,
-                 timeout_s: float = 15.0) -> None:
+
+S = TypeVar("S", bound=FoldedState)
+
+
+class LogChannel(Generic[S]):
+    """Reads a single-partition control topic to its end on demand, folding every record
+    into ``state``, and publishes records (``encode``d, keyed ``epoch-<N>``)."""
+
+    def __init__(self, bootstrap: kafka.KafkaTarget, topic: str, state: S, *,
+                 encode: Callable[[Mapping[str, Any]], bytes], timeout_s: float = 15.0) -> None:
         self.kafka = kafka.client_config(bootstrap)
         self.bootstrap, self.topic, self.timeout_s = self.kafka.bootstrap_servers, topic, timeout_s
-        self.state = ControlState()
+        self.state = state
+        self._encode = encode
         self._tp = TopicPartition(topic, 0)
         self._next = 0
         self._producer: kafka.CheckedProducer | None = None
         self._consumer = kafka.make_consumer(self.kafka, log_name=_LOG)
         self._consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
 
-    def sync(self) -> ControlState:
+    def sync(self) -> S:
         """Read every record up to the topic's current high watermark; the folded state."""
         try:
             _, high = self.kafka.retry.call(
@@ -178,7 +187,8 @@ class ControlChannel:
             self._producer = kafka.CheckedProducer(self.kafka, log_name=_LOG)
         try:
             self._producer.produce(
-                self.topic, key=f"epoch-{record['epoch']}".encode(), value=_encode(record),
+                self.topic, key=f"epoch-{record['epoch']}".encode(),
+                value=self._encode(record),
                 headers=[("content-type", CONTENT_TYPE.encode()),
                          ("kind", record["kind"].encode())])
             self._producer.flush(self.timeout_s, what=f"the {record['kind']} record")
@@ -190,3 +200,11 @@ class ControlChannel:
         self._consumer.close()
         if self._producer is not None:
             self._producer.close(self.timeout_s)
+
+
+class ControlChannel(LogChannel[ControlState]):
+    """The epoch control topic (seal intents, boundaries, sealed epochs)."""
+
+    def __init__(self, bootstrap: kafka.KafkaTarget, topic: str, *,
+                 timeout_s: float = 15.0) -> None:
+        super().__init__(bootstrap, topic, ControlState(), encode=_encode, timeout_s=timeout_s)

@@ -37,6 +37,11 @@ class WorkerError(ConsumersError):
     """The replay worker cannot reach Kafka, replay a block, or commit its progress."""
 
 
+class JobRefused(WorkerError):
+    """A candidate worker cannot serve a job at all (its snapshot cannot be opened, the
+    teacher is not the snapshot's, a planned window is gone); the planner is told."""
+
+
 class SealError(ConsumersError):
     """An epoch cannot be sealed (out of order, workers behind, parity refused, conflict)."""
 

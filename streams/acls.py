@@ -14,9 +14,11 @@ streams    read the capture topics; write + read windows, quarantine and streams
            (and describe their configs, checked against the catalogue at start);
            everything on its own internal topics and group (``<P>flywheel-streams*``)
 replay     read windows; read + write control; write quarantine (windows the teacher
-           cannot replay); its groups ``<P>flywheel-replay*``
+           cannot replay); read candidate work items; its groups ``<P>flywheel-replay*``
+           (the candidate workers' group included)
 sealer     read + write control; read capture, windows, streams runs and the streams
-           worker's threads topic (seal, ``rebuild --from-capture``);
+           worker's threads topic (seal, ``rebuild --from-capture``); write candidate
+           work items (``flywheel replay candidates`` plans them);
            describe the replay group (its committed offsets)
 trainer    read windows, quarantine and the streams decisions and crash-ledger topics,
            describe capture
@@ -67,6 +69,7 @@ QUARANTINE = "flywheel.quarantine."
 CONTROL = "flywheel.control."
 STREAMS_RUNS = "flywheel.streams."
 CONSENT = "flywheel.consent."
+CANDIDATES = "flywheel.candidates."
 REPLAY_GROUP = "flywheel-replay"
 READER_GROUP = "flywheel-reader-"
 SCRAM_ITERATIONS = 8192
@@ -108,9 +111,11 @@ def role_grants(role: str, prefix: str = "") -> tuple[Grant, ...]:
                     topic(CONSENT, READ), reader),
         # The replay worker quarantines windows the teacher cannot replay.
         "replay": (topic(WINDOWS, READ), topic(CONTROL, READ_WRITE), topic(QUARANTINE, WRITE),
+                   topic(CANDIDATES, READ),
                    group(prefix + REPLAY_GROUP, ("READ", "DESCRIBE")), topic(CONSENT, READ),
                    reader),
         "sealer": (topic(CONTROL, READ_WRITE), topic(CAPTURE, READ), topic(WINDOWS, READ),
+                   topic(CANDIDATES, WRITE),
                    topic(STREAMS_RUNS, READ), topic(f"{DEFAULT_APP_ID}-threads-", READ),
                    group(prefix + REPLAY_GROUP, ("DESCRIBE",)), topic(CONSENT, READ), reader),
         "trainer": (topic(WINDOWS, READ), topic(QUARANTINE, READ),

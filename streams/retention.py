@@ -64,6 +64,8 @@ _STAGE_RE = re.compile(
 _STAGE_CLASS: dict[str, TopicClass] = {
     "windows": "windows", "quarantine": "quarantine", "control": "control",
     "streams": "streams_runs", "consent": "consent",
+    # candidate work items are control records that happen to be partitioned
+    "candidates": "control",
 }
 
 

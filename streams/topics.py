@@ -56,6 +56,8 @@ QUARANTINE_TOPIC = "flywheel.quarantine.records.v1"
 CONTROL_TOPIC = "flywheel.control.epochs.v1"
 STREAMS_RUNS_TOPIC = "flywheel.streams.runs.v1"
 CONSENT_TOPIC = "flywheel.consent.ledger.v1"
+CANDIDATE_BLOCKS_TOPIC = "flywheel.candidates.blocks.v1"
+CANDIDATE_CONTROL_TOPIC = "flywheel.control.candidates.v1"
 SPLITS: tuple[str, ...] = (
     "train",
     "validation",
@@ -243,6 +245,19 @@ _BASE_CATALOGUE: tuple[TopicSpec, ...] = (
         cleanup_policy="compact",
         key="owner pseudonym",
         doc="The consent ledger: the latest grant or revocation per owner (streams.consent).",
+    ),
+    TopicSpec(
+        name=CANDIDATE_BLOCKS_TOPIC,
+        partitions=SCALED,
+        key="job/topic/partition/first offset",
+        doc="Candidate-path work: one clean-epoch block per record, window offsets only "
+            "(consumers.candidate_jobs); input of candidate workers.",
+    ),
+    TopicSpec(
+        name=CANDIDATE_CONTROL_TOPIC,
+        partitions=1,
+        key="epoch id",
+        doc="Candidate-path plans, written candidate shards and sealed candidate epochs.",
     ),
 )
 

@@ -343,6 +343,58 @@ def test_candidate_epoch_is_its_own_product_over_the_clean_epochs_windows(
     assert load_manifest(Path(again["out"])).to_dict()["content_id"] == manifest["content_id"]
 
 
+def test_candidate_blocks_reach_any_worker_through_the_candidate_topics(
+        scenario: Scenario, tmp_path: Path) -> None:
+    """With --external-workers the planner replays nothing: a `flywheel replay
+    candidate-worker` process (as the replay role) takes the work items from the
+    candidate topic and reports every shard on the candidate control topic; the items
+    name offsets and window ids, never tokens."""
+    from dataclasses import replace
+
+    from hebrus_flywheel.consumers.candidate_epoch import build_candidate_epoch
+    from hebrus_flywheel.consumers.candidate_jobs import decode_item
+    from hebrus_flywheel.streams.topics import CANDIDATE_BLOCKS_TOPIC
+
+    config = replace(_candidate_config(scenario, tmp_path / "external"), external_workers=True,
+                     drafters=("teacher_self", "prompt_lookup"), wait_s=300)
+    result: dict[str, Any] = {}
+
+    def plan_and_seal() -> None:
+        try:
+            result.update(build_candidate_epoch(config, teacher=scenario.teacher))
+        except Exception as exc:  # handed to the test thread
+            result["error"] = exc
+
+    planner = threading.Thread(target=plan_and_seal, daemon=True)
+    planner.start()
+    env = {k: v for k, v in os.environ.items() if k != "FLYWHEEL_ROLE"}
+    worker = subprocess.run(
+        [*CONSUMERS_CLI, "replay", "candidate-worker", "--teacher", str(scenario.teacher_dir),
+         "--bootstrap-servers", scenario.bootstrap, "--prefix", scenario.prefix,
+         "--max-idle-s", "20"], capture_output=True, text=True, timeout=400, check=False,
+        env=env)
+    planner.join(timeout=300)
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    assert "error" not in result, result.get("error")
+    stats = json.loads(worker.stdout)
+    assert stats["counts"]["items/replayed"] == result["planned_blocks"] == result["shards_written"]
+    assert result["shards_kept"] == 0 and len(result["workers"]) == 1
+    assert str(os.getpid()) not in result["workers"][0]
+    clean = scenario.epochs[0].manifest
+    manifest = load_manifest(Path(result["out"])).to_dict()
+    assert {s["path"] for s in manifest["shards"]} == {s["path"] for s in clean["shards"]}
+    assert manifest["parity"]["authoritative"]
+    topic = scenario.prefix + CANDIDATE_BLOCKS_TOPIC
+    ends = end_offsets(scenario.bootstrap, [topic])[topic]
+    records = list(kafka.read_ranges(kafka.client_config(scenario.bootstrap),
+                                     {(topic, p): (0, e) for p, e in ends.items() if e},
+                                     timeout_s=30))
+    items = [decode_item(m.value(), "test") for m in records]
+    mine = [i for i in items if i.job.job_id == result["job_id"]]
+    assert len(mine) == result["planned_blocks"]
+    assert all(b"token_ids" not in m.value() for m in records)
+
+
 def test_seal_without_running_workers_times_out_with_a_clear_message(
     scenario: Scenario,
 ) -> None:

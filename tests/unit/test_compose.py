@@ -20,7 +20,8 @@ from hebrus_flywheel.core.settings import read_kafka_properties
 from hebrus_flywheel.streams.cli import broker_app
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER_ROLES = {"streams-worker": "streams", "replay-worker": "replay"}
+WORKER_ROLES = {"streams-worker": "streams", "replay-worker": "replay",
+                "candidate-worker": "replay"}
 NODES = ("kafka-1", "kafka-2", "kafka-3")
 
 
@@ -96,8 +97,9 @@ def test_every_service_command_parses_with_the_cli(services: dict[str, Any]) -> 
             parsed[name] = _parse(group, command[1:])
     assert parsed["replay-worker"] == "replay worker"
     assert parsed["streams-worker"] == "streams worker"
+    assert parsed["candidate-worker"] == "replay candidate-worker"
     assert set(parsed) == {"kafka-config", "topics", "teacher", "streams-worker",
-                           "replay-worker", "storage-config"}
+                           "replay-worker", "candidate-worker", "storage-config"}
     replay = services["replay-worker"]["command"]
     teacher = services["teacher"]["command"][-1]
     assert _option(replay, "--teacher") in teacher  # the one-shot creates what it loads

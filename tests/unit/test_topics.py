@@ -9,6 +9,8 @@ import pytest
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.streams.exceptions import StreamsError, TopicError
 from hebrus_flywheel.streams.topics import (
+    CANDIDATE_BLOCKS_TOPIC,
+    CANDIDATE_CONTROL_TOPIC,
     CATALOGUE,
     CONSENT_TOPIC,
     CONTROL_TOPIC,
@@ -72,6 +74,8 @@ def test_catalogue_contents() -> None:
         CONTROL_TOPIC,
         STREAMS_RUNS_TOPIC,
         CONSENT_TOPIC,
+        CANDIDATE_BLOCKS_TOPIC,
+        CANDIDATE_CONTROL_TOPIC,
         *(window_topic(split) for split in SPLITS),
     }
     assert spec_for(STREAMS_RUNS_TOPIC).partitions == 1
@@ -105,6 +109,8 @@ def test_data_topics_follow_the_default_retention_policy() -> None:
     week, day = str(7 * 86_400_000), str(86_400_000)
     want = {TRANSCRIPTS_TOPIC: week, OBSERVATIONS_TOPIC: week, QUARANTINE_TOPIC: day,
             CONTROL_TOPIC: "-1", STREAMS_RUNS_TOPIC: "-1",
+            # candidate work items and their control log are control records
+            CANDIDATE_BLOCKS_TOPIC: "-1", CANDIDATE_CONTROL_TOPIC: "-1",
             **{window_topic(s): week for s in SPLITS}}
     for spec in CATALOGUE:
         if spec.name in (IDENTITIES_TOPIC, CONSENT_TOPIC):
