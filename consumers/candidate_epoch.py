@@ -63,8 +63,7 @@ from hebrus_flywheel.core.snapshot import PRODUCT_CLEAN, load_manifest
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DRAFTERS", "CandidateEpochConfig", "build_candidate_epoch", "merged_parity",
-           "thin_anchors"]
+__all__ = ["DRAFTERS", "CandidateEpochConfig", "build_candidate_epoch", "thin_anchors"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,31 +216,6 @@ def _costs(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "workers": sorted({str(r.get("worker")) for r in replayed})}
 
 
-_SUMMED = ("anchors", "paths", "rows", "pairs", "set_mismatches", "rank_mismatches",
-           "weight_violations", "digest_matches")
-
-
-def merged_parity(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One parity record over every drafter's sample: counts summed, rates recomputed,
-    authoritative only when every drafter's is; ``per_drafter`` keeps each result."""
-    merged = dict(results[0])
-    for key in _SUMMED:
-        merged[key] = sum(int(r[key]) for r in results)
-    pairs, paths = merged["pairs"], merged["paths"]
-    merged["candidate_ids_exact"] = (pairs - merged["set_mismatches"]) / pairs if pairs else 0.0
-    merged["candidate_rank_exact"] = (pairs - merged["rank_mismatches"]) / pairs if pairs else 0.0
-    merged["accepted_prefix_digest_parity"] = merged["digest_matches"] / paths if paths else 0.0
-    merged["authoritative"] = all(bool(r["authoritative"]) for r in results)
-    diffs = [r["max_weight_abs_diff"] for r in results if r["max_weight_abs_diff"] is not None]
-    merged["max_weight_abs_diff"] = max(diffs) if diffs else None
-    merged["drafter_id"] = ",".join(str(r["drafter_id"]) for r in results)
-    merged["examples"] = [e for r in results for e in r["examples"]][:8]
-    merged["per_drafter"] = {str(r["drafter_id"]): {k: r[k] for k in (
-        "authoritative", "anchors", "paths", "pairs", "candidate_ids_exact",
-        "candidate_rank_exact", "accepted_prefix_digest_parity")} for r in results}
-    return merged
-
-
 def build_candidate_epoch(config: CandidateEpochConfig, *, teacher: Any = None) -> dict[str, Any]:
     """Plan, replay (here and/or in candidate workers), check and seal the candidate-path
     epoch of ``config.snapshot``; a report."""
@@ -270,7 +244,7 @@ def build_candidate_epoch(config: CandidateEpochConfig, *, teacher: Any = None) 
         if items and not config.external_workers:
             _work_here(config, jobs, prefix, channel, job)
         state = _wait(config, channel, job) if items else CandidateState()
-        parity = merged_parity([run_candidate_parity(r, sample) for r in runtime.replayers])
+        parity = run_candidate_parity(runtime.replayers, sample)
         determinism = {**manifest["determinism"], "candidates": job_determinism(job),
                        "candidate_contracts": [r.candidate_contract()
                                                for r in runtime.replayers]}

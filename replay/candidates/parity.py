@@ -44,6 +44,13 @@ class _Tally:
     max_weight_diff: float = 0.0
     examples: list[dict[str, Any]] = field(default_factory=list)
 
+    def add(self, other: _Tally) -> None:
+        for name in ("anchors", "paths", "rows", "pairs", "set_mismatches",
+                     "rank_mismatches", "digest_matches", "weight_violations"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_weight_diff = max(self.max_weight_diff, other.max_weight_diff)
+        self.examples += other.examples[: max(0, 20 - len(self.examples))]
+
 
 def step_logits(replayer: CandidateReplayer, prefix: list[int], first_ordinal: int,
                 tokens: Sequence[int]) -> torch.Tensor:
@@ -93,18 +100,37 @@ def _compare_anchor(replayer: CandidateReplayer, runtime: DecodeRuntime, context
                 "replay_accepted": int(anchor.accepted_W[w]), "decode_accepted": n})
 
 
-def run_candidate_parity(replayer: CandidateReplayer, windows: Sequence[Mapping[str, Any]],
-                         *, weight_atol: float = 1e-4, min_sample: int = 1) -> dict[str, Any]:
-    """Replay ``windows``' candidates and compare them with step-by-step decode."""
-    runtime = DecodeRuntime(replayer.teacher)
-    tally = _Tally()
-    for window, anchors in zip(windows, replayer.replay(windows), strict=True):
-        tokens = [int(t) for t in window["token_ids"]]
-        first = int(window["first_token_ordinal"])
-        for anchor in anchors:
-            context = tokens[: anchor.anchor_ordinal - first + 1]
-            _compare_anchor(replayer, runtime, context, first, anchor, tally, weight_atol)
-    return _result(replayer, tally, weight_atol, min_sample)
+def run_candidate_parity(replayers: CandidateReplayer | Sequence[CandidateReplayer],
+                         windows: Sequence[Mapping[str, Any]], *, weight_atol: float = 1e-4,
+                         min_sample: int = 1) -> dict[str, Any]:
+    """Replay ``windows``' candidates with every replayer (one per drafter) and compare
+    them with step-by-step decode: one result over all of them, authoritative only when
+    each drafter's own is, with ``per_drafter`` rates."""
+    group = [replayers] if isinstance(replayers, CandidateReplayer) else list(replayers)
+    if not group:
+        raise ValueError("run_candidate_parity needs at least one replayer")
+    runtime = DecodeRuntime(group[0].teacher)
+    total, per_drafter = _Tally(), {}
+    for replayer in group:
+        tally = _Tally()
+        for window, anchors in zip(windows, replayer.replay(windows), strict=True):
+            tokens = [int(t) for t in window["token_ids"]]
+            first = int(window["first_token_ordinal"])
+            for anchor in anchors:
+                context = tokens[: anchor.anchor_ordinal - first + 1]
+                _compare_anchor(replayer, runtime, context, first, anchor, tally, weight_atol)
+        own = _result(replayer, tally, weight_atol, min_sample)
+        per_drafter[own["drafter_id"]] = {k: own[k] for k in _PER_DRAFTER}
+        total.add(tally)
+    result = _result(group[0], total, weight_atol, min_sample)
+    result["authoritative"] = all(r["authoritative"] for r in per_drafter.values())
+    result["drafter_id"] = ",".join(per_drafter)
+    result["per_drafter"] = per_drafter
+    return result
+
+
+_PER_DRAFTER = ("authoritative", "anchors", "paths", "pairs", "candidate_ids_exact",
+                "candidate_rank_exact", "accepted_prefix_digest_parity")
 
 
 def _rate(good: int, total: int) -> float:

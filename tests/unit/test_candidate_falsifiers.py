@@ -151,7 +151,15 @@ def test_gates_read_candidate_parity_model_b_and_its_p2_hints():
     assert not check(gate3_offline(plain, config.offline), "candidate_sidecar").required
     shadow = gate5_shadow(inputs, config.shadow)
     assert shadow.figures["candidate_p2"]["split"] == evidence.p2_shadow["split"]
-    assert not check(shadow, "candidate_p2_hints").required
+    hints = check(shadow, "candidate_p2_hints")
+    assert not hints.required and "advisory" in hints.threshold
+    p2 = evidence.p2_shadow
+    wasteful = dataclasses.replace(inputs, candidates=dataclasses.replace(evidence, p2_shadow={
+        **p2, "metrics": {**p2["metrics"], "useful_prefetch_ratio": 0.2}}))
+    assert hints.status == PASS
+    assert check(gate5_shadow(wasteful, config.shadow), "candidate_p2_hints").status == FAIL
+    loose = dataclasses.replace(config.shadow, min_useful_prefetch_ratio=0.1)
+    assert check(gate5_shadow(wasteful, loose), "candidate_p2_hints").status == PASS
 
 
 def test_the_native_gate_on_candidate_features_is_a_control_model_b_must_beat():

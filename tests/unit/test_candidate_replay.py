@@ -130,6 +130,29 @@ def test_parity_with_step_by_step_decode_is_exact(teacher: Teacher, which: str,
     assert result["product"] == "candidate_path"
 
 
+def test_parity_over_several_drafters_sums_them_and_needs_each_exact(
+        teacher: Teacher, monkeypatch: pytest.MonkeyPatch) -> None:
+    lookup = CandidateReplayer(teacher, PromptLookupDrafter(ngram=3), CONFIG)
+    self_draft = CandidateReplayer(teacher, TeacherSelfDrafter(teacher), CONFIG)
+    alone = [run_candidate_parity(r, [window(r.identity_id)]) for r in (lookup, self_draft)]
+    both = run_candidate_parity([lookup, self_draft], [window(lookup.identity_id)])
+    assert both["pairs"] == sum(r["pairs"] for r in alone) > 0
+    assert both["paths"] == sum(r["paths"] for r in alone)
+    assert both["authoritative"] and both["drafter_id"] == "prompt_lookup/n3,teacher_self"
+    assert set(both["per_drafter"]) == {"prompt_lookup/n3", "teacher_self"}
+    honest = self_draft.replay
+
+    def tampered(windows: Sequence[dict[str, Any]]) -> list[list[AnchorCandidates]]:
+        out = honest(windows)
+        out[0][0].accepted_W[0] = 0
+        return out
+
+    monkeypatch.setattr(self_draft, "replay", tampered)
+    bad = run_candidate_parity([lookup, self_draft], [window(lookup.identity_id)])
+    assert not bad["authoritative"] and bad["per_drafter"]["prompt_lookup/n3"]["authoritative"]
+    assert bad["accepted_prefix_digest_parity"] < 1.0
+
+
 def test_parity_notices_a_wrong_rank_and_a_wrong_accepted_length(
         teacher: Teacher, monkeypatch: pytest.MonkeyPatch) -> None:
     replayer = CandidateReplayer(teacher, TeacherSelfDrafter(teacher), CONFIG)

@@ -205,21 +205,30 @@ def gate5_shadow(inputs: QualificationInputs, config: ShadowGateConfig) -> GateV
     if p2 is not None:
         figures["candidate_p2"] = {"split": p2["split"], "budget": p2["budget"],
                                    **{k: p2["metrics"].get(k) for k in SHADOW_FIGURES}}
-        checks.append(_p2_check(p2))
+        checks.append(_p2_check(p2, config))
     return gate_verdict(5, GATE5_NAME, checks, figures)
 
 
-def _p2_check(p2: Mapping[str, Any]) -> Check:
-    """Reported only: Model B's top-k as P2 hints on the committed candidate paths."""
+def _p2_check(p2: Mapping[str, Any], config: ShadowGateConfig) -> Check:
+    """Model B's top-k as P2 hints on the committed candidate paths, held to the same
+    useful-prefetch and byte-amplification bounds as the clean-path run; advisory (not
+    required): P2 hints are long-range and discardable, and the promotion decision rests
+    on the clean-path run above."""
     m = p2["metrics"]
     hidden, useful = _value(m, "exposed_wait_reduction"), _value(m, "useful_prefetch_ratio")
     ratio = amplification_ratio(m)
-    return judged("candidate_p2_hints", True, required=False,
+    ok = (useful is not None and useful >= config.min_useful_prefetch_ratio
+          and ratio is not None and ratio <= config.max_byte_amplification_ratio)
+    why = "within the useful-prefetch and amplification bounds" if ok else (
+        "unmeasured" if useful is None or ratio is None else
+        f"useful prefetch ratio {useful:.3f} or bytes x{ratio:.3f} outside the bounds")
+    return judged("candidate_p2_hints", ok, required=False,
                   figure=f"{p2['split']}: Model B's top-{p2['budget']} as P2 hints hide "
                   f"{(hidden or 0):.1%} of the exposed wait on the committed candidate paths "
                   f"(useful prefetch ratio {(useful or 0):.3f}, bytes x{(ratio or 0):.3f})",
-                  threshold="reported only (the clean-path run above is judged)",
-                  reason="reported")
+                  threshold=f"useful prefetch ratio >= {config.min_useful_prefetch_ratio:.2f} "
+                  f"and bytes <= x{config.max_byte_amplification_ratio:.2f} (advisory)",
+                  reason=why)
 
 
 def _prior_check(prior: Sequence[GateVerdict]) -> Check:
