@@ -20,6 +20,7 @@ takes: ``candidate``, ``features`` and one :meth:`MetricsAccumulator.result` per
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -120,15 +121,25 @@ def router_weights(teacher: Any) -> RouterWeights:
 
 
 def teacher_router(teacher_dir: Path, snapshot: Snapshot) -> RouterWeights:
-    """Router weights of the snapshot's own teacher (BaselineError for another one)."""
+    """Router weights of the snapshot's own teacher (BaselineError for another one).
+    Loaded once per checkpoint state: qualification asks for them for the clean and the
+    candidate evaluation."""
+    identity = snapshot.manifest.get("identity") or {}
+    root = Path(teacher_dir).resolve()
+    stamp = max((f.stat().st_mtime_ns for f in root.iterdir() if f.is_file()), default=0)
+    return _router(root, stamp, str(identity.get("model_artifact_digest")))
+
+
+@functools.lru_cache(maxsize=2)
+def _router(root: Path, stamp: int, want_digest: str) -> RouterWeights:
+    del stamp  # part of the cache key only: a rewritten checkpoint loads again
     from hebrus_flywheel.replay.teacher import load_teacher
 
-    teacher = load_teacher(teacher_dir)
-    identity = snapshot.manifest.get("identity") or {}
-    if teacher.artifact_digest != identity.get("model_artifact_digest"):
+    teacher = load_teacher(root)
+    if teacher.artifact_digest != want_digest:
         raise BaselineError(
-            f"teacher {teacher_dir} has artifact digest {teacher.artifact_digest}, the snapshot "
-            f"was replayed with {identity.get('model_artifact_digest')}; pass that teacher")
+            f"teacher {root} has artifact digest {teacher.artifact_digest}, the snapshot "
+            f"was replayed with {want_digest}; pass that teacher")
     return router_weights(teacher)
 
 
