@@ -16,10 +16,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hebrus_flywheel import demo_learn
 from hebrus_flywheel.core.errors import FlywheelError
 from hebrus_flywheel.core.files import atomic_write_text, create_file, make_dirs
 from hebrus_flywheel.core.kafka.security import (
@@ -29,30 +29,17 @@ from hebrus_flywheel.core.kafka.security import (
     insecure_plaintext,
 )
 from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
+from hebrus_flywheel.demo_context import (
+    ACCOUNTING_FILE,
+    DEFAULT_PRESET,
+    DemoContext,
+    run_flywheel,
+    teacher_name,
+)
 
 log = logging.getLogger("hebrus_flywheel.demo")
 
-DEFAULT_PRESET = "tiny-qwen3-next"
 RED, RESET = "\033[1;31m", "\033[0m"
-
-
-@dataclass
-class DemoContext:
-    """State shared by the demo stages."""
-
-    home: Path
-    bootstrap: str
-    teacher_dir: Path
-    run_dir: Path
-    dataset_dir: Path
-    epoch: int
-    threads: int
-    snapshot_dir: Path | None = None
-    temporal_cut_ms: int | None = None
-    checkpoint_dir: Path | None = None
-    rebuild_report: Path | None = None
-    candidate_report: dict[str, Any] | None = None
-    results: dict[str, Any] = field(default_factory=dict)
 
 
 def _stage_broker(ctx: DemoContext) -> None:
@@ -66,13 +53,6 @@ def _stage_broker(ctx: DemoContext) -> None:
     created = topics.create_topics(ctx.bootstrap, topics.catalogue())
     ctx.results["topics"] = created
     print(f"[broker] {ctx.bootstrap}: {len(created)} catalogue topics ready")
-
-
-def _teacher_name() -> str:
-    """``tiny-qwen3-next-pretrained`` (issue 17), or the random-weight teacher when
-    ``FLYWHEEL_DEMO_TEACHER=random``; datasets are kept apart per teacher."""
-    random = os.environ.get("FLYWHEEL_DEMO_TEACHER", "pretrained") == "random"
-    return DEFAULT_PRESET if random else f"{DEFAULT_PRESET}-pretrained"
 
 
 def _pretrain_teacher(ctx: DemoContext) -> None:
@@ -168,21 +148,6 @@ def _stage_capture(ctx: DemoContext) -> None:
     _print_summary(summary)
 
 
-def _flywheel(*args: str, log_name: str, ctx: DemoContext) -> list[str]:
-    """Run a ``flywheel`` sub-command as its own process (faust and the replay worker
-    own their event loops and signal handlers); its log goes to the run directory."""
-    cmd = [sys.executable, "-m", "hebrus_flywheel.cli", *args]
-    log_path = ctx.run_dir / f"{log_name}.log"
-    with create_file(log_path) as log_file:
-        proc = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, check=False)
-    lines = log_path.read_text().splitlines()
-    if proc.returncode != 0:
-        tail = "\n".join(lines[-15:])
-        raise FlywheelError(f"`flywheel {' '.join(args)}` failed ({proc.returncode}); "
-                            f"see {log_path}:\n{tail}")
-    return lines
-
-
 VALIDATION_FRACTION, RUNTIME_HOLDOUT_FRACTION = 0.25, 0.15
 DEFAULT_SALT = "hebrus-flywheel-split-v1"
 # Threads the owner and runtime draws must give each split (the temporal and stress
@@ -222,11 +187,11 @@ def _stage_streams(ctx: DemoContext) -> None:
     # Small demo epochs need larger evaluation shares than production defaults so that
     # every split (and the parity sample) is non-empty.
     temporal_cut = ctx.temporal_cut_ms or int(time.time() * 1000)
-    _flywheel("streams", "worker", "--drain", "--validation-fraction", str(VALIDATION_FRACTION),
+    run_flywheel("streams", "worker", "--drain", "--validation-fraction", str(VALIDATION_FRACTION),
               "--runtime-holdout-fraction", str(RUNTIME_HOLDOUT_FRACTION), "--stress-rate", "0.3",
               "--salt", _split_salt(ctx),
               "--temporal-cut-ms", str(temporal_cut), log_name="streams-worker", ctx=ctx)
-    lines = _flywheel("streams", "inspect", log_name="streams-inspect", ctx=ctx)
+    lines = run_flywheel("streams", "inspect", log_name="streams-inspect", ctx=ctx)
     print("[streams] split, dedup and quarantine summary:")
     for line in lines:
         if not line.startswith(("20", "[")):
@@ -236,12 +201,11 @@ def _stage_streams(ctx: DemoContext) -> None:
           f"records, {ledger['unaccounted']} unaccounted ({ctx.run_dir / ACCOUNTING_FILE})")
 
 
-ACCOUNTING_FILE = "streams-accounting.json"
 
 
 def _accounting(ctx: DemoContext) -> dict[str, Any]:
     """``flywheel streams accounting`` (the streams role) saved for Gate 1."""
-    lines = _flywheel("streams", "accounting", log_name="streams-accounting", ctx=ctx)
+    lines = run_flywheel("streams", "accounting", log_name="streams-accounting", ctx=ctx)
     ledger: dict[str, Any] = json.loads(next(line for line in reversed(lines)
                                              if line.startswith("{")))
     atomic_write_text(ctx.run_dir / ACCOUNTING_FILE, json.dumps(ledger, sort_keys=True))
@@ -261,7 +225,7 @@ def _stage_replay(ctx: DemoContext) -> None:
     )
     try:
         _wait_for_dataset(ctx, worker)
-        lines = _flywheel("seal", "--epoch", str(ctx.epoch), "--dataset", str(ctx.dataset_dir),
+        lines = run_flywheel("seal", "--epoch", str(ctx.epoch), "--dataset", str(ctx.dataset_dir),
                           log_name="seal", ctx=ctx)
         status = worker.wait(timeout=120)
     finally:
@@ -294,7 +258,7 @@ def _wait_for_dataset(ctx: DemoContext, worker: subprocess.Popen[bytes]) -> None
 
 def _stage_rebuild(ctx: DemoContext) -> None:
     out = ctx.run_dir / "rebuild"
-    lines = _flywheel("rebuild", "--snapshot", str(ctx.snapshot_dir), "--out", str(out),
+    lines = run_flywheel("rebuild", "--snapshot", str(ctx.snapshot_dir), "--out", str(out),
                       "--teacher", str(ctx.teacher_dir), "--from-capture", "--json",
                       log_name="rebuild", ctx=ctx)
     start = next(i for i, line in enumerate(lines) if line.startswith("{"))
@@ -309,164 +273,6 @@ def _stage_rebuild(ctx: DemoContext) -> None:
           "ciphertext fresh: encrypted at rest)")
 
 
-CANDIDATE_ANCHORS_PER_WINDOW = 2
-"""Anchors per window drafted on the candidate path (the demo's time budget)."""
-
-
-def _stage_candidates(ctx: DemoContext) -> None:
-    """The candidate-path product of the sealed epoch: all three drafters, W=4 x B=4, its own
-    snapshot beside the clean one, parity against step-by-step decode, replay cost."""
-    if ctx.snapshot_dir is None:
-        raise FlywheelError("candidate replay needs the sealed snapshot of the replay stage")
-    root = ctx.home / "datasets" / f"{_teacher_name()}-candidates"
-    lines = _flywheel("replay", "candidates", "--snapshot", str(ctx.snapshot_dir), "--out",
-                      str(root), "--teacher", str(ctx.teacher_dir), "--anchors-per-window",
-                      str(CANDIDATE_ANCHORS_PER_WINDOW), "--json", log_name="candidates",
-                      ctx=ctx)
-    start = next(i for i, line in enumerate(lines) if line.startswith("{"))
-    report = json.loads("\n".join(lines[start:]))
-    ctx.candidate_report = report
-    ctx.results["candidate_snapshot"] = report["out"]
-    parity = report["parity"]
-    cost = report["replay_cost_s_per_accepted_token"]
-    print(f"[candidates] snapshot {report['snapshot_id'][:12]}: {report['rows']} candidate rows "
-          f"({', '.join(report['drafters'])}), {report['accepted_tokens']} accepted tokens, "
-          f"{'n/a' if cost is None else f'{cost:.3g}'} s replay per accepted token; parity "
-          f"vs step-by-step decode: ids {parity['candidate_ids_exact']:.3f}, rank "
-          f"{parity['candidate_rank_exact']:.3f}, accepted-prefix digests "
-          f"{parity['accepted_prefix_digest_parity']:.3f} ({parity['paths']} paths)")
-
-
-def _candidate_args(ctx: DemoContext) -> list[str]:
-    report = ctx.candidate_report
-    if report is None:
-        return []
-    args = ["--candidate-snapshot", str(report["out"])]
-    if report["replay_cost_s_per_accepted_token"] is not None:
-        args += ["--candidate-replay-cost", str(report["replay_cost_s_per_accepted_token"])]
-    return args
-
-
-def _print_lines(tag: str, lines: list[str]) -> None:
-    shown = [line for line in lines if line.strip() and not line.startswith(("20", "[", "WARN"))]
-    print(f"[{tag}]")
-    for line in shown:
-        print("   ", line)
-
-
-def _chosen_predictor(ctx: DemoContext) -> dict[str, Any]:
-    """The same-layer predictor the ablation chose on validation (never a holdout)."""
-    summary = json.loads((ctx.run_dir / "predictor-summary.json").read_text())
-    best = (summary["goal"].get("same_layer") or {}).get("best_learned")
-    if best is None:
-        raise FlywheelError("the predictor ablation chose no same-layer model; see "
-                            f"{ctx.run_dir / 'predictor-report.md'}")
-    return {"name": best, **summary["training"][best]["spec"]}
-
-
-def _stage_train(ctx: DemoContext) -> None:
-    """Train, save and (later) qualify the predictor the ablation chose on validation."""
-    from hebrus_flywheel.train.predictor_bench import BenchConfig, train_arguments, train_toml
-
-    chosen = _chosen_predictor(ctx)
-    ctx.results["trained_predictor"] = chosen
-    config = ctx.run_dir / "train.toml"
-    bench = BenchConfig(steps=_predictor_steps())  # the ablation's recipe, not a cousin
-    atomic_write_text(config, train_toml(bench))
-    ctx.checkpoint_dir = ctx.run_dir / "checkpoint"
-    print(f"[train] the ablation's choice on validation: {chosen['name']} (its recipe)")
-    lines = _flywheel("train", "--snapshot", str(ctx.snapshot_dir), "--out",
-                      str(ctx.checkpoint_dir), "--no-progress",
-                      "--config", str(config), "--teacher", str(ctx.teacher_dir),
-                      *train_arguments(chosen, bench), log_name="train", ctx=ctx)
-    _print_lines("train", lines[-6:])
-
-
-def _stage_evaluate(ctx: DemoContext) -> None:
-    out = ctx.run_dir / "evaluation.json"
-    lines = _flywheel("evaluate", "--snapshot", str(ctx.snapshot_dir), "--checkpoint",
-                      str(ctx.checkpoint_dir), "--teacher", str(ctx.teacher_dir), "--out",
-                      str(out), log_name="evaluate", ctx=ctx)
-    ctx.results["evaluation"] = str(out)
-    _print_lines("evaluate", lines)
-
-
-def _predictor_steps() -> int:
-    """Most optimiser steps of every predictor (ablation and checkpoint alike)."""
-    return int(os.environ.get("FLYWHEEL_DEMO_PREDICTOR_STEPS", "300"))
-
-
-def _stage_predictors(ctx: DemoContext) -> None:
-    steps = str(_predictor_steps())
-    widths = os.environ.get("FLYWHEEL_DEMO_PREDICTOR_WIDTHS", "32,64,128").split(",")
-    lines = _flywheel("predictors", "--snapshot", str(ctx.snapshot_dir), "--teacher",
-                      str(ctx.teacher_dir), "--out", str(ctx.run_dir), "--steps", steps,
-                      *(a for w in widths for a in ("--width", w.strip())),
-                      log_name="predictors", ctx=ctx)
-    ctx.results["predictor_figures"] = str(ctx.run_dir / "predictor-figures.jsonl")
-    _print_lines("predictors", lines)
-
-
-QUALIFY_CONFIG = """\
-# The demo's threads are generated offline by replay.synthetic: no production transcript.
-# Deletion support is not declared: the erasure drill measures it (--erasure-receipt).
-# Whether the rows are authorized is measured from the consent ledger (Gate 2), not
-# declared here.
-[authorization]
-policy = "synthetic-threads"
-production_transcripts = false
-
-# An assumed deployment, not a measurement: the output tokens one predictor serves before
-# it is replaced. Falsifier 6 weighs the candidate replay cost measured in this run
-# against the saving per token the shadow simulation measured, times this volume.
-[economics]
-deployment_tokens = 10000000
-"""
-
-
-def _stage_erasure_drill(ctx: DemoContext) -> None:
-    """Erase one synthetic owner from a copy of the snapshot and measure what is left
-    (``consumers.erasure_drill``); Gate 2 and falsifier 8 read the receipt."""
-    from hebrus_flywheel.consumers.erasure_drill import run_drill
-
-    if ctx.snapshot_dir is None:
-        raise FlywheelError("the erasure drill needs the sealed snapshot of the replay stage")
-    drill = run_drill(ctx.snapshot_dir, ctx.checkpoint_dir, ctx.run_dir)
-    ctx.results["erasure_receipt"] = str(ctx.run_dir / "erasure-receipt.json")
-    if drill["state"] != "run":
-        print(f"[erasure] drill not run: {drill['reason']}")
-        return
-    superseding = drill["superseding_snapshot"] or {}
-    print(f"[erasure] owner {drill['owner']}: {drill['owner_rows_before']} rows before, "
-          f"{drill['owner_rows_after']} after; plaintext canary hits "
-          f"{drill['plaintext_canary_hits']} "
-          f"({(drill['plaintext_canary_scan'] or {}).get('broker_logs')} in broker logs); "
-          f"superseding snapshot {str(superseding.get('id'))[:12]} verifies "
-          f"{superseding.get('verifies')}; {len(drill['tainted_checkpoints'])} tainted "
-          f"checkpoint(s); receipt {ctx.results['erasure_receipt']}")
-
-
-def _figures_args(ctx: DemoContext) -> list[str]:
-    figures = ctx.results.get("predictor_figures")
-    return ["--predictor-figures", figures] if figures else []
-
-
-def _stage_qualify(ctx: DemoContext) -> None:
-    config = ctx.run_dir / "qualify.toml"
-    atomic_write_text(config, QUALIFY_CONFIG)
-    report_dir = ctx.run_dir / "report"
-    lines = _flywheel("qualify", "--snapshot", str(ctx.snapshot_dir), "--checkpoint",
-                      str(ctx.checkpoint_dir), "--teacher", str(ctx.teacher_dir), "--config",
-                      str(config), "--bootstrap-servers", ctx.bootstrap, "--out",
-                      str(report_dir), "--rebuild-report", str(ctx.rebuild_report),
-                      "--erasure-receipt", str(ctx.run_dir / "erasure-receipt.json"),
-                      "--streams-accounting", str(ctx.run_dir / ACCOUNTING_FILE),
-                      *_figures_args(ctx), *_candidate_args(ctx), log_name="qualify",
-                      ctx=ctx)
-    ctx.results["report"] = str(report_dir / "report.html")
-    _print_lines("qualify", lines)
-
-
 STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("broker", _stage_broker),
     ("teacher", _stage_teacher),
@@ -475,12 +281,12 @@ STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("streams", _stage_streams),
     ("replay", _stage_replay),
     ("rebuild", _stage_rebuild),
-    ("candidates", _stage_candidates),
-    ("predictors", _stage_predictors),  # the ablation chooses on validation what to train
-    ("train", _stage_train),
-    ("evaluate", _stage_evaluate),
-    ("erasure", _stage_erasure_drill),
-    ("qualify", _stage_qualify),
+    ("candidates", demo_learn.stage_candidates),
+    ("predictors", demo_learn.stage_predictors),  # the ablation chooses on validation what to train
+    ("train", demo_learn.stage_train),
+    ("evaluate", demo_learn.stage_evaluate),
+    ("erasure", demo_learn.stage_erasure_drill),
+    ("qualify", demo_learn.stage_qualify),
 ]
 
 
@@ -503,11 +309,11 @@ def _next_epoch(dataset_dir: Path) -> int:
 
 def run_demo(*, threads: int = 32) -> DemoContext:
     home = flywheel_home()
-    dataset_dir = home / "datasets" / _teacher_name()
+    dataset_dir = home / "datasets" / teacher_name()
     epoch = _next_epoch(dataset_dir)
     ctx = DemoContext(
         home=home, bootstrap=bootstrap_servers(None),
-        teacher_dir=home / "teachers" / _teacher_name(),
+        teacher_dir=home / "teachers" / teacher_name(),
         run_dir=home / "demo" / "runs" / f"epoch-{epoch}", dataset_dir=dataset_dir,
         epoch=epoch, threads=threads,
     )

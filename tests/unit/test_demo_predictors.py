@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from hebrus_flywheel import demo
+from hebrus_flywheel import demo, demo_context, demo_learn
 from hebrus_flywheel.core.errors import FlywheelError
 from hebrus_flywheel.train.predictor_bench import method_name, train_arguments
 
 
 def test_teacher_is_pretrained_unless_random_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FLYWHEEL_DEMO_TEACHER", raising=False)
-    assert demo._teacher_name() == "tiny-qwen3-next-pretrained"
+    assert demo_context.teacher_name() == "tiny-qwen3-next-pretrained"
     monkeypatch.setenv("FLYWHEEL_DEMO_TEACHER", "random")
-    assert demo._teacher_name() == "tiny-qwen3-next"
+    assert demo_context.teacher_name() == "tiny-qwen3-next"
 
 
 def test_predictors_run_before_qualify_and_feed_it(tmp_path: Path) -> None:
@@ -27,9 +27,9 @@ def test_predictors_run_before_qualify_and_feed_it(tmp_path: Path) -> None:
     assert names.index("evaluate") < names.index("qualify")
     ctx = demo.DemoContext(home=tmp_path, bootstrap="x", teacher_dir=tmp_path, run_dir=tmp_path,
                            dataset_dir=tmp_path, epoch=0, threads=1)
-    assert demo._figures_args(ctx) == []
+    assert demo_learn._figures_args(ctx) == []
     ctx.results["predictor_figures"] = str(tmp_path / "predictor-figures.jsonl")
-    assert demo._figures_args(ctx) == ["--predictor-figures",
+    assert demo_learn._figures_args(ctx) == ["--predictor-figures",
                                        str(tmp_path / "predictor-figures.jsonl")]
 
 
@@ -42,7 +42,7 @@ def test_train_gets_the_same_layer_choice_of_validation(tmp_path: Path) -> None:
                         "next_layer": {"best_learned": "p1_shared_lowrank@32"}},
                "training": {"per_layer_mlp+gate_prior@128": {"spec": spec}}}
     (tmp_path / "predictor-summary.json").write_text(json.dumps(summary))
-    chosen = demo._chosen_predictor(ctx)
+    chosen = demo_learn._chosen_predictor(ctx)
     assert chosen == {"name": "per_layer_mlp+gate_prior@128", **spec}
     args = train_arguments(chosen)
     assert args[:6] == ["--model", "per_layer_mlp", "--width", "128", "--gate-prior",
@@ -52,4 +52,4 @@ def test_train_gets_the_same_layer_choice_of_validation(tmp_path: Path) -> None:
     summary["goal"]["same_layer"]["best_learned"] = None
     (tmp_path / "predictor-summary.json").write_text(json.dumps(summary))
     with pytest.raises(FlywheelError, match="no same-layer model"):
-        demo._chosen_predictor(ctx)
+        demo_learn._chosen_predictor(ctx)
