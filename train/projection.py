@@ -24,7 +24,9 @@ from hebrus_flywheel.core.errors import ConfigError
 PROJECTION_TOKENS: tuple[int, ...] = (100_000, 1_000_000, 10_000_000)
 """The design note's milestones: schema/parity/overfit, first held-out curves, coverage."""
 NOT_MEASURED = "not measured"
-CANDIDATE_NOTE = "no candidate-path snapshot exists yet (DFlash 2 candidate-path replay)"
+CANDIDATE_NOTE = (
+    "no candidate-path snapshot given (`flywheel replay candidates` makes one; "
+    "`flywheel qualify --candidate-snapshot` projects it)")
 
 
 @dataclass(frozen=True, kw_only=True)
