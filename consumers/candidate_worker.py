@@ -132,12 +132,14 @@ class JobRuntime:
 
 @dataclass
 class JobCache:
-    """Loaded jobs by id (a worker serves every job on its topic)."""
+    """Loaded jobs by id (a worker serves every job on its topic); the ``keep`` most
+    recently used stay loaded (each holds a teacher bundle and its drafters)."""
 
     teacher_dir: Path
     bootstrap: str
     prefix: str
     teacher: Any = None
+    keep: int = 2
     jobs: dict[str, JobRuntime] = field(default_factory=dict)
 
     def get(self, job: CandidateJob) -> JobRuntime:
@@ -150,6 +152,9 @@ class JobCache:
             except (FlywheelError, OSError, KeyError) as exc:
                 raise JobRefused(f"cannot open {job.snapshot} with the teacher in "
                                  f"{self.teacher_dir}: {exc}") from exc
+        self.jobs[job.job_id] = self.jobs.pop(job.job_id)  # most recently used last
+        while len(self.jobs) > self.keep:
+            self.jobs.pop(next(iter(self.jobs)))
         return self.jobs[job.job_id]
 
     def _load(self, job: CandidateJob) -> JobRuntime:

@@ -14,11 +14,13 @@ worker may read for longer than the stall timeout between two commits of a parti
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,9 +58,60 @@ def read_offsets(app: Any, topics: tuple[str, ...]) -> dict[tuple[str, int], int
             if offset is not None and tp.topic in wanted}
 
 
-def act(verdict: Verdict) -> None:
+def consumer_state(app: Any) -> str:
+    """faust's view of its partitions and flow (what a stalled worker waits for)."""
+    try:
+        consumer = app.consumer
+        names = {"assigned": consumer.assignment(), "active": consumer._active_partitions,
+                 "paused": consumer._paused_partitions,
+                 "buffered": consumer._buffered_partitions}
+        parts = [f"{k}={sorted(f'{tp.topic}[{tp.partition}]' for tp in v)}"
+                 for k, v in names.items()]
+        flow = (f"flow_active={consumer.flow_active} "
+                f"flow_control_active={app.flow_control.is_active()}")
+    except Exception as exc:  # a diagnostic must not hide the verdict
+        return f"consumer state unavailable: {type(exc).__name__}: {exc}"
+    return " ".join([*parts, flow])
+
+
+def dump_stacks(loop: Any) -> None:
+    """Every thread's stack and every pending asyncio task's, to stderr: a stalled worker
+    says where it waits before it exits. Called from the watchdog thread, so the task set
+    may change under it; a dump that fails says so instead."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        print(f"Thread {names.get(ident, ident)} (most recent call last):", file=sys.stderr)
+        print("".join(traceback.format_stack(frame, limit=12)), file=sys.stderr)
+    try:
+        tasks = list(asyncio.all_tasks(loop)) if loop is not None else []
+    except RuntimeError as exc:
+        print(f"asyncio tasks unavailable: {exc}", file=sys.stderr, flush=True)
+        return
+    print(f"{len(tasks)} pending asyncio tasks:", file=sys.stderr)
+    for task in tasks:
+        chain = " <- ".join(reversed(await_chain(task.get_coro())))
+        print(f"  {task.get_name()}: {chain}", file=sys.stderr)
+    sys.stderr.flush()
+
+
+def await_chain(coro: Any) -> list[str]:
+    """``file:line function`` of each coroutine ``coro`` awaits, outermost first."""
+    out: list[str] = []
+    while coro is not None and len(out) < 40:
+        frame = (getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+                 or getattr(coro, "ag_frame", None))
+        if frame is not None:
+            out.append(f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} "
+                       f"{frame.f_code.co_name}")
+        coro = (getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+                or getattr(coro, "ag_await", None))
+    return out
+
+
+def act(verdict: Verdict, *, app: Any = None) -> None:
     """Drained: ask faust for a clean stop (status 0), and end the process anyway if that
-    stop hangs (everything was committed). Anything else: crash-only, non-zero status."""
+    stop hangs (everything was committed). Anything else: crash-only, non-zero status,
+    after the stacks of every thread and task (:func:`dump_stacks`)."""
     print(verdict.message, flush=True)
     if verdict.state == DRAINED:
         log.info("%s; stopping", verdict.message)
@@ -68,6 +121,9 @@ def act(verdict: Verdict) -> None:
         timer.start()
         return
     log.error("streams worker stops: %s", verdict.message)
+    if app is not None:
+        print(consumer_state(app), file=sys.stderr, flush=True)
+    dump_stacks(getattr(app, "loop", None))
     _hard_exit(verdict.exit_code or 1)
 
 
@@ -82,7 +138,8 @@ def start_monitor(app: Any, topics: StreamTopics, group_id: str, bootstrap: str,
                   watchdog: WatchdogConfig) -> Monitor:
     target = MonitorTarget(kind="streams", name=group_id, topics=input_topics(topics),
                            home=flywheel_home())
-    monitor = Monitor(target, watchdog, kafka.client_config(bootstrap), on_verdict=act,
+    monitor = Monitor(target, watchdog, kafka.client_config(bootstrap),
+                      on_verdict=lambda verdict: act(verdict, app=app),
                       agents=lambda: agent_states(app),
                       read=lambda: read_offsets(app, target.topics))
     monitor.start()

@@ -84,3 +84,26 @@ def test_state_folds_plans_shards_and_refusals() -> None:
     state.apply(7, encode({"kind": "candidate_refused", "epoch": 0, "job_id": "j",
                            "block": "c", "reason": "teacher differs"}))
     assert state.refused["j"]["reason"] == "teacher differs"
+
+
+def test_a_worker_keeps_the_recent_jobs_and_refuses_one_it_cannot_open(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from hebrus_flywheel.consumers.candidate_worker import JobCache
+    from hebrus_flywheel.consumers.exceptions import JobRefused
+
+    loads: list[str] = []
+
+    def load(self: JobCache, job: CandidateJob) -> Any:
+        loads.append(job.job_id)
+        return job.job_id
+
+    cache = JobCache(teacher_dir=tmp_path, bootstrap="x", prefix="")
+    monkeypatch.setattr(JobCache, "_load", load)
+    a, b, c = _job(width=1), _job(width=2), _job(width=3)
+    for job in (a, b, a, c, a):
+        assert cache.get(job) == job.job_id
+    assert loads == [a.job_id, b.job_id, c.job_id]  # b was evicted, a stayed in use
+    assert list(cache.jobs) == [c.job_id, a.job_id]
+    monkeypatch.undo()
+    with pytest.raises(JobRefused, match="cannot open /nowhere/epoch=0"):
+        cache.get(_job(snapshot="/nowhere/epoch=0"))
