@@ -117,13 +117,9 @@ class WorkerConfig:
             killed worker's partitions resume without replaying the whole changelog
             (with one worker there is no other to hold a standby). Each worker needs
             its own ``data_dir``: a standby opens the partition's RocksDB files too.
-            Default 0. The two-worker stall once seen with 1 was the rebalance bug
-            :mod:`streams.processors.seek` fixes (it hit standby 0 as well); with 1 the
-            two-worker test then passed 12 of 12 runs, but the kill-9 fault test lost
-            and gained 166 rows in one of two runs (not yet explained; a guess: the
-            killed member stays in the group until its session times out, so the
-            restarted worker briefly keeps standbys for it): not on by default until
-            that is understood.
+            Default 0: with 1, two workers on their own data directories passed the
+            two-worker test twice here, then stalled in a fresh-clone CI run (lag 353,
+            no committed progress for 121 s on both); to be fixed before it is on.
     """
 
     bootstrap: str
