@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hebrus_flywheel.consumers.control import LogChannel
+from hebrus_flywheel.consumers.control import LogChannel, decode_record, encode_record
 from hebrus_flywheel.consumers.epochs import Block
 from hebrus_flywheel.consumers.exceptions import ControlError
 from hebrus_flywheel.consumers.intake import Accepted
@@ -48,8 +48,7 @@ _LOG = "consumers.librdkafka"
 
 
 def encode(record: Mapping[str, Any]) -> bytes:
-    return json.dumps({"format": CANDIDATE_FORMAT, **record}, sort_keys=True,
-                      separators=(",", ":")).encode()
+    return encode_record(CANDIDATE_FORMAT, record)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,13 +153,10 @@ class CandidateState:
     ignored: list[str] = field(default_factory=list)
 
     def apply(self, offset: int, value: bytes | None) -> None:
-        try:
-            record = json.loads(value or b"")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            self.ignored.append(f"offset {offset}: not JSON")
+        record = decode_record(offset, value, CANDIDATE_FORMAT, self.ignored)
+        if record is None:
             return
-        if not isinstance(record, dict) or record.get("format") != CANDIDATE_FORMAT \
-                or record.get("kind") not in _KINDS:
+        if record.get("kind") not in _KINDS:
             self.ignored.append(f"offset {offset}: not a {CANDIDATE_FORMAT} record")
             return
         kind = record["kind"]

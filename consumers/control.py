@@ -50,9 +50,27 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def encode_record(fmt: str, record: Mapping[str, Any]) -> bytes:
+    """Canonical JSON of ``record`` tagged with ``format`` ``fmt``."""
+    return json.dumps({"format": fmt, **record}, sort_keys=True, separators=(",", ":")).encode()
+
+
 def _encode(record: Mapping[str, Any]) -> bytes:
-    return json.dumps({"format": CONTROL_FORMAT, **record}, sort_keys=True,
-                      separators=(",", ":")).encode()
+    return encode_record(CONTROL_FORMAT, record)
+
+
+def decode_record(offset: int, value: bytes | None, fmt: str,
+                  ignored: list[str]) -> dict[str, Any] | None:
+    """The ``fmt`` record at ``offset``; None (noted in ``ignored``) for anything else."""
+    try:
+        record = json.loads(value or b"")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        ignored.append(f"offset {offset}: not JSON")
+        return None
+    if not isinstance(record, dict) or record.get("format") != fmt:
+        ignored.append(f"offset {offset}: not a {fmt} record")
+        return None
+    return record
 
 
 def intent_record(epoch: int, ttl_s: float) -> dict[str, Any]:
@@ -81,13 +99,8 @@ class ControlState:
     ignored: list[str] = field(default_factory=list)
 
     def apply(self, offset: int, value: bytes | None) -> None:
-        try:
-            record = json.loads(value or b"")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            self.ignored.append(f"offset {offset}: not JSON")
-            return
-        if not isinstance(record, dict) or record.get("format") != CONTROL_FORMAT:
-            self.ignored.append(f"offset {offset}: not a {CONTROL_FORMAT} record")
+        record = decode_record(offset, value, CONTROL_FORMAT, self.ignored)
+        if record is None:
             return
         kind, epoch = record.get("kind"), record.get("epoch")
         if kind not in KINDS or isinstance(epoch, bool) or not isinstance(epoch, int):
