@@ -160,8 +160,8 @@ def _split_salt(ctx: DemoContext) -> str:
     owner pseudonyms fill every split the later stages need, then kept (an owner never
     changes split across epochs). A home sealed before the salt was recorded keeps the
     default salt it used."""
-    from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, Pseudonymizer
-    from hebrus_flywheel.streams.processors.split import SplitConfig, search_salt
+    from hebrus_flywheel.salts import split_salt
+    from hebrus_flywheel.streams.processors.split import SplitConfig
 
     path = ctx.home / "demo" / "split-salt"
     if path.is_file():
@@ -169,15 +169,13 @@ def _split_salt(ctx: DemoContext) -> str:
     salt = DEFAULT_SALT
     if ctx.epoch == 0:
         withheld = ctx.results.get("consent", {}).get("withheld_owner")
-        names = Pseudonymizer(LocalOwnerKeyStore(create=True))
-        ids = [(names.owner(t.owner), names.thread(t.owner, t.thread_id))
-               for t in _epoch_threads(ctx) if t.owner != withheld]
+        threads = [t for t in _epoch_threads(ctx) if t.owner != withheld]
         config = SplitConfig(salt=DEFAULT_SALT, validation_fraction=VALIDATION_FRACTION,
                              runtime_holdout_fraction=RUNTIME_HOLDOUT_FRACTION)
-        found = search_salt(ids, config, minimum=SPLIT_MINIMUM)
+        found = split_salt(threads, ctx.teacher_dir, config, minimum=SPLIT_MINIMUM)
         if found is None:
-            raise FlywheelError(f"{len(ids)} demo threads cannot fill {SPLIT_MINIMUM}; "
-                                "raise FLYWHEEL_DEMO_THREADS")
+            raise FlywheelError(f"{len(threads)} demo threads cannot fill {SPLIT_MINIMUM} "
+                                "with distinct threads; raise FLYWHEEL_DEMO_THREADS")
         salt = found
     atomic_write_text(path, salt + "\n")
     return salt

@@ -209,19 +209,19 @@ VALIDATION_FRACTION, RUNTIME_HOLDOUT_FRACTION = 0.2, 0.5
 def split_salt(run: _Run) -> str:
     """A split salt under which the synthetic threads fill train, validation and the
     runtime holdout (training needs the first two, the parity gate the third)."""
-    from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, Pseudonymizer
     from hebrus_flywheel.replay.capture import load_threads
-    from hebrus_flywheel.streams.processors.split import SplitConfig, search_salt
+    from hebrus_flywheel.salts import split_salt as search
+    from hebrus_flywheel.streams.processors.split import SplitConfig
 
-    names = Pseudonymizer(LocalOwnerKeyStore())
-    ids = [(names.owner(t.owner), names.thread(t.owner, t.thread_id))
-           for t in load_threads(None, run.config.threads, seed=run.config.seed)]
+    threads = list(load_threads(None, run.config.threads, seed=run.config.seed))
     config = SplitConfig(salt="flywheel-selftest", validation_fraction=VALIDATION_FRACTION,
                          runtime_holdout_fraction=RUNTIME_HOLDOUT_FRACTION)
-    salt = search_salt(ids, config, minimum={"train": 1, "validation": 1, "runtime_holdout": 1})
+    salt = search(threads, run.config.teacher, config,
+                  minimum={"train": 1, "validation": 1, "runtime_holdout": 1})
     if salt is None:
-        raise SelftestError(f"{len(ids)} threads cannot fill train, validation and the "
-                            "runtime holdout; capture more threads (--threads)")
+        raise SelftestError(f"{len(threads)} threads cannot fill train, validation and the "
+                            "runtime holdout with distinct threads; capture more threads "
+                            "(--threads)")
     return salt
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections import Counter
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -139,6 +140,26 @@ def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
     tens of milliseconds; done once per configuration, not per index)."""
     lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
     return lsh.b, lsh.r
+
+
+def duplicated(sequences: Sequence[Sequence[int] | np.ndarray], config: DedupConfig) -> set[int]:
+    """Indices of the sequences this stage may drop: every member of an exact or near
+    duplicate pair (which member survives follows arrival order, so neither is sure).
+    Threads of one owner and thread id are not told apart here; callers pass one
+    generation per thread."""
+    hashes = [minhash_of(seq, config) for seq in sequences]
+    digests = [content_digest(seq) for seq in sequences]
+    lsh = MinHashLSH(threshold=config.threshold, num_perm=config.num_perm,
+                     params=lsh_params(config.threshold, config.num_perm))
+    for i, m in enumerate(hashes):
+        lsh.insert(i, m)
+    copies = Counter(digests)
+    found = {i for i, d in enumerate(digests) if copies[d] > 1}
+    for i, m in enumerate(hashes):
+        near = {j for j in lsh.query(m) if j != i and m.jaccard(hashes[j]) >= config.threshold}
+        if near:
+            found |= near | {i}
+    return found
 
 
 def _restore(hashvalues: Sequence[int], config: DedupConfig) -> MinHash:

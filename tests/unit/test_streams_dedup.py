@@ -13,6 +13,7 @@ from hebrus_flywheel.streams.processors.dedup import (
     DedupIndex,
     DedupStage,
     content_digest,
+    duplicated,
     minhash_of,
     signature,
 )
@@ -168,3 +169,13 @@ def test_config_validation() -> None:
         DedupConfig(threshold=0.0)
     with pytest.raises(ConfigError, match="num_perm"):
         DedupConfig(num_perm=0)
+
+
+def test_duplicated_names_every_member_of_exact_and_near_pairs() -> None:
+    rng = np.random.default_rng(7)
+    base, other, third = (rng.integers(0, 50_000, 400).tolist() for _ in range(3))
+    near = list(base)
+    near[200] += 1  # one token differs: Jaccard of the 5-shingles stays far above 0.8
+    sequences = [base, other, near, third, list(other)]
+    assert duplicated(sequences, DedupConfig()) == {0, 1, 2, 4}
+    assert duplicated([base, other, third], DedupConfig()) == set()
