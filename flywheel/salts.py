@@ -20,10 +20,9 @@ if TYPE_CHECKING:
     from hebrus_flywheel.streams.processors.split import SplitConfig
 
 
-def distinct_thread_ids(threads: Sequence[Thread], teacher_dir: Path) -> list[tuple[str, str]]:
-    """(owner, thread) pseudonyms of the threads that have no duplicate among the others,
-    as rendered by the teacher's tokenizer (what forced capture decodes)."""
-    from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, Pseudonymizer
+def distinct_threads(threads: Sequence[Thread], teacher_dir: Path) -> list[Thread]:
+    """The threads that have no exact or near duplicate among the others, as rendered
+    by the teacher's tokenizer (what forced capture decodes)."""
     from hebrus_flywheel.replay.render import render_thread
     from hebrus_flywheel.replay.tokenizer import load_tokenizer
     from hebrus_flywheel.streams.processors.dedup import DedupConfig, duplicated
@@ -31,9 +30,16 @@ def distinct_thread_ids(threads: Sequence[Thread], teacher_dir: Path) -> list[tu
     tokenizer = load_tokenizer(teacher_dir)
     dropped = duplicated([render_thread(t, tokenizer).token_ids for t in threads],
                          DedupConfig())
+    return [t for i, t in enumerate(threads) if i not in dropped]
+
+
+def distinct_thread_ids(threads: Sequence[Thread], teacher_dir: Path) -> list[tuple[str, str]]:
+    """(owner, thread) pseudonyms of :func:`distinct_threads`."""
+    from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, Pseudonymizer
+
     names = Pseudonymizer(LocalOwnerKeyStore(create=True))
     return [(names.owner(t.owner), names.thread(t.owner, t.thread_id))
-            for i, t in enumerate(threads) if i not in dropped]
+            for t in distinct_threads(threads, teacher_dir)]
 
 
 def split_salt(threads: Sequence[Thread], teacher_dir: Path, config: SplitConfig, *,

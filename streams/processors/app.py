@@ -72,6 +72,7 @@ from hebrus_flywheel.streams.processors.liveness import start_monitor
 from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
 from hebrus_flywheel.streams.processors.poison import CrashLedger, injected_fault, poison_emit
 from hebrus_flywheel.streams.processors.runs import start_run
+from hebrus_flywheel.streams.processors.seek import seek_uncommitted_to_start
 from hebrus_flywheel.streams.processors.state_codec import StateValue, refuse_bad_changelog
 from hebrus_flywheel.streams.processors.state_seal import seal_table
 from hebrus_flywheel.streams.processors.state_store import ROCKSDB_OPTIONS, STORE_URL
@@ -469,6 +470,8 @@ class StreamsWorker:
         # that returns early does so because another rebalance started, whose recovery
         # resumes the flow.
         self.app.flow_control.suspend()
+        # before faust's seek: partitions without a commit go back to their start too
+        seek_uncommitted_to_start(self.app)
         self.dedup.reset()
 
     def run(self) -> None:

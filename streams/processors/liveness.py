@@ -67,7 +67,10 @@ def consumer_state(app: Any) -> str:
                  "buffered": consumer._buffered_partitions}
         parts = [f"{k}={sorted(f'{tp.topic}[{tp.partition}]' for tp in v)}"
                  for k, v in names.items()]
-        flow = (f"flow_active={consumer.flow_active} "
+        reads = {f"{tp.topic}[{tp.partition}]": off
+                 for tp, off in list(consumer._read_offset.items()) if off is not None}
+        flow = (f"read_offsets={dict(sorted(reads.items()))} "
+                f"flow_active={consumer.flow_active} "
                 f"flow_control_active={app.flow_control.is_active()}")
     except Exception as exc:  # a diagnostic must not hide the verdict
         return f"consumer state unavailable: {type(exc).__name__}: {exc}"

@@ -53,7 +53,7 @@ def test_a_stalled_streams_worker_says_what_it_waits_for(capsys: Any) -> None:
         partition: int
 
     tp = TP("t.flywheel.capture.observations.v1", 3)
-    consumer = SimpleNamespace(assignment=lambda: {tp}, _active_partitions={tp},
+    consumer = SimpleNamespace(assignment=lambda: {tp}, _active_partitions={tp}, _read_offset={},
                                _paused_partitions=set(), _buffered_partitions=set(),
                                flow_active=False)
     app = SimpleNamespace(consumer=consumer,
