@@ -117,9 +117,9 @@ class WorkerConfig:
             killed worker's partitions resume without replaying the whole changelog
             (with one worker there is no other to hold a standby). Each worker needs
             its own ``data_dir``: a standby opens the partition's RocksDB files too.
-            Default 0: with 1, two workers on their own data directories passed the
-            two-worker test twice here, then stalled in a fresh-clone CI run (lag 353,
-            no committed progress for 121 s on both); to be fixed before it is on.
+            Default 1. (It was 0 while two workers could stall after a rebalance; the
+            cause was partitions without a committed offset keeping a stale fetch
+            position, see :mod:`streams.processors.seek`.)
     """
 
     bootstrap: str
@@ -133,7 +133,7 @@ class WorkerConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     data_dir: Path | None = None
     poison_after_crashes: int = 3
-    standby_replicas: int = 0
+    standby_replicas: int = 1
 
     def __post_init__(self) -> None:
         if not self.bootstrap:

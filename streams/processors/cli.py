@@ -102,9 +102,8 @@ def worker_command(
                                            "unreachable this long."),
     data_dir: Path | None = typer.Option(None, help="faust data directory (each worker on one "
                                          "machine needs its own)."),
-    standby_replicas: int = typer.Option(0, help="Keep each table partition warm on this "
-                                         "many other workers (0: none; 1 can still stall "
-                                         "two workers, see WorkerConfig)."),
+    standby_replicas: int = typer.Option(1, help="Keep each table partition warm on this "
+                                         "many other workers (0: none)."),
     poison_after_crashes: int = typer.Option(3, help="Quarantine a record by reference as "
                                              "'poison' on the next start once it crashed the "
                                              "worker this many times in a row."),
