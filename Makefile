@@ -51,7 +51,8 @@ broker-up: install
 broker-down:
 	-$(BIN)/flywheel broker down
 
-# The embedded S3-compatible store (S3Proxy, TLS, per-role keys) for the s3:// snapshot tests.
+# The embedded S3-compatible store (SeaweedFS built from its pinned Go module, TLS, per-role
+# keys) for the s3:// snapshot tests.
 storage-up: install
 	$(BIN)/flywheel storage up
 

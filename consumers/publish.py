@@ -6,7 +6,7 @@ The snapshot contract on object storage (:mod:`hebrus_flywheel.core.snapshot.rem
    ``_seal/epoch=N/``. Any other claim there means another sealer is publishing another
    snapshot of this epoch: ours is withdrawn and :class:`PublishError` raised. Because
    each sealer writes its claim *before* listing and the listing is strongly consistent
-   (S3 since 2020, S3Proxy's filesystem backend), of two racing sealers at least the later
+   (S3 since 2020, SeaweedFS's filer), of two racing sealers at least the later
    one sees the other's claim, so two different snapshots never both pass; the claim of
    the same snapshot id (a re-run after a crash) is ours and is reused.
 2. **Shards first**: every shard is uploaded under its immutable name
@@ -14,9 +14,9 @@ The snapshot contract on object storage (:mod:`hebrus_flywheel.core.snapshot.rem
    by the server). An epoch prefix holding objects the manifest does not list is refused.
 3. **Manifest last** — the commit point: ``epoch=N/manifest.json`` is written with
    ``If-None-Match: *`` (a conditional put: stores that honour it — AWS S3, MinIO, Ceph,
-   SeaweedFS — refuse a second one at the server; S3Proxy 2.6.0 accepts the header but
-   does not enforce it, which is why step 1 exists) and read back: if it is not ours,
-   another snapshot sealed the epoch and PublishError says so.
+   SeaweedFS, the embedded store — refuse a second one at the server; S3Proxy 2.6.0
+   accepts the header but does not enforce it, which is why step 1 exists) and read
+   back: if it is not ours, another snapshot sealed the epoch and PublishError says so.
 4. The claim is removed.
 
 **Superseding** (erasure, :mod:`.supersede`): a local epoch whose manifest ``supersedes``

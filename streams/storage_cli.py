@@ -1,5 +1,5 @@
-"""``flywheel storage up|down|status|credentials|pin-jars``: the embedded S3-compatible
-store (:mod:`streams.storage_server`)."""
+"""``flywheel storage up|down|status|credentials|render-config|ensure-bucket``: the embedded
+S3-compatible store (:mod:`streams.storage_server`)."""
 
 from __future__ import annotations
 
@@ -18,18 +18,19 @@ from hebrus_flywheel.core.storage.config import (
     STORAGE_ROLES,
     s3_target,
 )
+from hebrus_flywheel.core.storage.objects import S3Store
 from hebrus_flywheel.streams.cli import _fail_cleanly
-from hebrus_flywheel.streams.storage_server import EmbeddedStorage, pin_jars, render_config
+from hebrus_flywheel.streams.storage_server import EmbeddedStorage, admin_target, render_config
 
 storage_app = typer.Typer(
-    help="Run the embedded S3-compatible store (S3Proxy on loopback, TLS, per-role keys).",
+    help="Run the embedded S3-compatible store (SeaweedFS on loopback, TLS, per-role keys).",
     no_args_is_help=True)
 
 
 @storage_app.command("up")
 @_fail_cleanly
 def storage_up(timeout_s: Annotated[float, typer.Option("--timeout-s")] = 120.0) -> None:
-    """Start the store (jars, certificate and keys made on the first start)."""
+    """Start the store (SeaweedFS built, certificate and keys made on the first start)."""
     store = EmbeddedStorage()
     started = store.up(timeout_s)
     status = store.status()
@@ -77,20 +78,17 @@ def storage_render_config(
     home: Annotated[Path, typer.Option("--home", help="FLYWHEEL_HOME the clients share (a "
                                        "volume): keys go to <home>/storage/security.")],
     host: Annotated[str, typer.Option("--host", help="The store's host name (certificate).")],
-    port: Annotated[int, typer.Option("--port", help="The TLS port S3Proxy listens on.")],
-    mount: Annotated[Path, typer.Option("--mount", help="Where S3Proxy sees "
-                                        "<home>/storage/security.")],
-    data_dir: Annotated[Path, typer.Option("--data-dir", help="S3Proxy's backend directory "
-                                           "(a volume).")],
 ) -> None:
-    """Write the store's certificate, per-role keys and S3Proxy properties for a container
-    (compose.yaml); keys are kept when present."""
-    for path in render_config(home, host=host, port=port, mount=mount, data_dir=data_dir):
+    """Write the store's certificate, per-role keys and SeaweedFS identities (s3.json) for
+    a container (compose.yaml); kept when present."""
+    for path in render_config(home, host=host):
         typer.echo(f"wrote {path}")
 
 
-@storage_app.command("pin-jars")
+@storage_app.command("ensure-bucket")
 @_fail_cleanly
-def storage_pin_jars() -> None:
-    """Resolve the S3Proxy jars afresh and rewrite streams/s3proxy/jars.sha256."""
-    typer.echo(f"wrote {pin_jars()}; review the diff and commit it")
+def storage_ensure_bucket() -> None:
+    """Create the bucket with the store's administrator keys if it is missing (the embedded
+    store does this when it starts; compose.yaml runs it once against object-store)."""
+    S3Store(f"s3://{DEFAULT_BUCKET}", admin_target()).ensure_bucket()
+    typer.echo(f"bucket s3://{DEFAULT_BUCKET} ready")

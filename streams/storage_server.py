@@ -1,35 +1,35 @@
-"""The embedded S3-compatible store: S3Proxy on loopback, TLS only, one key pair per role.
+"""The embedded S3-compatible store: SeaweedFS on loopback, TLS only, one identity per role.
 
 ``flywheel storage up|down|status`` (and ``make test``) run it. Layout under
 ``$FLYWHEEL_HOME/storage/``::
 
-    libs/                 S3Proxy's jars (Maven, streams/s3proxy/pom.xml; every jar checked
-                          against streams/s3proxy/jars.sha256 before every start)
-    data/                 the filesystem backend (one directory per bucket)
+    bin/weed              SeaweedFS, built once from the pinned Go module
+                          (:mod:`streams.seaweedfs`; ``bin/weed.version`` names the pin)
+    data/                 master, volume and filer data (0700)
     security/             0700, made on the first start and reused:
       ca.crt              the self-signed certificate clients trust (SAN 127.0.0.1, localhost)
-      keystore.p12        its key for Jetty (0600)
+      tls.key             its private key (0600)
       <role>.json         the role's access and secret key (0600)
-      <role>.properties   S3Proxy's configuration of the role's identity (0600)
-    logs/s3proxy.log      S3Proxy's log; logs/s3proxy.out the JVM's stdout/stderr
-    s3proxy.pid
+      admin.json          the store's own administrator, used only to create the bucket
+      s3.json             SeaweedFS's identities: every role's keys and actions (0600)
+    logs/weed.log         SeaweedFS's output
+    weed.pid
 
-Each role is its own S3Proxy identity (one ``--properties`` file each, all on the same
-backend directory): ``sealer`` read-write, ``trainer`` read-only
-(``s3proxy.read-only-blobstore``: its writes are refused). S3Proxy 2.6.0 has no ACLs or
-policies beyond that; per-bucket rights need a managed store (docs/operations.md).
+Each role is its own identity with only its actions: ``sealer`` reads, lists and writes,
+``trainer`` reads and lists (its writes are refused by the server). SeaweedFS honours
+``If-None-Match: *``, so a second manifest for one epoch is refused at the server
+(:mod:`consumers.publish`). Only the S3 port serves clients; the master, volume and filer
+ports (the next seven) listen on loopback for the server's own components.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import ipaddress
 import json
 import logging
 import os
 import secrets
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -39,32 +39,27 @@ from hebrus_flywheel.core.files import atomic_write_text, exclusive_lock, make_d
 from hebrus_flywheel.core.processes import pid_alive
 from hebrus_flywheel.core.storage.config import (
     DEFAULT_BUCKET,
+    ENDPOINT_ENV,
     STORAGE_ROLES,
-    WRITE_ROLE,
+    S3Target,
     credentials_path,
     embedded_endpoint,
-    s3_target,
     security_dir,
     storage_dir,
     storage_port,
 )
 from hebrus_flywheel.core.storage.exceptions import StorageError
 from hebrus_flywheel.core.storage.objects import S3Store
-from hebrus_flywheel.streams import kafka_jars
+from hebrus_flywheel.streams import seaweedfs
 from hebrus_flywheel.streams.broker.config import port_open
-from hebrus_flywheel.streams.broker.tools import find_java, find_maven, run_tool, tail_lines
+from hebrus_flywheel.streams.broker.tools import tail_lines
 
 log = logging.getLogger(__name__)
 
-S3PROXY_DIR = Path(__file__).resolve().parent / "s3proxy"
-POM_PATH = S3PROXY_DIR / "pom.xml"
-PINS_PATH = S3PROXY_DIR / "jars.sha256"
-LOGBACK_PATH = S3PROXY_DIR / "logback.xml"
-MAIN_CLASS = "org.gaul.s3proxy.Main"
-MAIN_JAR = "s3proxy-2.6.0.jar"
 HOST = "127.0.0.1"
 SECRET_MODE = 0o600
-READ_ONLY_ROLES = ("trainer",)
+ADMIN = "admin"
+READY_PROBE = "_flywheel/ready"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +80,6 @@ def _certificate(files: Path, hosts: tuple[str, ...] = ()) -> None:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.hazmat.primitives.serialization import pkcs12
     from cryptography.x509.oid import NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
@@ -101,142 +95,72 @@ def _certificate(files: Path, hosts: tuple[str, ...] = ()) -> None:
             .add_extension(x509.SubjectAlternativeName(san), critical=False)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .sign(key, hashes.SHA256()))
-    password = secrets.token_hex(16)
-    blob = pkcs12.serialize_key_and_certificates(
-        b"flywheel-storage", key, cert, None,
-        serialization.BestAvailableEncryption(password.encode()))
-    fd = os.open(files / "keystore.p12", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, SECRET_MODE)
-    with os.fdopen(fd, "wb") as out:
-        out.write(blob)
-    _write_secret(files / "keystore.password", password + "\n")
+    _write_secret(files / "tls.key", key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()).decode())
     atomic_write_text(files / "ca.crt", cert.public_bytes(serialization.Encoding.PEM).decode())
 
 
+def _keys_path(role: str, home: Path | None) -> Path:
+    return security_dir(home) / f"{ADMIN}.json" if role == ADMIN else credentials_path(role, home)
+
+
+def _keys(role: str, home: Path | None) -> dict[str, str]:
+    keys: dict[str, str] = json.loads(_keys_path(role, home).read_text(encoding="utf-8"))
+    return keys
+
+
 def ensure_material(home: Path | None = None, hosts: tuple[str, ...] = ()) -> Path:
-    """The certificate (SAN 127.0.0.1, localhost and ``hosts``) and every role's keys, made
-    once (0600) and reused."""
+    """The certificate (SAN 127.0.0.1, localhost and ``hosts``), every role's keys and
+    SeaweedFS's identities (``s3.json``), made once (0600) and reused."""
     files = security_dir(home)
     make_dirs(files, 0o700)
-    if not (files / "keystore.p12").is_file():
+    if not (files / "tls.key").is_file() or not (files / "ca.crt").is_file():
         _certificate(files, hosts)
-    for role in STORAGE_ROLES:
-        path = credentials_path(role, home)
+    for role in (*STORAGE_ROLES, ADMIN):
+        path = _keys_path(role, home)
         if not path.is_file():
             keys = {"access_key": f"flywheel-{role}-{secrets.token_hex(6)}",
                     "secret_key": secrets.token_urlsafe(30)}
             _write_secret(path, json.dumps(keys, indent=2) + "\n")
+    config = seaweedfs.identities({r: _keys(r, home) for r in (*STORAGE_ROLES, ADMIN)})
+    _write_secret(files / "s3.json", json.dumps(config, indent=2) + "\n")
     return files
 
 
-def role_properties(role: str, home: Path | None = None, *, bind: str | None = None,
-                    mount: Path | None = None, data_dir: Path | None = None) -> str:
-    """S3Proxy's properties of one role's identity (all roles share the backend).
-
-    ``bind`` (host:port, default 127.0.0.1:$FLYWHEEL_STORAGE_PORT), ``mount`` (where the
-    security directory is seen by S3Proxy) and ``data_dir`` serve a container.
-    """
-    files = mount or security_dir(home)
-    keys = json.loads(credentials_path(role, home).read_text())
-    password = (security_dir(home) / "keystore.password").read_text().strip()
-    lines = [
-        f"s3proxy.secure-endpoint=https://{bind or f'{HOST}:{storage_port()}'}",
-        "s3proxy.authorization=aws-v4",
-        f"s3proxy.identity={keys['access_key']}",
-        f"s3proxy.credential={keys['secret_key']}",
-        f"s3proxy.keystore-path={files / 'keystore.p12'}",
-        f"s3proxy.keystore-password={password}",
-        "jclouds.provider=filesystem",
-        f"jclouds.filesystem.basedir={data_dir or storage_dir(home) / 'data'}",
-        f"jclouds.identity={keys['access_key']}",
-        f"jclouds.credential={keys['secret_key']}",
-    ]
-    if role in READ_ONLY_ROLES:
-        lines.append("s3proxy.read-only-blobstore=true")
-    return "\n".join(lines) + "\n"
+def admin_target(home: Path | None = None) -> S3Target:
+    """The store's administrator (bucket creation only; no client role has it)."""
+    keys = _keys(ADMIN, home)
+    return S3Target(endpoint=os.environ.get(ENDPOINT_ENV) or embedded_endpoint(),
+                    access_key=keys["access_key"], secret_key=keys["secret_key"],
+                    ca_bundle=security_dir(home) / "ca.crt", role=ADMIN)
 
 
-def _resolution_digest() -> str:
-    digest = hashlib.sha256(POM_PATH.read_bytes())
-    digest.update(PINS_PATH.read_bytes())
-    return digest.hexdigest()
-
-
-def _verify_jars(libs: Path, pins: dict[str, str]) -> None:
-    actual = kafka_jars.jar_digests(libs) if libs.is_dir() else {}
-    faults = [f"{n}: SHA-256 {actual[n]}, pinned {w}" for n, w in sorted(pins.items())
-              if n in actual and actual[n] != w]
-    faults += [f"{n}: pinned but missing" for n in sorted(pins.keys() - actual.keys())]
-    faults += [f"{n}: not pinned" for n in sorted(actual.keys() - pins.keys())]
-    if faults:
-        raise StorageError(f"the S3Proxy jars in {libs} do not match {PINS_PATH}: "
-                           + "; ".join(faults[:10]) + f". Delete {libs} and run `flywheel "
-                           "storage up` again; after a deliberate change of the pom run "
-                           "`flywheel storage pin-jars` and review the diff")
-
-
-def _resolve(dest: Path) -> None:
-    shutil.rmtree(dest, ignore_errors=True)
-    make_dirs(dest.parent)
-    cmd = [find_maven(), "-q", "-B", "-C", "-f", str(POM_PATH), "dependency:copy-dependencies",
-           f"-DoutputDirectory={dest}"]
-    run_tool(cmd, "resolving the S3Proxy jars", "check access to Maven Central and retry", 1800)
-
-
-def ensure_jars(home: Path | None = None) -> Path:
-    """Resolve the jars once (again when the pom or pins change); refuse unpinned ones."""
-    libs = storage_dir(home) / "libs"
-    pins = kafka_jars.read_pins(PINS_PATH)
-    marker = libs / kafka_jars.MARKER
-    if marker.is_file() and marker.read_text().strip() == _resolution_digest():
-        _verify_jars(libs, pins)
-        return libs
-    partial = libs.with_name("libs.partial")
-    _resolve(partial)
-    _verify_jars(partial, pins)
-    (partial / kafka_jars.MARKER).write_text(_resolution_digest() + "\n")
-    shutil.rmtree(libs, ignore_errors=True)
-    partial.rename(libs)
-    return libs
-
-
-def pin_jars(home: Path | None = None) -> Path:
-    """Resolve into a scratch directory and rewrite streams/s3proxy/jars.sha256."""
-    scratch = storage_dir(home) / "libs.pin"
-    try:
-        _resolve(scratch)
-        digests = kafka_jars.jar_digests(scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    head = ["# SHA-256 of every jar of the embedded S3Proxy store (streams/s3proxy/pom.xml).",
-            "# Checked after Maven resolves them and before every `flywheel storage up`.",
-            "# Regenerate with `flywheel storage pin-jars`; review the diff."]
-    atomic_write_text(PINS_PATH, "\n".join([*head, *(f"{digests[n]}  {n}"
-                                                      for n in sorted(digests))]) + "\n")
-    return PINS_PATH
-
-
-def render_config(home: Path, *, host: str, port: int, mount: Path,
-                  data_dir: Path) -> list[Path]:
+def render_config(home: Path, *, host: str) -> list[Path]:
     """For a container (compose.yaml ``storage-config``): the certificate (valid for
-    ``host``), every role's keys and properties binding ``0.0.0.0:port``, with paths as
-    the S3Proxy container sees them (``mount``: this home's ``storage/security``)."""
+    ``host``), every role's keys and SeaweedFS's ``s3.json``; kept when present."""
     files = ensure_material(home, (host,))
-    written = []
-    for role in STORAGE_ROLES:
-        path = files / f"{role}.properties"
-        _write_secret(path, role_properties(role, home, bind=f"0.0.0.0:{port}", mount=mount,
-                                            data_dir=data_dir))
-        written.append(path)
-    return written
+    return [files / "ca.crt", files / "tls.key", files / "s3.json",
+            *(_keys_path(r, home) for r in (*STORAGE_ROLES, ADMIN))]
+
+
+def embedded_layout(home: Path | None = None) -> seaweedfs.ServerLayout:
+    port = storage_port()
+    if port + 7 > 65535:
+        raise StorageError(f"FLYWHEEL_STORAGE_PORT={port}: the store also needs the next "
+                           "seven ports; choose one below 65528")
+    return seaweedfs.ServerLayout(s3_port=port, s3_bind=HOST,
+                                  data_dir=storage_dir(home) / "data",
+                                  security_dir=security_dir(home))
 
 
 class EmbeddedStorage:
-    """Start, stop and inspect the S3Proxy of ``$FLYWHEEL_HOME`` (or ``home``)."""
+    """Start, stop and inspect the SeaweedFS of ``$FLYWHEEL_HOME`` (or ``home``)."""
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home
         self.dir = storage_dir(home)
-        self.pid_file = self.dir / "s3proxy.pid"
+        self.pid_file = self.dir / "weed.pid"
         self.logs = self.dir / "logs"
 
     def pid(self) -> int | None:
@@ -250,17 +174,17 @@ class EmbeddedStorage:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             return None
-        return pid if MAIN_CLASS in cmd and str(self.dir) in cmd else None
+        return pid if "weed" in cmd and str(self.dir) in cmd else None
 
     def status(self) -> StorageStatus:
         pid = self.pid()
         return StorageStatus(running=pid is not None, pid=pid, endpoint=embedded_endpoint(),
-                             data_dir=self.dir / "data", log_file=self.logs / "s3proxy.log",
+                             data_dir=self.dir / "data", log_file=self.logs / "weed.log",
                              reachable=pid is not None and port_open(HOST, storage_port()))
 
     def up(self, timeout_s: float = 120.0) -> bool:
-        """Start S3Proxy, wait until a signed request works and the default bucket exists;
-        False if it was already running."""
+        """Start SeaweedFS (built on the first start), wait until the bucket exists and
+        takes a write; False if it was already running."""
         make_dirs(self.dir)
         with exclusive_lock(self.dir / ".lock"):
             started = False
@@ -284,31 +208,33 @@ class EmbeddedStorage:
             return pid is not None
 
     def log_tail(self, lines: int = 40) -> list[str]:
-        path = self.logs / "s3proxy.log"
-        return tail_lines(path if path.is_file() else self.logs / "s3proxy.out", lines)
+        return tail_lines(self.logs / "weed.log", lines)
 
     def _start(self) -> None:
         self.pid_file.unlink(missing_ok=True)
-        if port_open(HOST, storage_port()):
-            raise StorageError(f"{HOST}:{storage_port()} is in use by a process that is not the "
-                               f"store of {self.dir}; stop it or set FLYWHEEL_STORAGE_PORT")
-        java, libs = find_java(), ensure_jars(self.home)
-        files = ensure_material(self.home)
-        make_dirs(self.dir / "data")
+        layout = embedded_layout(self.home)
+        busy = [p for p in (layout.s3_port, *layout.ports()) if port_open(HOST, p)]
+        if busy:
+            raise StorageError(f"ports {busy} on {HOST} are in use by something that is not "
+                               f"the store of {self.dir}; stop it or set FLYWHEEL_STORAGE_PORT "
+                               "(the store uses that port and the next seven)")
+        weed = seaweedfs.ensure_binary(self.dir / "bin")
+        ensure_material(self.home)
+        make_dirs(layout.data_dir, 0o700)
         make_dirs(self.logs)
-        args: list[str] = []
-        for role in STORAGE_ROLES:
-            path = files / f"{role}.properties"
-            _write_secret(path, role_properties(role, self.home))
-            args += ["--properties", str(path)]
-        cmd = [java, "-Xmx256m", f"-Dlogback.configurationFile={LOGBACK_PATH}",
-               f"-Ds3proxy.log={self.logs / 's3proxy.log'}", "-cp", f"{libs}/*",
-               MAIN_CLASS, *args]
-        with (self.logs / "s3proxy.out").open("ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        with (self.logs / "weed.log").open("ab") as out:
+            proc = subprocess.Popen([str(weed), *seaweedfs.server_args(layout)], stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=self.dir, start_new_session=True)
         atomic_write_text(self.pid_file, f"{proc.pid}\n")
-        log.info("S3Proxy starting on %s (pid %d)", embedded_endpoint(), proc.pid)
+        log.info("SeaweedFS starting on %s (pid %d)", embedded_endpoint(), proc.pid)
+
+    def _ready(self) -> None:
+        """The bucket exists and a write lands (the volume server has registered)."""
+        store = S3Store(f"s3://{DEFAULT_BUCKET}", admin_target(self.home))
+        store.ensure_bucket()
+        store.put_bytes(READY_PROBE, b"ready\n")
+        store.delete([READY_PROBE])
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -316,14 +242,13 @@ class EmbeddedStorage:
         while time.monotonic() < deadline:
             if self.pid() is None:
                 tail = "\n".join(self.log_tail())
-                raise StorageError(f"S3Proxy exited during start-up; its log:\n{tail}")
+                raise StorageError(f"SeaweedFS exited during start-up; its log:\n{tail}")
             if port_open(HOST, storage_port()):
                 try:
-                    S3Store(f"s3://{DEFAULT_BUCKET}", s3_target(WRITE_ROLE, self.home)
-                            ).ensure_bucket()
+                    self._ready()
                     return
                 except StorageError as exc:
                     last = exc
             time.sleep(0.5)
-        raise StorageError(f"S3Proxy did not answer on {embedded_endpoint()} within "
-                           f"{timeout_s:.0f} s ({last}); see {self.logs}")
+        raise StorageError(f"SeaweedFS did not answer on {embedded_endpoint()} within "
+                           f"{timeout_s:.0f} s ({last}); see {self.logs / 'weed.log'}")

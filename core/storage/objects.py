@@ -202,9 +202,9 @@ class S3Store:
         code = _error_code(exc)
         hint = {"SignatureDoesNotMatch": "the secret key is wrong",
                 "InvalidAccessKeyId": "the access key is unknown",
-                "AccessDenied": "the role may not do this",
-                "NotImplemented": "the role's keys are read-only (S3Proxy answers 501)",
-                "501": "the role's keys are read-only (S3Proxy answers 501)",
+                "AccessDenied": f"the role may not do this ({READ_ROLE} keys are read-only)",
+                "NotImplemented": "the role's keys are read-only (some stores answer 501)",
+                "501": "the role's keys are read-only (some stores answer 501)",
                 "NoSuchBucket": "create the bucket (`flywheel storage up` makes "
                                 "flywheel-snapshots)"}.get(code, "")
         return StorageError(f"cannot {what} {self.url.child(key)} as role {self.target.role}: "
@@ -257,15 +257,16 @@ class S3Store:
             for page in pages:
                 for item in page.get("Contents") or []:
                     key = str(item["Key"])
-                    if not key.endswith("/"):  # jclouds lists directories as "dir/"
+                    if not key.endswith("/"):  # some stores list directories as "dir/"
                         out[key[len(root):]] = int(item["Size"])
         except Exception as exc:
             raise self._fail("list", prefix, exc) from exc
         return out
 
     def delete(self, keys: list[str]) -> None:
-        """One DELETE per key (S3Proxy refuses the checksum header boto3 puts on the
-        multi-object DeleteObjects); deleting an absent key is not an error."""
+        """One DELETE per key (some stores, S3Proxy among them, refuse the checksum header
+        boto3 puts on the multi-object DeleteObjects); deleting an absent key is not an
+        error."""
         for key in keys:
             try:
                 self._s3.delete_object(Bucket=self.url.bucket, Key=self._key(key))

@@ -135,7 +135,7 @@ def topic_factory(kafka_bootstrap: str) -> Iterator[TopicFactory]:
 
 @pytest.fixture(scope="session")
 def s3_root() -> Iterator[str]:
-    """``s3://flywheel-snapshots/t-<uuid>`` on the embedded S3Proxy of ``$FLYWHEEL_HOME``
+    """``s3://flywheel-snapshots/t-<uuid>`` on the embedded SeaweedFS of ``$FLYWHEEL_HOME``
     (started here if it is not running yet and left running, like the broker; ``make
     test`` starts it first); every object under the prefix is deleted afterwards."""
     from hebrus_flywheel.core.storage import WRITE_ROLE, S3Store, s3_target

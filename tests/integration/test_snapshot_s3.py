@@ -1,4 +1,4 @@
-"""Snapshots on S3-compatible storage, against the real S3Proxy (TLS, SigV4, per-role keys).
+"""Snapshots on S3-compatible storage, against the real SeaweedFS (TLS, SigV4, per-role keys).
 
 One scenario per module: a replay worker (real teacher, real prefill engine) writes epoch
 0 while ``seal_epoch`` seals it with ``snapshot_root=s3://...``: the local seal as always,
@@ -7,7 +7,9 @@ byte for byte with the local seal of the same input; readers (verify, the train 
 lazy shard reader, DuckDB through the checked plaintext export) and the rebuild work from
 the ``s3://`` URL; a crash between the shard uploads and the manifest leaves no sealed
 snapshot and a re-run completes it; a second snapshot of the epoch, a wrong secret key and
-writes with the read-only role are refused.
+writes with the read-only role are refused; the server itself refuses a second
+conditional manifest, anonymous and plain-HTTP requests, and keeps its internal ports on
+loopback.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,6 +287,40 @@ def test_a_wrong_secret_key_and_writes_by_the_read_only_role_are_refused(
     with pytest.raises(StorageError, match=r"SSL|certificate"):
         S3Store(scenario.s3, untrusted).objects("")
     assert reader.get_bytes("epoch=0/manifest.json") is not None
+
+
+def test_the_store_refuses_a_second_conditional_put_at_the_server(scenario: Scenario) -> None:
+    """``If-None-Match: *`` is enforced by SeaweedFS itself (412), so the manifest is the
+    commit point even without the claim step."""
+    writer = _store(scenario.s3, WRITE_ROLE)
+    key = f"conditional/{uuid.uuid4().hex}/manifest.json"
+    assert writer.put_bytes(key, b"first", if_absent=True) is True
+    assert writer.put_bytes(key, b"second", if_absent=True) is False
+    assert writer.get_bytes(key) == b"first"
+    writer.delete([key])
+
+
+def test_anonymous_plain_http_and_outside_access_are_refused(scenario: Scenario) -> None:
+    import requests
+
+    from hebrus_flywheel.core.storage.config import security_dir, storage_port
+    from hebrus_flywheel.streams.storage_server import EmbeddedStorage, embedded_layout
+
+    port = storage_port()
+    url = f"https://127.0.0.1:{port}/{scenario.s3.removeprefix('s3://')}/epoch=0/manifest.json"
+    anonymous = requests.get(url, verify=str(security_dir() / "ca.crt"), timeout=10)
+    assert anonymous.status_code == 403 and b"AccessDenied" in anonymous.content
+    assert b"snapshot_id" not in anonymous.content
+    plain = requests.get(f"http://127.0.0.1:{port}/{scenario.s3.removeprefix('s3://')}/",
+                         timeout=10)
+    assert plain.status_code == 400 and b"HTTPS server" in plain.content  # TLS only
+    pid = EmbeddedStorage().pid()
+    assert pid is not None
+    listening = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+    ours = [line.split()[3] for line in listening if f"pid={pid}," in line]
+    assert {a.rsplit(":", 1)[1] for a in ours} >= {str(p) for p in embedded_layout().ports()}
+    assert all(a.startswith("127.0.0.1:") for a in ours), ours
 
 
 def test_rebuild_from_s3_is_plaintext_identical_to_the_local_seal(scenario: Scenario,

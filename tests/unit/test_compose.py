@@ -99,7 +99,8 @@ def test_every_service_command_parses_with_the_cli(services: dict[str, Any]) -> 
     assert parsed["streams-worker"] == "streams worker"
     assert parsed["candidate-worker"] == "replay candidate-worker"
     assert set(parsed) == {"kafka-config", "topics", "teacher", "streams-worker",
-                           "replay-worker", "candidate-worker", "storage-config"}
+                           "replay-worker", "candidate-worker", "storage-config",
+                           "storage-bucket"}
     replay = services["replay-worker"]["command"]
     teacher = services["teacher"]["command"][-1]
     assert _option(replay, "--teacher") in teacher  # the one-shot creates what it loads
@@ -183,27 +184,33 @@ def test_each_worker_mounts_only_its_role_and_scales(services: dict[str, Any],
         assert "--instance-id" not in service["command"]
 
 
-def test_the_object_store_runs_the_pinned_s3proxy_on_the_rendered_properties(
+def test_the_object_store_runs_the_pinned_seaweedfs_on_the_rendered_identities(
         services: dict[str, Any], tmp_path: Path) -> None:
-    """The S3Proxy image tag is the pom's version; its --properties files are the ones
-    `storage render-config` writes (rendered here with the compose arguments)."""
-    from hebrus_flywheel.streams.storage_server import POM_PATH, render_config
+    """The image tag is the pinned module's release; its command is the embedded store's
+    (server_args) with the S3 port on 0.0.0.0 and every other port on loopback, reading the
+    s3.json, certificate and key that `storage render-config` writes."""
+    from hebrus_flywheel.streams import seaweedfs
+    from hebrus_flywheel.streams.storage_server import render_config
 
     store, config = services["object-store"], services["storage-config"]["command"]
-    version = POM_PATH.read_text().split("<s3proxy.version>")[1].split("<")[0]
-    assert store["image"] == f"andrewgaul/s3proxy:s3proxy-{version}"
-    mount = Path(_option(config, "--mount"))
-    written = render_config(tmp_path, host=_option(config, "--host"),
-                            port=int(_option(config, "--port")), mount=mount,
-                            data_dir=Path(_option(config, "--data-dir")))
-    entry = store["entrypoint"]
-    wanted = [entry[i + 1] for i, a in enumerate(entry) if a == "--properties"]
-    assert wanted == [str(mount / p.name) for p in written]
+    assert store["image"] == f"chrislusf/seaweedfs:{seaweedfs.RELEASE}" == seaweedfs.IMAGE
+    assert store["entrypoint"] == ["/usr/bin/weed"]
     home = services["storage-config"]["volumes"][0].split(":")[1]
-    assert str(mount).startswith(home) and _option(config, "--home") == home
-    text = written[0].read_text()
-    assert f"s3proxy.secure-endpoint=https://0.0.0.0:{_option(config, '--port')}" in text
-    assert f"s3proxy.keystore-path={mount}/keystore.p12" in text
-    assert "read-only-blobstore=true" in written[1].read_text()
+    assert _option(config, "--home") == home
+    security = Path(home) / "storage" / "security"
+    port = int(store["ports"][0].rsplit(":", 1)[1])
+    layout = seaweedfs.ServerLayout(s3_port=port, s3_bind="0.0.0.0", data_dir=Path("/data"),
+                                    security_dir=security)
+    assert store["command"] == seaweedfs.server_args(layout)
+    assert "flywheel-objects:/data" in store["volumes"]
+    written = {p.name: p for p in render_config(tmp_path, host=_option(config, "--host"))}
+    assert {"s3.json", "ca.crt", "tls.key"} <= set(written)
+    for flag in ("-s3.config=", "-s3.cert.file=", "-s3.key.file="):
+        used = next(a for a in store["command"] if a.startswith(flag)).split("=", 1)[1]
+        assert Path(used).parent == security and Path(used).name in written
+    bucket = services["storage-bucket"]
+    assert bucket["command"] == ["flywheel", "storage", "ensure-bucket"]
+    assert bucket["environment"]["FLYWHEEL_HOME"] == home
     endpoint = services["replay-worker"]["environment"]["FLYWHEEL_S3_ENDPOINT"]
-    assert endpoint == f"https://object-store:{_option(config, '--port')}"
+    assert endpoint == f"https://object-store:{port}" == bucket["environment"][
+        "FLYWHEEL_S3_ENDPOINT"]

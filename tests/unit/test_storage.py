@@ -1,6 +1,6 @@
 """Object storage: URLs, the publication protocol and the checked remote read, on a
 :class:`LocalStore` (the same operations as S3; tests/integration/test_snapshot_s3.py
-runs them against the real S3Proxy)."""
+runs them against the real SeaweedFS)."""
 
 from __future__ import annotations
 
