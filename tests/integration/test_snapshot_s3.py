@@ -175,6 +175,24 @@ def test_verify_train_and_duckdb_read_the_snapshot_from_s3(scenario: Scenario,
     assert scenario.sealed.snapshot_id in json.dumps(lineage)
 
 
+def test_torchrun_with_two_ranks_trains_from_the_s3_snapshot(scenario: Scenario,
+                                                             tmp_path: Path) -> None:
+    """Both ranks open the s3:// epoch (one checked cache per snapshot id) and train."""
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "hebrus_flywheel.train.cli", "train", "--snapshot", scenario.url, "--out",
+         str(out), "--max-steps", "2", "--threads", "1", "--workers", "0", "--no-progress",
+         "--no-consent-ledger"],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+        cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lineage = json.loads((out / "lineage.json").read_text())
+    assert lineage["world_size"] == 2
+    assert scenario.sealed.snapshot_id in json.dumps(lineage)
+
+
 def _copy_to(scenario: Scenario, name: str) -> tuple[S3Store, str]:
     """The sealed epoch's objects under another prefix (to damage them there)."""
     url = f"{scenario.s3}-{name}/epoch=0"
