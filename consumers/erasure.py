@@ -55,7 +55,7 @@ from hebrus_flywheel.core.privacy import (
     is_pseudonym,
 )
 from hebrus_flywheel.core.settings import flywheel_home
-from hebrus_flywheel.core.taint import add_taint
+from hebrus_flywheel.core.taint import add_taint, taint_published
 
 JOURNAL_FORMAT = "hebrus-flywheel-erasure-journal/v1"
 RECEIPT_FORMAT = "hebrus-flywheel-erasure-receipt/v1"
@@ -205,8 +205,9 @@ def _taint(config: EraseConfig, roots: list[Path], planned: list[dict[str, Any]]
             continue
         add_taint(directory, {"owner": config.owner, "snapshots": [seen],
                               "receipt": str(receipt)})
+        published = taint_published(directory)  # the copy on an object store, if any
         out.append({"path": str(directory), "checkpoint_id": lineage.get("checkpoint_id"),
-                    "snapshots": [seen]})
+                    "snapshots": [seen], **({"published": published} if published else {})})
     return out
 
 

@@ -18,6 +18,8 @@ from hebrus_flywheel.core.errors import FlywheelError
 from hebrus_flywheel.core.files import atomic_write_json
 
 TAINT_FILE = "tainted.json"
+PUBLISHED_FILE = "published.json"
+"""Beside a checkpoint staged for an object store: ``{"url": ...}`` where it was published."""
 TAINT_FORMAT = "hebrus-flywheel-taint/v1"
 
 
@@ -71,3 +73,22 @@ def refuse_tainted(path: Path, *, action: str) -> None:
         f"{', '.join(s[:12] for s in snapshots) or 'unknown'}; see "
         f"{checkpoint_dir(path) / TAINT_FILE}). Train from scratch on the superseding "
         "snapshot instead (`flywheel train --snapshot DATA/epoch=N --out NEW_DIR`)")
+
+
+def taint_published(path: Path) -> str | None:
+    """Copy the taint marker of a checkpoint staged for an object store to where it was
+    published (``published.json``), with the sealer's keys; the URL, or None when the
+    checkpoint was never published."""
+    from hebrus_flywheel.core.storage import WRITE_ROLE, S3Store, StorageError, s3_target
+
+    directory = checkpoint_dir(path)
+    try:
+        url = str(json.loads((directory / PUBLISHED_FILE).read_text(encoding="utf-8"))["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        S3Store(url, s3_target(WRITE_ROLE)).put_file(TAINT_FILE, directory / TAINT_FILE)
+    except StorageError as exc:
+        raise TaintedCheckpointError(f"the checkpoint published at {url} could not be marked "
+                                     f"tainted ({exc}); re-run the erasure") from exc
+    return url

@@ -124,10 +124,13 @@ def server_args(layout: ServerLayout) -> list[str]:
             f"-s3.cert.file={sec / 'ca.crt'}", f"-s3.key.file={sec / 'tls.key'}"]
 
 
-def identities(keys: dict[str, dict[str, str]]) -> dict[str, object]:
+def identities(keys: dict[str, dict[str, str]], *,
+               checkpoint_bucket: str) -> dict[str, object]:
     """SeaweedFS's ``s3.json``: ``sealer`` reads, lists and writes (delete included),
-    ``trainer`` only reads and lists, ``admin`` (the store's own, for the bucket) is all."""
-    actions = {"sealer": ["Read", "List", "Write"], "trainer": ["Read", "List"],
+    ``trainer`` reads and lists and writes only ``checkpoint_bucket`` (its checkpoints),
+    ``admin`` (the store's own, for the buckets) is all."""
+    actions = {"sealer": ["Read", "List", "Write"],
+               "trainer": ["Read", "List", f"Write:{checkpoint_bucket}"],
                "admin": ["Admin"]}
     return {"identities": [
         {"name": role, "actions": actions[role],

@@ -12,6 +12,7 @@ import typer
 from hebrus_flywheel.core.storage.config import (
     ACCESS_ENV,
     CA_ENV,
+    CHECKPOINT_BUCKET,
     DEFAULT_BUCKET,
     ENDPOINT_ENV,
     SECRET_ENV,
@@ -88,7 +89,9 @@ def storage_render_config(
 @storage_app.command("ensure-bucket")
 @_fail_cleanly
 def storage_ensure_bucket() -> None:
-    """Create the bucket with the store's administrator keys if it is missing (the embedded
-    store does this when it starts; compose.yaml runs it once against object-store)."""
-    S3Store(f"s3://{DEFAULT_BUCKET}", admin_target()).ensure_bucket()
-    typer.echo(f"bucket s3://{DEFAULT_BUCKET} ready")
+    """Create the snapshot and checkpoint buckets with the store's administrator keys if
+    they are missing (the embedded store does this when it starts; compose.yaml runs it
+    once against object-store)."""
+    for bucket in (DEFAULT_BUCKET, CHECKPOINT_BUCKET):
+        S3Store(f"s3://{bucket}", admin_target()).ensure_bucket()
+        typer.echo(f"bucket s3://{bucket} ready")

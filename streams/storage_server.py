@@ -16,7 +16,8 @@
     weed.pid
 
 Each role is its own identity with only its actions: ``sealer`` reads, lists and writes,
-``trainer`` reads and lists (its writes are refused by the server). SeaweedFS honours
+``trainer`` reads and lists and writes only the checkpoint bucket (its writes to
+snapshots are refused by the server). SeaweedFS honours
 ``If-None-Match: *``, so a second manifest for one epoch is refused at the server
 (:mod:`consumers.publish`). Only the S3 port serves clients; the master, volume and filer
 ports (the next seven) listen on loopback for the server's own components.
@@ -38,6 +39,7 @@ from pathlib import Path
 from hebrus_flywheel.core.files import atomic_write_text, exclusive_lock, make_dirs
 from hebrus_flywheel.core.processes import pid_alive
 from hebrus_flywheel.core.storage.config import (
+    CHECKPOINT_BUCKET,
     DEFAULT_BUCKET,
     ENDPOINT_ENV,
     STORAGE_ROLES,
@@ -123,7 +125,8 @@ def ensure_material(home: Path | None = None, hosts: tuple[str, ...] = ()) -> Pa
             keys = {"access_key": f"flywheel-{role}-{secrets.token_hex(6)}",
                     "secret_key": secrets.token_urlsafe(30)}
             _write_secret(path, json.dumps(keys, indent=2) + "\n")
-    config = seaweedfs.identities({r: _keys(r, home) for r in (*STORAGE_ROLES, ADMIN)})
+    config = seaweedfs.identities({r: _keys(r, home) for r in (*STORAGE_ROLES, ADMIN)},
+                                  checkpoint_bucket=CHECKPOINT_BUCKET)
     _write_secret(files / "s3.json", json.dumps(config, indent=2) + "\n")
     return files
 
@@ -230,9 +233,10 @@ class EmbeddedStorage:
         log.info("SeaweedFS starting on %s (pid %d)", embedded_endpoint(), proc.pid)
 
     def _ready(self) -> None:
-        """The bucket exists and a write lands (the volume server has registered)."""
-        store = S3Store(f"s3://{DEFAULT_BUCKET}", admin_target(self.home))
-        store.ensure_bucket()
+        """The buckets exist and a write lands (the volume server has registered)."""
+        for bucket in (DEFAULT_BUCKET, CHECKPOINT_BUCKET):
+            store = S3Store(f"s3://{bucket}", admin_target(self.home))
+            store.ensure_bucket()
         store.put_bytes(READY_PROBE, b"ready\n")
         store.delete([READY_PROBE])
 

@@ -86,7 +86,8 @@ def _print_consent(report: dict[str, Any]) -> None:
 def train_command(
     snapshot_arg: str = typer.Option(..., "--snapshot", help="Sealed epoch directory (or its "
                                      "manifest.json), or s3://bucket/prefix/epoch=N."),
-    out: Path = typer.Option(..., "--out", help="Checkpoint directory to write."),
+    out: str = typer.Option(..., "--out", help="Checkpoint directory to write, or "
+                            "s3://bucket/prefix: staged locally, published when training ends."),
     config: Path | None = typer.Option(None, "--config", help="TOML training config."),
     seed: int | None = typer.Option(None, "--seed", help="Override the config's seed."),
     max_steps: int | None = typer.Option(None, "--max-steps", help="Override optim.max_steps."),
@@ -99,8 +100,9 @@ def train_command(
                                            help="Refuse unless the snapshot has this id."),
     progress: bool | None = typer.Option(None, "--progress/--no-progress",
                                          help="Progress bar (default: the config's)."),
-    resume: Path | None = typer.Option(None, "--resume", help="Start from this checkpoint's "
-                                       "parameters (refused when an erasure tainted it)."),
+    resume: str | None = typer.Option(None, "--resume", help="Start from this checkpoint's "
+                                      "parameters (a directory or s3:// URL; refused when an "
+                                      "erasure tainted it)."),
     model: str | None = typer.Option(None, "--model", help="model.architecture: sidecar, "
                                      "per_layer_mlp, shared_lowrank or gate_adapter."),
     gate_prior: bool | None = typer.Option(None, "--gate-prior/--no-gate-prior",
@@ -130,10 +132,21 @@ def train_command(
                           schedule__progress=progress, schedule__eval_every=eval_every,
                           model__architecture=model, model__gate_prior=gate_prior,
                           model__rank=width)
+    from hebrus_flywheel.train.remote_checkpoint import (
+        localize_checkpoint,
+        output_dir,
+        publish_checkpoint,
+    )
+
     consent = consent_source(snapshot, bootstrap, no_consent_ledger)
-    result = train(snapshot, out, settings, expected_id=snapshot_id, resume=resume,
+    out_dir, publish_to = output_dir(out)
+    result = train(snapshot, out_dir, settings, expected_id=snapshot_id,
+                   resume=None if resume is None else localize_checkpoint(resume),
                    consent=consent, teacher_dir=teacher)
     if int(os.environ.get("RANK", "0")) == 0:
+        if publish_to is not None:
+            written = publish_checkpoint(out_dir, publish_to)
+            typer.echo(f"published {', '.join(written)} to {publish_to}")
         _print_consent(result.lineage.get("snapshot", {}).get("consent") or {})
         outcome = result.lineage.get("training", {})
         typer.echo(f"checkpoint {result.lineage.get('checkpoint_id')} in {result.checkpoint_dir}"
@@ -144,7 +157,8 @@ def train_command(
 def evaluate_command(
     snapshot_arg: str = typer.Option(..., "--snapshot", help="Sealed epoch directory or "
                                      "s3://bucket/prefix/epoch=N."),
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint directory or file."),
+    checkpoint: str = typer.Option(..., "--checkpoint", help="Checkpoint directory or file, "
+                                   "or s3://bucket/prefix of a published one."),
     out: Path | None = typer.Option(None, "--out", help="Write the full JSON report here."),
     teacher: Path | None = typer.Option(None, "--teacher", help="The snapshot's teacher "
                                         "checkpoint: enables the native_gate control."),
@@ -162,10 +176,11 @@ def evaluate_command(
     snapshot = localize(snapshot_arg)
     declare_role("trainer")
     from hebrus_flywheel.train.evaluate import EvaluateConfig, evaluate, write_report
+    from hebrus_flywheel.train.remote_checkpoint import localize_checkpoint
 
     settings = EvaluateConfig(splits=tuple(split), batch_size=batch_size, seed=seed,
                               progress=progress)
-    report = evaluate(snapshot, checkpoint, settings, teacher_dir=teacher,
+    report = evaluate(snapshot, localize_checkpoint(checkpoint), settings, teacher_dir=teacher,
                       expected_id=snapshot_id,
                       consent=consent_source(snapshot, bootstrap, no_consent_ledger))
     print_report(report)

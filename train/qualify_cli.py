@@ -35,8 +35,10 @@ COLLECTION_FILE = "collection.json"
 
 
 def qualify_command(
-    snapshot: Path = typer.Option(..., "--snapshot", help="Sealed epoch directory."),
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint directory or file."),
+    snapshot_arg: str = typer.Option(..., "--snapshot", help="Sealed epoch directory or "
+                                     "s3://bucket/prefix/epoch=N."),
+    checkpoint_arg: str = typer.Option(..., "--checkpoint", help="Checkpoint directory or "
+                                       "file, or s3://bucket/prefix of a published one."),
     out: Path = typer.Option(..., "--out", help="Report directory (created if needed)."),
     teacher: Path | None = typer.Option(None, "--teacher", help="The snapshot's teacher: "
                                         "enables the native_gate control."),
@@ -70,6 +72,10 @@ def qualify_command(
 ) -> None:
     """Qualify a checkpoint on a snapshot: six gates, ten falsifiers, a report."""
     declare_role("trainer")
+    from hebrus_flywheel.core.snapshot.remote import localize
+    from hebrus_flywheel.train.remote_checkpoint import localize_checkpoint
+
+    snapshot, checkpoint = localize(snapshot_arg), localize_checkpoint(checkpoint_arg)
     try:
         outcome, seconds = _run(
             snapshot=snapshot, checkpoint=checkpoint, out=out, teacher=teacher, config=config,

@@ -37,6 +37,9 @@ ACCESS_ENV = "FLYWHEEL_S3_ACCESS_KEY_ID"
 SECRET_ENV = "FLYWHEEL_S3_SECRET_ACCESS_KEY"
 DEFAULT_REGION = "us-east-1"
 DEFAULT_BUCKET = "flywheel-snapshots"
+CHECKPOINT_BUCKET = "flywheel-checkpoints"
+"""The embedded store's bucket for trained checkpoints: the one the ``trainer`` may write."""
+CHECKPOINT_ROLE = READ_ROLE
 
 
 def storage_port() -> int:

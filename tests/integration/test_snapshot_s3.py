@@ -193,6 +193,57 @@ def test_torchrun_with_two_ranks_trains_from_the_s3_snapshot(scenario: Scenario,
     assert scenario.sealed.snapshot_id in json.dumps(lineage)
 
 
+def test_checkpoints_are_published_to_s3_read_back_and_tainted_there(
+        scenario: Scenario, tmp_path: Path) -> None:
+    """train --out s3:// stages locally and publishes (lineage last) into the checkpoint
+    bucket, the only one the trainer may write; evaluate and --resume read it back; a
+    taint recorded by an erasure on the staged copy reaches the published one."""
+    from hebrus_flywheel.core.storage.config import CHECKPOINT_BUCKET
+    from hebrus_flywheel.core.taint import TaintedCheckpointError, add_taint, taint_published
+    from hebrus_flywheel.train.cli import evaluate_command, train_command
+    from hebrus_flywheel.train.remote_checkpoint import fetch_checkpoint, staging_dir
+
+    url = f"s3://{CHECKPOINT_BUCKET}/t-{uuid.uuid4().hex[:12]}/run"
+    app = typer.Typer()
+    app.command("train")(train_command)
+    app.command("evaluate")(evaluate_command)
+    common = ["--max-steps", "2", "--threads", "1", "--workers", "0", "--no-progress",
+              "--no-consent-ledger"]
+    done = CliRunner().invoke(app, ["train", "--snapshot", scenario.url, "--out", url,
+                                    *common])
+    assert done.exit_code == 0, done.output
+    assert f"published checkpoint.pt, history.jsonl, lineage.json to {url}" in done.output
+    store = _store(url, READ_ROLE)
+    assert set(store.objects("")) == {"checkpoint.pt", "history.jsonl", "lineage.json"}
+    staged = staging_dir(url)
+    assert store.get_bytes("lineage.json") == (staged / "lineage.json").read_bytes()
+    report = tmp_path / "report.json"
+    done = CliRunner().invoke(app, ["evaluate", "--snapshot", scenario.url, "--checkpoint",
+                                    url, "--out", str(report), "--no-progress",
+                                    "--no-consent-ledger"])
+    assert done.exit_code == 0, done.output
+    lineage = json.loads((staged / "lineage.json").read_text())
+    assert lineage["checkpoint_id"] in report.read_text()
+    again = CliRunner().invoke(app, ["train", "--snapshot", scenario.url, "--out",
+                                     str(tmp_path / "resumed"), "--resume", url, *common])
+    assert again.exit_code == 0, again.output
+    resumed = json.loads((tmp_path / "resumed" / "lineage.json").read_text())
+    assert lineage["checkpoint_id"] in json.dumps(resumed)
+    add_taint(staged, {"owner": "pseudonym", "snapshots": [scenario.sealed.snapshot_id],
+                       "receipt": "test"})
+    assert taint_published(staged) == url
+    fetched = fetch_checkpoint(url)
+    assert (fetched / "tainted.json").is_file()
+    tainted = CliRunner().invoke(app, ["train", "--snapshot", scenario.url, "--out",
+                                       str(tmp_path / "refused"), "--resume", url, *common])
+    assert tainted.exit_code != 0
+    assert isinstance(tainted.exception, TaintedCheckpointError), tainted.output
+    with pytest.raises(StorageError, match="read-only"):  # no write outside its bucket
+        _store(scenario.s3, READ_ROLE).put_bytes("epoch=9/x", b"x")
+    store_w = _store(url, WRITE_ROLE)
+    store_w.delete(list(store_w.objects("")))
+
+
 def _copy_to(scenario: Scenario, name: str) -> tuple[S3Store, str]:
     """The sealed epoch's objects under another prefix (to damage them there)."""
     url = f"{scenario.s3}-{name}/epoch=0"

@@ -41,10 +41,10 @@ def test_internal_ports_follow_the_s3_port_and_do_not_collide() -> None:
 def test_each_role_gets_only_its_actions() -> None:
     keys = {r: {"access_key": f"{r}-id", "secret_key": f"{r}-secret"}
             for r in ("sealer", "trainer", "admin")}
-    config = seaweedfs.identities(keys)
+    config = seaweedfs.identities(keys, checkpoint_bucket="ckpt")
     actions = {i["name"]: i["actions"] for i in config["identities"]}  # type: ignore[index]
-    assert actions == {"sealer": ["Read", "List", "Write"], "trainer": ["Read", "List"],
-                       "admin": ["Admin"]}
+    assert actions == {"sealer": ["Read", "List", "Write"],
+                       "trainer": ["Read", "List", "Write:ckpt"], "admin": ["Admin"]}
 
 
 def test_material_is_private_and_kept(tmp_path: Path) -> None:
