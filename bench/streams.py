@@ -8,7 +8,10 @@ uuid-prefixed topics on the broker, then, in the same run:
 2. ``processed``: the same consume feeding validate → assemble → split → dedup → window
    (the stage objects the faust worker runs), in one process;
 3. ``faust_worker``: a real ``streams worker`` subprocess, from first record produced to
-   last window published (includes faust, table changelogs and Kafka round trips).
+   last window published (includes faust, table changelogs and Kafka round trips);
+4. ``two_worker_speedup``: the same with two worker processes of one app id (each its own
+   data directory) against the one worker, and whether both wrote the same set of
+   windows (``--no-two-workers`` skips it).
 
 Rates count token-observations (one per decoded token) per wall second, however they
 are carried; ``cpu_rate`` is the same count per CPU second of the process that did the
@@ -22,7 +25,7 @@ cProfile (CPU time) and writes its stats there. The bench and its worker share o
 owner key store (``$FLYWHEEL_OWNER_KEYS``, a temporary directory). Usage::
 
     python bench/streams.py [--threads 40] [--assistant-tokens 120] [--chunk-tokens 64]
-                            [--no-worker] [--profile FILE]
+                            [--no-worker] [--no-two-workers] [--profile FILE]
     python -m bench.streams ...   # the same
 """
 
@@ -59,6 +62,7 @@ from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
 from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
+from hebrus_flywheel.streams.processors.runs import group_members
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.topics import catalogue, create_topics, delete_topics, describe_topics
 from tests.support.chunks import chunked
@@ -66,7 +70,9 @@ from tests.support.streams_harness import (
     WorkerProcess,
     grant_for,
     producer,
+    read_windows,
     wait_until,
+    window_pairs,
     worker_processor_config,
 )
 from tests.support.streams_synthetic import (
@@ -78,6 +84,7 @@ from tests.support.streams_synthetic import (
     thread_messages,
 )
 
+APP_ID = "flywheel-streams"
 FLAGS = {"runtime_holdout_fraction": 0.2}
 PROFILED_WORKER = """
 import cProfile, runpy, sys, time
@@ -201,22 +208,27 @@ class Capture:
 
 
 def bench_worker(bootstrap: str, prefix: str, capture: Capture, expected: int,
-                 profile: Path | None) -> tuple[float, float]:
-    """The worker's token-observations per wall second, first record produced to last
-    window on the broker; ``profile``: run the worker under cProfile, stats to that file."""
+                 profile: Path | None, workers: int = 1) -> tuple[float, float]:
+    """The workers' token-observations per wall second, first record produced to last
+    window on the broker (``workers`` processes of one app id, each with its own home);
+    ``profile``: run the (first) worker under cProfile, stats to that file."""
     topics = StreamTopics.from_prefix(prefix)
     create_topics(bootstrap, catalogue(prefix))
     grant_catalogue(bootstrap, prefix)  # the streams worker runs as the streams role
     with tempfile.TemporaryDirectory() as tmp:
-        worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id="flywheel-streams",
-                               log_path=Path(tmp) / "worker.log", flags=FLAGS)
+        procs = [WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID,
+                               log_path=Path(tmp) / f"worker-{i}.log", flags=FLAGS,
+                               home=Path(tmp) / f"home-{i}") for i in range(workers)]
         if profile is not None:  # CPU time, not wall time: the machine may be shared
-            worker.args[1:3] = ["-c", PROFILED_WORKER.format(path=str(profile))]
-        worker.start()
+            procs[0].args[1:3] = ["-c", PROFILED_WORKER.format(path=str(profile))]
+        for worker in procs:
+            worker.start()
         try:
-            time.sleep(10)  # join the group and finish (empty) recovery before data arrives
-            assert worker.proc is not None
-            cpu_start = _cpu_seconds(worker.proc.pid)
+            # join the group and finish (empty) recovery before data arrives
+            wait_until(lambda: group_members(bootstrap, prefix + APP_ID) >= workers,
+                       timeout_s=120, interval_s=0.5, what="every worker in the group")
+            time.sleep(10)
+            cpu_start = sum(_cpu_seconds(_pid(w)) for w in procs)
             start = time.perf_counter()
             capture.produce(bootstrap, topics)
             wait_until(
@@ -227,19 +239,35 @@ def bench_worker(bootstrap: str, prefix: str, capture: Capture, expected: int,
                 what="the worker's windows",
             )
             elapsed = time.perf_counter() - start
-            assert worker.proc is not None
-            cpu_s = _cpu_seconds(worker.proc.pid) - cpu_start
+            cpu_s = sum(_cpu_seconds(_pid(w)) for w in procs) - cpu_start
         except BaseException:
-            print(worker.log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
+            for worker in procs:
+                print(worker.log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
             raise
         finally:
-            worker.stop()
+            for worker in procs:
+                worker.stop()
     rate = capture.observations / elapsed
-    emit("faust_worker_observations_per_s", rate, "obs/s", seconds=round(elapsed, 2),
+    name = "faust_worker_observations_per_s" if workers == 1 else \
+        f"faust_{workers}_workers_observations_per_s"
+    emit(name, rate, "obs/s", seconds=round(elapsed, 2), workers=workers,
          worker_cpu_s=round(cpu_s, 2), cpu_rate=round(capture.observations / cpu_s, 1),
          observations=capture.observations, records=capture.records,
-         note="one worker process, produce->last window, includes changelog writes")
+         note=f"{workers} worker process(es), produce->last window, includes changelog "
+              "writes")
     return rate, capture.observations / cpu_s
+
+
+def _pid(worker: WorkerProcess) -> int:
+    assert worker.proc is not None
+    return worker.proc.pid
+
+
+def _same_windows(bootstrap: str, prefixes: list[str]) -> bool:
+    """Whether the namespaces' window topics hold the same set of windows."""
+    sets = [window_pairs(read_windows(bootstrap, StreamTopics.from_prefix(p)))
+            for p in prefixes]
+    return all(s == sets[0] for s in sets[1:]) and bool(sets[0])
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -280,6 +308,8 @@ def main() -> None:
     parser.add_argument("--chunk-tokens", type=int, default=64,
                         help="tokens per RouteObservationChunk (0: one record per token)")
     parser.add_argument("--no-worker", action="store_true", help="skip the faust worker figure")
+    parser.add_argument("--no-two-workers", action="store_true",
+                        help="skip the two-worker figure (two_worker_speedup)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="run the worker under cProfile and write its stats here")
     args = parser.parse_args()
@@ -323,6 +353,15 @@ def main() -> None:
             emit("faust_to_raw_cpu_ratio", cpu_rate / (n_obs / raw_cpu), "ratio",
                  note="per CPU second of each process (the machine may be shared)")
             emit("goal_30k_worker_observations_per_s_met", float(rate >= 30_000), "bool")
+        if not args.no_worker and not args.no_two_workers:
+            rate2, _ = bench_worker(bootstrap, f"{prefix}w2.", capture,
+                                    len(pipeline.windows), None, workers=2)
+            same = _same_windows(bootstrap, [f"{prefix}w.", f"{prefix}w2."])
+            emit("two_worker_speedup", rate2 / rate, "ratio", goal=">= 1.5",
+                 same_windows=same, cpu_count=os.cpu_count(),
+                 note="two workers of one app id against one, same records, one run")
+            if not same:
+                raise SystemExit("two workers wrote another set of windows than one worker")
     finally:
         cleanup(bootstrap, prefix)
 
