@@ -12,16 +12,19 @@ import typer
 from hebrus_flywheel.core.storage.config import (
     ACCESS_ENV,
     CA_ENV,
-    CHECKPOINT_BUCKET,
     DEFAULT_BUCKET,
     ENDPOINT_ENV,
     SECRET_ENV,
     STORAGE_ROLES,
     s3_target,
 )
-from hebrus_flywheel.core.storage.objects import S3Store
 from hebrus_flywheel.streams.cli import _fail_cleanly
-from hebrus_flywheel.streams.storage_server import EmbeddedStorage, admin_target, render_config
+from hebrus_flywheel.streams.storage_server import (
+    EmbeddedStorage,
+    admin_target,
+    ensure_buckets,
+    render_config,
+)
 
 storage_app = typer.Typer(
     help="Run the embedded S3-compatible store (SeaweedFS on loopback, TLS, per-role keys).",
@@ -92,6 +95,5 @@ def storage_ensure_bucket() -> None:
     """Create the snapshot and checkpoint buckets with the store's administrator keys if
     they are missing (the embedded store does this when it starts; compose.yaml runs it
     once against object-store)."""
-    for bucket in (DEFAULT_BUCKET, CHECKPOINT_BUCKET):
-        S3Store(f"s3://{bucket}", admin_target()).ensure_bucket()
-        typer.echo(f"bucket s3://{bucket} ready")
+    for store in ensure_buckets(admin_target()):
+        typer.echo(f"bucket {store.location} ready")

@@ -139,6 +139,15 @@ def admin_target(home: Path | None = None) -> S3Target:
                     ca_bundle=security_dir(home) / "ca.crt", role=ADMIN)
 
 
+def ensure_buckets(target: S3Target) -> list[S3Store]:
+    """Create the snapshot and checkpoint buckets (with ``target``, the admin's keys) if
+    they are missing; a store on each, snapshots first."""
+    stores = [S3Store(f"s3://{bucket}", target) for bucket in (DEFAULT_BUCKET, CHECKPOINT_BUCKET)]
+    for store in stores:
+        store.ensure_bucket()
+    return stores
+
+
 def render_config(home: Path, *, host: str) -> list[Path]:
     """For a container (compose.yaml ``storage-config``): the certificate (valid for
     ``host``), every role's keys and SeaweedFS's ``s3.json``; kept when present."""
@@ -234,9 +243,7 @@ class EmbeddedStorage:
 
     def _ready(self) -> None:
         """The buckets exist and a write lands (the volume server has registered)."""
-        for bucket in (DEFAULT_BUCKET, CHECKPOINT_BUCKET):
-            store = S3Store(f"s3://{bucket}", admin_target(self.home))
-            store.ensure_bucket()
+        store = ensure_buckets(admin_target(self.home))[0]
         store.put_bytes(READY_PROBE, b"ready\n")
         store.delete([READY_PROBE])
 

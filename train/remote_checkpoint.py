@@ -31,11 +31,9 @@ from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.core.storage import S3Store, S3Url, is_object_url, s3_target
 from hebrus_flywheel.core.storage.config import CHECKPOINT_ROLE
 from hebrus_flywheel.core.taint import PUBLISHED_FILE, TAINT_FILE
+from hebrus_flywheel.train.checkpoint import CHECKPOINT_FILE, HISTORY_FILE, LINEAGE_FILE
 from hebrus_flywheel.train.exceptions import CheckpointError
 
-CHECKPOINT_FILE = "checkpoint.pt"
-LINEAGE_FILE = "lineage.json"
-HISTORY_FILE = "history.jsonl"
 PUBLISH_ORDER = (CHECKPOINT_FILE, HISTORY_FILE, LINEAGE_FILE)  # lineage last
 
 
