@@ -1,7 +1,7 @@
 """Cost of crypto-shredding what the stream workers write; one JSON line per figure.
 
 Per window (``Window.v1`` plaintext vs ``Window.v2`` sealed, encode and decode+open) and
-per table write (state-codec JSON vs the sealed value, write and restore) and per sealed
+per table write (the state-codec record vs the sealed value, write and restore) and per sealed
 internal-topic summary: microseconds per operation (median of ``--repeat`` rounds of
 ``--n`` operations, this process only, no Kafka) and bytes added. Usage::
 

@@ -241,7 +241,7 @@ class StreamsWorker:
         )
 
     def _table(self, name: str, partitions: int) -> Any:
-        # keys: faust's json codec (key_type=str); values: the state codec (tagged JSON);
+        # keys: faust's json codec (key_type=str); values: the state codec (MessagePack);
         # an undecodable changelog record stops the worker (streams.processors.state_codec)
         # owner values are sealed in the changelog (streams.processors.state_seal)
         # the store: RocksDB on disk (a restart reads only the changelog's tail), owner

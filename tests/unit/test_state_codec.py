@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pickle
@@ -9,10 +10,16 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
 from hebrus_flywheel.streams.processors.state_codec import (
+    EXT_BIGINT,
+    EXT_SEALED,
+    EXT_TUPLE,
+    MAGIC,
+    SealedState,
     StateDecodeError,
     StateEncodeError,
     dumps,
@@ -47,8 +54,79 @@ def _types(value: Any) -> Any:
     return type(value).__name__
 
 
-def test_records_are_plain_json() -> None:
-    assert json.loads(dumps({"t": (1, b"\x01")})) == {"t": {"$tuple": [1, {"$bytes": "AQ=="}]}}
+def test_records_are_messagepack_after_the_magic_bytes() -> None:
+    data = dumps({"t": (1, b"\x01")})
+    assert data[:2] == MAGIC
+    body = msgpack.unpackb(data[2:], raw=False, ext_hook=lambda code, raw: (code, raw))
+    assert body == {"t": (EXT_TUPLE, msgpack.packb([1, b"\x01"], use_bin_type=True))}
+
+
+def test_bytes_are_carried_as_they_are() -> None:
+    payload = os.urandom(250_000)  # a chunk's routes: no base64, no text escaping
+    data = dumps({"ids": payload})
+    assert len(data) < len(payload) + 32 and payload in data
+    assert loads(data)["ids"] == payload
+
+
+@pytest.mark.parametrize("value", SAMPLES, ids=range(len(SAMPLES)))
+def test_records_of_older_workers_still_decode(value: Any) -> None:
+    """Changelogs written before MessagePack hold tagged JSON: a home restores across it."""
+    assert loads(_legacy_json(value)) == value
+
+
+def _legacy_json(value: Any) -> bytes:
+    def enc(obj: Any) -> Any:
+        if isinstance(obj, tuple):
+            return {"$tuple": [enc(v) for v in obj]}
+        if isinstance(obj, bytes):
+            return {"$bytes": base64.b64encode(obj).decode()}
+        if isinstance(obj, list):
+            return [enc(v) for v in obj]
+        if isinstance(obj, dict):
+            if all(isinstance(k, str) for k in obj) and not (
+                    len(obj) == 1 and next(iter(obj)).startswith("$")):
+                return {k: enc(v) for k, v in obj.items()}
+            return {"$map": [[enc(k), enc(v)] for k, v in obj.items()]}
+        return obj
+    return json.dumps(enc(value)).encode()
+
+
+def test_sealed_state_round_trips_from_both_formats() -> None:
+    sealed = SealedState(owner="o", generation=3, body=b"\x00cipher")
+    assert loads(dumps(sealed)) == sealed
+    legacy = b'{"$sealed": {"o": "o", "g": 3, "c": {"$bytes": "AGNpcGhlcg=="}}}'
+    assert loads(legacy) == sealed
+
+
+def _record(obj: Any) -> bytes:
+    return MAGIC + msgpack.packb(obj, use_bin_type=True)
+
+
+@pytest.mark.parametrize("data", [
+    _record(msgpack.Timestamp(1, 2)),  # MessagePack's own extension: a class of its own
+    _record(msgpack.ExtType(9, b"")),  # an extension the codec does not define
+    _record([msgpack.ExtType(EXT_TUPLE, b"\x01")]),  # a tuple that is not an array
+    _record(msgpack.ExtType(EXT_BIGINT, b"12a")),
+    _record(msgpack.ExtType(EXT_SEALED, msgpack.packb(["o", "3", b""]))),
+    _record(1) + b"\x00",  # trailing bytes
+    MAGIC + b"\x93\x01",  # truncated
+    MAGIC + bytes([0x81, 0x91, 0x01, 0x02]),  # a map keyed by an array (unhashable)
+    MAGIC + b"\x91" * 5000 + b"\x01",  # nested deeper than the unpacker allows
+], ids=["timestamp", "unknown-ext", "tuple-not-array", "bigint-not-digits",
+        "sealed-bad-generation", "trailing", "truncated", "unhashable-key", "deep"])
+def test_malformed_messagepack_records_are_refused(data: bytes) -> None:
+    with pytest.raises(StateDecodeError):
+        loads(data)
+
+
+def test_nested_extensions_are_refused_not_a_crash() -> None:
+    """Each extension is unpacked by a nested call: thousands of them nested would overflow
+    the C stack (a segmentation fault) without the codec's depth bound."""
+    data = msgpack.packb(1)
+    for _ in range(5000):
+        data = msgpack.packb(msgpack.ExtType(EXT_TUPLE, b"\x91" + data))
+    with pytest.raises(StateDecodeError, match="nested"):
+        loads(MAGIC + data)
 
 
 @pytest.mark.parametrize("value", [{1, 2}, object(), {"a": Path("/")}, bytearray(b"x")])
