@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, BinaryIO
@@ -146,6 +148,28 @@ def atomic_replace_dir(staging: Path, target: Path, *, file_mode: int = FILE_MOD
         fsync_path(Path(root))
     os.replace(staging, target)
     fsync_path(Path(target).parent)
+
+
+def fill_dir_once(target: Path, fill: Callable[[Path], Any], *, complete: str) -> Path:
+    """``target``, filled by ``fill(partial)`` in a private directory beside it and renamed
+    into place unless its file ``complete`` already exists. Readers that fetch at once
+    (torchrun ranks, two CLI runs) each fill their own partial directory; the first rename
+    wins and the others find ``target`` complete. A failed fill leaves no ``target``."""
+    if (target / complete).is_file():
+        return target
+    make_dirs(target.parent)
+    partial = Path(tempfile.mkdtemp(prefix=f".{target.name[:16]}.", dir=target.parent))
+    os.chmod(partial, DIR_MODE)
+    try:
+        fill(partial)
+        try:
+            partial.rename(target)
+        except OSError:
+            if not (target / complete).is_file():
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
 
 
 @contextlib.contextmanager

@@ -1,10 +1,13 @@
-"""Whether a process id names a live process: one answer for pid files, staging owners
-and worker health files."""
+"""Processes: whether a process id names a live process (one answer for pid files,
+staging owners and worker health files), and one way to run an external tool (Maven,
+the Kafka storage tool, the Go toolchain) whose failure becomes the caller's error."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -20,3 +23,20 @@ def pid_alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat.rpartition(")")[2].split()[0] != "Z"
     return True
+
+
+def run_tool(cmd: list[str], *, what: str, hint: str, timeout_s: float,
+             error: type[Exception], cwd: Path | None = None,
+             env: Mapping[str, str] | None = None) -> str:
+    """Run ``cmd`` and return its standard output; ``error`` (the caller's exception type)
+    when it times out or exits non-zero, naming ``what`` failed, the output's last 20
+    lines and ``hint`` (what to do about it)."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                              cwd=cwd, env=None if env is None else dict(env), check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise error(f"{what} did not finish within {timeout_s:.0f} s; {hint}") from exc
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
+        raise error(f"{what} failed (exit {done.returncode}):\n{tail}\n{hint}")
+    return done.stdout

@@ -19,11 +19,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from hebrus_flywheel.core.files import atomic_write_text, make_dirs
+from hebrus_flywheel.core.processes import run_tool
 from hebrus_flywheel.core.storage.exceptions import StorageError
 
 MODULE = "github.com/seaweedfs/seaweedfs"
@@ -45,16 +45,9 @@ def find_go() -> str:
 
 def _go(args: list[str], what: str, *, cwd: Path | None = None) -> str:
     env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly -buildvcs=false"}
-    try:
-        done = subprocess.run([find_go(), *args], capture_output=True, text=True, cwd=cwd,
-                              env=env, timeout=BUILD_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise StorageError(f"{what} did not finish within {BUILD_TIMEOUT_S:.0f} s") from exc
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
-        raise StorageError(f"{what} failed (exit {done.returncode}):\n{tail}\ncheck access to "
-                           "the Go module proxy (GOPROXY) and retry")
-    return done.stdout
+    return run_tool([find_go(), *args], what=what, timeout_s=BUILD_TIMEOUT_S, cwd=cwd, env=env,
+                    error=StorageError,
+                    hint="check access to the Go module proxy (GOPROXY) and retry")
 
 
 def _download() -> Path:

@@ -22,11 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from hebrus_flywheel.core.files import DIR_MODE, atomic_write_bytes, atomic_write_json, make_dirs
+from hebrus_flywheel.core.files import (
+    atomic_write_bytes,
+    atomic_write_json,
+    fill_dir_once,
+)
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.core.storage import S3Store, S3Url, is_object_url, s3_target
 from hebrus_flywheel.core.storage.config import CHECKPOINT_ROLE
@@ -81,23 +83,13 @@ def fetch_checkpoint(url: str, *, role: str = CHECKPOINT_ROLE,
         checkpoint_id = str(json.loads(lineage)["checkpoint_id"])
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{url}/{LINEAGE_FILE} names no checkpoint id") from exc
+    def download(partial: Path) -> None:
+        for name in PUBLISH_ORDER:
+            if name in present:
+                store.download(name, partial / name)
+
     root = (home or flywheel_home()) / "storage" / "cache" / "checkpoints"
-    target = root / checkpoint_id
-    if not (target / CHECKPOINT_FILE).is_file():
-        make_dirs(root)
-        partial = Path(tempfile.mkdtemp(prefix=".fetch.", dir=root))
-        os.chmod(partial, DIR_MODE)
-        try:
-            for name in PUBLISH_ORDER:
-                if name in present:
-                    store.download(name, partial / name)
-            try:
-                partial.rename(target)
-            except OSError:
-                if not (target / CHECKPOINT_FILE).is_file():  # another rank fetched it
-                    raise
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
+    target = fill_dir_once(root / checkpoint_id, download, complete=CHECKPOINT_FILE)
     marker = store.get_bytes(TAINT_FILE)
     if marker is not None:
         atomic_write_bytes(target / TAINT_FILE, marker)

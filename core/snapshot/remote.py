@@ -19,12 +19,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from hebrus_flywheel.core.files import DIR_MODE, atomic_write_bytes, make_dirs
+from hebrus_flywheel.core.files import atomic_write_bytes, fill_dir_once
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.core.snapshot.errors import ManifestError, VerifyError
 from hebrus_flywheel.core.snapshot.manifest import MANIFEST_FILE, Manifest, parse_manifest
@@ -102,23 +101,10 @@ def fetch_snapshot(url: str, *, store: ObjectStore | None = None,
     """The local copy of a sealed remote epoch (downloaded and checked once per id)."""
     store = _store(url, store)
     manifest, data = remote_manifest(url, store=store)
-    root = cache or cache_root()
-    target = root / manifest.snapshot_id
-    if (target / MANIFEST_FILE).is_file():
-        return target
-    make_dirs(root)
-    partial = Path(tempfile.mkdtemp(prefix=f".{manifest.snapshot_id[:16]}.", dir=root))
-    os.chmod(partial, DIR_MODE)
-    try:
-        _download_all(store, manifest, data, partial, epoch_url(url))
-        try:
-            partial.rename(target)
-        except OSError:
-            if not (target / MANIFEST_FILE).is_file():  # another reader fetched it meanwhile
-                raise
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return target
+    target = (cache or cache_root()) / manifest.snapshot_id
+    return fill_dir_once(
+        target, lambda partial: _download_all(store, manifest, data, partial, epoch_url(url)),
+        complete=MANIFEST_FILE)
 
 
 @contextlib.contextmanager

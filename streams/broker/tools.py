@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from hebrus_flywheel.core import processes
 from hebrus_flywheel.streams import kafka_jars
 from hebrus_flywheel.streams.broker.config import BrokerConfig
 from hebrus_flywheel.streams.exceptions import BrokerError, ToolNotFoundError
@@ -53,13 +54,8 @@ def find_maven() -> str:
 
 
 def run_tool(cmd: list[str], what: str, hint: str, timeout_s: float) -> None:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise BrokerError(f"{what} did not finish within {timeout_s:.0f}s; {hint}") from exc
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
-        raise BrokerError(f"{what} failed (exit {done.returncode}):\n{tail}\n{hint}")
+    """Run a broker tool; :class:`BrokerError` when it fails."""
+    processes.run_tool(cmd, what=what, hint=hint, timeout_s=timeout_s, error=BrokerError)
 
 
 def _resolve_jars(dest: Path, version: str) -> None:
