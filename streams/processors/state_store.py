@@ -168,18 +168,20 @@ class SealedRocksDBStore(RocksDBStore):
         an erased owner's record is deleted instead, one that does not open stops the
         worker."""
         events = list(batch)
-        self._forget()  # restored records replace what was written here
         kept = [self._checked(event) for event in events]
         self.restored_records += len(events)
         self._sealer().counters.inc("state", f"{self.table_name}_restored_records", len(events))
         super().apply_changelog_batch(kept, to_key, to_value)
 
     def _checked(self, event: Any) -> Any:
+        # the restored record replaces what was written under its key (only that key: a
+        # standby batch of the other worker's partitions leaves this one's cache alone)
         msg = event.message
-        if msg.value is None:
-            return event
         try:
             key = str(self._decode_key(msg.key))
+            self._forget(key)
+            if msg.value is None:
+                return event
             value = self._decode_value(msg.value)
             opened = (self._sealer().open(key, value) if isinstance(value, SealedState)
                       else value)
