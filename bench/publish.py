@@ -50,7 +50,7 @@ import numpy as np
 
 from hebrus_flywheel.core.files import atomic_write_bytes, atomic_write_text
 from hebrus_flywheel.core.identity import with_identity_id
-from hebrus_flywheel.core.kafka.security import acting_as
+from hebrus_flywheel.core.kafka.security import acting_as, insecure_plaintext
 from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.broker import LOG4J2_PATH, BrokerConfig, find_java
@@ -195,7 +195,11 @@ def _payload_file(path: Path, sizes: list[int], samples: list[bytes]) -> None:
 
 
 def _java_client_properties(path: Path, home: Path) -> None:
-    """The runtime role's SASL_SSL client properties for Kafka's Java tools (0640)."""
+    """The runtime role's SASL_SSL client properties for Kafka's Java tools (0640); none
+    for an ``--insecure-plaintext`` home (bench/transport.py's plaintext leg)."""
+    if insecure_plaintext(home):
+        atomic_write_text(path, "security.protocol=PLAINTEXT\n")
+        return
     files = SecurityFiles.of(home)
     jaas = ("org.apache.kafka.common.security.scram.ScramLoginModule required "
             f'username="runtime" password="{files.password("runtime")}";')

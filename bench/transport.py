@@ -11,7 +11,7 @@ only difference is the transport. For every figure the benches print, this print
 last window; ``bench/streams.py`` stops with the reasons if the worker quarantines
 anything instead of waiting for windows that cannot come)::
 
-    python bench/transport.py [--records 5000] [--threads 40] [--no-worker]
+    python bench/transport.py [--tokens 40000] [--threads 40] [--no-worker]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def run_mode(insecure: bool, args: argparse.Namespace) -> dict[str, dict[str, An
         env.update({HOME_ENV: home, PORT_ENV: str(port)})
         try:
             broker.up()
-            figures = _run("publish.py", ["--records", str(args.records), "--presets"], env)
+            figures = _run("publish.py", ["--tokens", str(args.tokens), "--skip-capture"], env)
             streams = ["--threads", str(args.threads)] + (["--no-worker"] if args.no_worker
                                                             else [])
             figures.update(_run("streams.py", streams, env))
@@ -82,7 +82,8 @@ def run_mode(insecure: bool, args: argparse.Namespace) -> dict[str, dict[str, An
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=5000)
+    parser.add_argument("--tokens", type=int, default=40_000,
+                        help="token-observations bench/publish.py publishes per mode")
     parser.add_argument("--threads", type=int, default=40)
     parser.add_argument("--no-worker", action="store_true")
     args = parser.parse_args()
