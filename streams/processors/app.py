@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import faust
+from faust.types import TP
 from mode import CrashingSupervisor
 
 from hebrus_flywheel.core import kafka
@@ -64,6 +65,7 @@ from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits, quarantine
 from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.owner_seal import Erased, OwnerSealer, open_fields, seal_fields
+from hebrus_flywheel.streams.processors import expiry
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
 from hebrus_flywheel.streams.processors.crash import crash_only_agent, crash_only_timer, on_crash
 from hebrus_flywheel.streams.processors.dedup import DedupStage
@@ -188,6 +190,7 @@ class StreamsWorker:
             config=config.processors, capture_topics=self.topics.capture_kinds().values(),
         )
         self.counters = Counters()
+        self._processed: dict[tuple[str, int], int] = {}  # capture offsets processed here
         # owner data keys (a reader: never creates one) for everything written to Kafka
         self.sealer = OwnerSealer()
         self.ledger = CrashLedger(bootstrap=config.bootstrap, topic=self.topics.crashes,
@@ -307,6 +310,8 @@ class StreamsWorker:
     async def _capture_agent(self, stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
+            if msg.topic != self.topics.ticks:  # handled here, even if skipped as poison
+                self._processed[(msg.topic, msg.partition)] = msg.offset
             if await self._skipped_poison(msg):
                 continue
             if msg.topic == self.topics.ticks:
@@ -448,9 +453,25 @@ class StreamsWorker:
     # -- timers and signals -------------------------------------------------------------
 
     async def _send_ticks(self) -> None:
-        for tp in self.app.consumer.assignment():
-            if tp.topic == self.topics.transcripts:
+        assigned = set(self.app.consumer.assignment())
+        for tp in assigned:
+            if tp.topic != self.topics.transcripts:
+                continue
+            if self._capture_caught_up(tp.partition, assigned):
                 await self.ticks_topic.send(key=b"tick", value=b"", partition=tp.partition)
+            else:  # behind a backlog: nothing is idle yet (expiry.caught_up)
+                self.counters.inc("expiry", "ticks_deferred_behind_backlog")
+
+    def _capture_caught_up(self, partition: int, assigned: set[Any]) -> bool:
+        consumer = self.app.consumer
+        for topic in (self.topics.transcripts, self.topics.observations):
+            tp = TP(topic, partition)
+            highwater = consumer.highwater(tp) if tp in assigned else None
+            committed = getattr(consumer, "_committed_offset", {}).get(tp)
+            if not expiry.caught_up(self._processed.get((topic, partition)), committed,
+                                    highwater):
+                return False
+        return True
 
     async def _log_stats(self) -> None:
         log.info("streams counters %s", json.dumps(self.counters.as_dict()))
@@ -473,6 +494,9 @@ class StreamsWorker:
         # before faust's seek: partitions without a commit go back to their start too
         seek_uncommitted_to_start(self.app)
         self.dedup.reset()
+        # offsets this worker processed before the rebalance may be behind what another
+        # worker has processed of a partition since: positions start at the commit again
+        self._processed.clear()
 
     def run(self) -> None:
         """Run until SIGINT/SIGTERM, or until the watchdog stops the worker (drained:
