@@ -229,3 +229,9 @@ def test_only_the_completing_record_repeats_the_summary_and_ticks_repeat_it_late
     assert stage.tick(partition, now_ms=500) == []
     assert stage.tick(partition, now_ms=5000) == emitted
     assert stage.tick(partition, now_ms=5500) == []
+    # each repeat doubles the wait for the next: 2 s after the first, then 4 s
+    assert stage.tick(partition, now_ms=6500) == []
+    assert stage.tick(partition, now_ms=8000) == emitted
+    assert stage.tick(partition, now_ms=11_000) == []
+    assert stage.tick(partition, now_ms=13_000) == emitted
+    assert sc.pipeline.counters.get("assemble", "summaries_repeated") == 3
