@@ -43,6 +43,9 @@ class FamilySpec:
         fields: config fields beyond :data:`_COMMON` (the family's tiny geometry).
         summary: one line on what the family's routing exercises.
         router_logit_std: std of router logits at init.
+        attention: the attention kernel the family runs with (``eager`` where its
+            transformers model has no sdpa path, e.g. GPT-OSS's attention sinks); its
+            selftest and tests pass it as ``--attention``.
     """
 
     name: str
@@ -50,6 +53,7 @@ class FamilySpec:
     fields: dict[str, Any] = field(default_factory=dict)
     summary: str = ""
     router_logit_std: float = 2.0
+    attention: str = "sdpa"
 
     def __post_init__(self) -> None:
         if not self.name or not self.config_class:
@@ -115,6 +119,12 @@ FAMILIES: dict[str, FamilySpec] = {
             "routed_scaling_factor": 1.0},
             summary="sigmoid + correction bias, top-4 of 16, renormalised, shared expert; "
                     "layer 0 dense"),
+        FamilySpec(name="gpt_oss", config_class="GptOssConfig", fields={
+            "head_dim": 32, "num_local_experts": 16, "num_experts_per_tok": 4,
+            "intermediate_size": 16, "sliding_window": 8, "max_position_embeddings": 131072,
+            "layer_types": ["sliding_attention", "full_attention"] * 2}, attention="eager",
+            summary="softmax over the top-4 of 16 logits (router linear has a bias), "
+                    "every layer sparse, sliding/full attention with sinks; eager attention"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

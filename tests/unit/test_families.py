@@ -12,6 +12,7 @@ For each family of :data:`replay.families.FAMILIES` a tiny checkpoint is generat
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ from hebrus_flywheel.replay.routing import (
     topk_with_tie_break,
 )
 from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
-from hebrus_flywheel.replay.teacher import artifact_digest, init_teacher, load_teacher
+from hebrus_flywheel.replay.teacher import Teacher, artifact_digest, init_teacher, load_teacher
 from tests.unit.test_decode import assert_parity
 from tests.unit.test_parity import decode_windows
 
@@ -42,6 +43,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "deepseek_v3": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "deepseek_v2": ((1, 2, 3), 32, 4, "softmax_group2of4_max_topk_x1.5"),
     "glm4_moe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
+    "gpt_oss": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 
@@ -52,13 +54,18 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: init_teacher(base / name, family=name, seed=1) for name in EXPECTED}
 
 
+def _load(family: str, path: Path, **kwargs: Any) -> Teacher:
+    """Load with the family's own attention kernel (GPT-OSS has no sdpa path)."""
+    return load_teacher(path, attention=FAMILIES[family].attention, **kwargs)
+
+
 def test_every_generator_is_tested() -> None:
     assert set(FAMILIES) == {*EXPECTED, "qwen3_next"}
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
 def test_family_geometry_and_routed_layer_map(family: str, family_dirs: dict[str, Path]) -> None:
-    teacher = load_teacher(family_dirs[family])
+    teacher = _load(family, family_dirs[family])
     g = teacher.geometry
     assert (g.routed_layers, g.expert_count, g.top_k, g.weight_rule) == EXPECTED[family]
     identity = build_runtime_identity(teacher)
@@ -70,7 +77,7 @@ def test_family_geometry_and_routed_layer_map(family: str, family_dirs: dict[str
 def test_rule_selects_what_the_native_gate_executed(
     family: str, family_dirs: dict[str, Path]
 ) -> None:
-    native = load_teacher(family_dirs[family], exact_tie_break=False)
+    native = _load(family, family_dirs[family], exact_tie_break=False)
     ids_BT = torch.tensor([PREFIX * 3])
     routes = native.forward_routes(ids_BT)
     assert routes.executed_ids_BTLK is not None
@@ -80,8 +87,41 @@ def test_rule_selects_what_the_native_gate_executed(
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_exact_gate_reads_and_returns_what_the_native_gate_does(
+    family: str, family_dirs: dict[str, Path]
+) -> None:
+    """The replaced gate computes the native logits bit for bit (logit bias, float32 or
+    upcast included), returns its outputs in the native order (else the MoE block would
+    run other experts) and executes the rule's experts with the native weights."""
+    native = _load(family, family_dirs[family], exact_tie_break=False)
+    exact = _load(family, family_dirs[family])
+    ids_BT = torch.tensor([PREFIX * 3])
+    want, got = native.forward_routes(ids_BT), exact.forward_routes(ids_BT)
+    assert torch.equal(want.router_logits_BTLE[:, :, 0], got.router_logits_BTLE[:, :, 0])
+    assert got.executed_ids_BTLK is not None and want.executed_ids_BTLK is not None
+    assert torch.equal(got.executed_ids_BTLK, exact.route(got.router_logits_BTLE)[0])
+    assert torch.equal(got.executed_ids_BTLK.sort(-1).values,
+                       want.executed_ids_BTLK.sort(-1).values)
+    layers = native.adapter.decoder_layers(native.model)
+    gate = native.adapter.router(layers[native.geometry.routed_layers[0]])
+    hidden_NH = torch.randn(5, native.geometry.hidden_size)
+    with torch.no_grad():
+        native_out = native.adapter.split_router_output(gate(hidden_NH))
+        exact_gate = exact.adapter.router(exact.adapter.decoder_layers(exact.model)[
+            exact.geometry.routed_layers[0]])
+        exact_out = exact.adapter.split_router_output(exact_gate(hidden_NH))
+    assert torch.equal(native_out[0], exact_out[0])
+    experts = native.geometry.expert_count
+    dense_native = torch.zeros(5, experts).scatter(1, native_out[2], native_out[1].float())
+    dense_exact = torch.zeros(5, experts).scatter(1, exact_out[2], exact_out[1].float())
+    assert torch.equal(dense_native > 0, dense_exact > 0)
+    assert torch.allclose(dense_native, dense_exact, rtol=1e-5, atol=1e-6)
+    assert native_out[1].dtype == exact_out[1].dtype
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
 def test_decode_prefill_parity(family: str, family_dirs: dict[str, Path]) -> None:
-    teacher = load_teacher(family_dirs[family])
+    teacher = _load(family, family_dirs[family])
     runtime = DecodeRuntime(teacher)
     sampling = SamplingConfig(temperature=1.0, seed=1, max_new_tokens=30, stop_at_eos=False)
     assert_parity(teacher, PREFIX, runtime.decode_turn(PREFIX, sampling=sampling))
@@ -94,7 +134,7 @@ def test_prefill_replayer_reaches_parity_with_decode(
 ) -> None:
     """The replay path proper (padded batches, explicit masks and positions), which is
     where Qwen2-MoE's unused ``sliding_window=0`` once broke the mask."""
-    teacher = load_teacher(family_dirs[family])
+    teacher = _load(family, family_dirs[family])
     replayer = PrefillReplayer(teacher)
     result = run_parity(replayer, decode_windows(teacher, replayer.identity_id))
     assert result.authoritative and result.mismatched_pairs == 0, result.to_json()

@@ -1,0 +1,29 @@
+"""Route adapters of the MoE families added after the first eight (issue 16).
+
+Each class names where its family's router sits, what the router returns and in which
+order, and the rule it executes, read from the family's ``modeling_*.py`` in the
+installed transformers; :mod:`replay.adapters` registers them in ``ADAPTERS``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hebrus_flywheel.replay.adapter_base import FamilyAdapter
+from hebrus_flywheel.replay.routing import RouterRule
+
+
+class GptOssAdapter(FamilyAdapter):
+    """GPT-OSS: every layer routed by ``mlp.router``, whose linear has a bias (part of
+    the logits); softmax over the top-k logits, i.e. the renormalised top-k softmax."""
+
+    model_type = "gpt_oss"
+    expert_count_field = "num_local_experts"
+    router_path = ("mlp", "router")
+    logit_bias = True
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", normalize=True)
+
+
+EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (GptOssAdapter(),)
