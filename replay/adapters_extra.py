@@ -26,4 +26,22 @@ class GptOssAdapter(FamilyAdapter):
         return RouterRule(scoring="softmax", normalize=True)
 
 
-EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (GptOssAdapter(),)
+class GraniteMoeAdapter(FamilyAdapter):
+    """Granite-MoE: every layer routed by ``block_sparse_moe.router``, which returns
+    ``(ids, weights, logits)``; logits are the model-dtype linear upcast to float32,
+    weights the softmax over the top-k logits cast to the hidden states' dtype."""
+
+    model_type = "granitemoe"
+    expert_count_field = "num_local_experts"
+    router_path = ("block_sparse_moe", "router")
+    router_output = ("ids", "weights", "logits")
+    logits_upcast = True
+    weights_in_hidden_dtype = True
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", normalize=True)
+
+
+EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
+    GptOssAdapter(), GraniteMoeAdapter(),
+)

@@ -125,6 +125,10 @@ FAMILIES: dict[str, FamilySpec] = {
             "layer_types": ["sliding_attention", "full_attention"] * 2}, attention="eager",
             summary="softmax over the top-4 of 16 logits (router linear has a bias), "
                     "every layer sparse, sliding/full attention with sinks; eager attention"),
+        FamilySpec(name="granitemoe", config_class="GraniteMoeConfig", fields={
+            "num_local_experts": 16, "num_experts_per_tok": 4, "intermediate_size": 16},
+            summary="softmax over the top-4 of 16 float32 logits, router returns (ids, "
+                    "weights, logits), every layer sparse"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

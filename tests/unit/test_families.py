@@ -44,6 +44,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "deepseek_v2": ((1, 2, 3), 32, 4, "softmax_group2of4_max_topk_x1.5"),
     "glm4_moe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
     "gpt_oss": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "granitemoe": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 
