@@ -42,6 +42,13 @@ class GraniteMoeAdapter(FamilyAdapter):
         return RouterRule(scoring="softmax", normalize=True)
 
 
+class GraniteMoeSharedAdapter(GraniteMoeAdapter):
+    """Granite-MoE-Shared: Granite-MoE's router plus a dense ``shared_mlp`` every token
+    runs (not part of the route)."""
+
+    model_type = "granitemoeshared"
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
-    GptOssAdapter(), GraniteMoeAdapter(),
+    GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(),
 )

@@ -129,6 +129,11 @@ FAMILIES: dict[str, FamilySpec] = {
             "num_local_experts": 16, "num_experts_per_tok": 4, "intermediate_size": 16},
             summary="softmax over the top-4 of 16 float32 logits, router returns (ids, "
                     "weights, logits), every layer sparse"),
+        FamilySpec(name="granitemoeshared", config_class="GraniteMoeSharedConfig", fields={
+            "num_local_experts": 16, "num_experts_per_tok": 4, "intermediate_size": 16,
+            "shared_intermediate_size": 32},
+            summary="Granite-MoE's router (top-4 of 16) plus a dense shared MLP, every "
+                    "layer sparse"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

@@ -45,6 +45,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "glm4_moe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
     "gpt_oss": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "granitemoe": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "granitemoeshared": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 
