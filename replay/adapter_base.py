@@ -116,6 +116,12 @@ class FamilyAdapter:
             raise UnsupportedModelError(f"a {self.model_type} layer has no input_layernorm")
         return norm
 
+    def new_cache(self, model: nn.Module) -> Any:
+        """An empty KV cache of the kind the family's forward accepts (decode, drafting)."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=model.config)
+
     def gate_logits(self, gate: nn.Module, hidden_NH: torch.Tensor) -> torch.Tensor:
         """The router logits ``[N, E]`` exactly as the family's gate computes them."""
         weight = cast(torch.Tensor, gate.weight)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import nn
+
 from hebrus_flywheel.replay.adapter_base import FamilyAdapter
 from hebrus_flywheel.replay.routing import RouterRule
 
@@ -49,6 +51,24 @@ class GraniteMoeSharedAdapter(GraniteMoeAdapter):
     model_type = "granitemoeshared"
 
 
+class MiniMaxAdapter(FamilyAdapter):
+    """MiniMax: Mixtral's router (``mlp.gate``, softmax over all experts in float32, top-k
+    renormalised, float32 weights) on every layer; hybrid lightning/full attention."""
+
+    model_type = "minimax"
+    expert_count_field = "num_local_experts"
+    weights_in_logit_dtype = False
+
+    def new_cache(self, model: nn.Module) -> Any:
+        """MiniMax's forward refuses any cache but its own (it holds the lightning state)."""
+        from transformers.models.minimax.modeling_minimax import MiniMaxCache
+
+        return MiniMaxCache()
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", normalize=True)
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
-    GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(),
+    GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
 )

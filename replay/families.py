@@ -134,6 +134,12 @@ FAMILIES: dict[str, FamilySpec] = {
             "shared_intermediate_size": 32},
             summary="Granite-MoE's router (top-4 of 16) plus a dense shared MLP, every "
                     "layer sparse"),
+        FamilySpec(name="minimax", config_class="MiniMaxConfig", fields={
+            "head_dim": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "intermediate_size": 16, "block_size": 16,
+            "layer_types": ["linear_attention", "full_attention"] * 2},
+            summary="softmax top-2 of 8, renormalised, every layer sparse; lightning "
+                    "(linear) and full attention layers alternate"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

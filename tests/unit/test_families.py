@@ -46,6 +46,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "gpt_oss": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "granitemoe": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "granitemoeshared": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "minimax": ((0, 1, 2, 3), 8, 2, "softmax_topk_renormalized"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 
