@@ -92,7 +92,9 @@ class FamilyAdapter:
         found: Any = layer
         for name in self.router_path:
             found = getattr(found, name, None)
-        if not isinstance(found, nn.Module) or isinstance(found, nn.Linear | nn.Identity):
+        # a plain Linear/Identity there is a dense layer's projection; a router may still
+        # subclass nn.Linear (PhiMoE), so the type is compared exactly
+        if not isinstance(found, nn.Module) or type(found) in (nn.Linear, nn.Identity):
             return None
         return found
 
@@ -120,7 +122,7 @@ class FamilyAdapter:
         """An empty KV cache of the kind the family's forward accepts (decode, drafting)."""
         from transformers import DynamicCache
 
-        return DynamicCache(config=model.config)
+        return DynamicCache(config=cast(Any, model).config)
 
     def gate_logits(self, gate: nn.Module, hidden_NH: torch.Tensor) -> torch.Tensor:
         """The router logits ``[N, E]`` exactly as the family's gate computes them."""

@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from hebrus_flywheel.replay.adapter_base import FamilyAdapter
+from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule
 
 
@@ -69,6 +70,28 @@ class MiniMaxAdapter(FamilyAdapter):
         return RouterRule(scoring="softmax", normalize=True)
 
 
+class PhimoeAdapter(FamilyAdapter):
+    """PhiMoE: every layer routed by ``mlp.router`` (an ``nn.Linear`` subclass) through
+    the sparsemixer, which at inference takes the best two logits and weighs each by its
+    softmax among the not-yet-chosen experts within a relative gap of
+    ``2 * router_jitter_noise`` (:mod:`replay.routing`). The sparsemixer always picks two
+    experts whatever ``num_experts_per_tok`` says, so any other top-k is refused."""
+
+    model_type = "phimoe"
+    expert_count_field = "num_local_experts"
+    router_path = ("mlp", "router")
+
+    def rule(self, config: Any) -> RouterRule:
+        if int(config.num_experts_per_tok) != 2:
+            raise UnsupportedModelError(
+                f"phimoe num_experts_per_tok={config.num_experts_per_tok}: the sparsemixer "
+                "router always executes two experts, so a top-k label would not be what ran"
+            )
+        return RouterRule(scoring="sparsemixer", normalize=False,
+                          jitter_eps=float(config.router_jitter_noise))
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
+    PhimoeAdapter(),
 )

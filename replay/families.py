@@ -140,6 +140,11 @@ FAMILIES: dict[str, FamilySpec] = {
             "layer_types": ["linear_attention", "full_attention"] * 2},
             summary="softmax top-2 of 8, renormalised, every layer sparse; lightning "
                     "(linear) and full attention layers alternate"),
+        FamilySpec(name="phimoe", config_class="PhimoeConfig", fields={
+            "head_dim": 32, "num_local_experts": 16, "num_experts_per_tok": 2,
+            "intermediate_size": 16, "router_jitter_noise": 0.01},
+            summary="sparsemixer top-2 of 16 (each weight a softmax over the experts "
+                    "within a relative gap of 0.02), every layer sparse, LayerNorm"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

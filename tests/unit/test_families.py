@@ -47,6 +47,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "granitemoe": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "granitemoeshared": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "minimax": ((0, 1, 2, 3), 8, 2, "softmax_topk_renormalized"),
+    "phimoe": ((0, 1, 2, 3), 16, 2, "sparsemixer_eps0.01_topk"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 
@@ -164,6 +165,33 @@ def test_rule_names_round_trip() -> None:
         parse_rule("sigmoid")
     with pytest.raises(RoutingError, match="bias"):
         RouterRule(bias=True)
+
+
+def test_sparsemixer_rule_is_phimoes_own_arithmetic() -> None:
+    """Bitwise PhiMoE's inference sparsemixer, on logits close enough that the relative
+    gap keeps several experts in each softmax (else every weight is 1)."""
+    from transformers.models.phimoe.modeling_phimoe import sparsemixer
+
+    rule = RouterRule(scoring="sparsemixer", normalize=False, jitter_eps=0.01)
+    assert rule.name == "sparsemixer_eps0.01_topk" and parse_rule(rule.name) == rule
+    logits_TE = 5.0 + 0.1 * torch.randn(500, 16, generator=torch.Generator().manual_seed(0))
+    weights, ids = sparsemixer(logits_TE, jitter_eps=0.01, training=False, top_k=2)
+    got_ids, got_weights = topk_with_tie_break(logits_TE, 2, weight_rule=rule.name)
+    assert torch.equal(got_ids, ids) and torch.equal(got_weights, weights)
+    assert float(got_weights.min()) > 0.0 and float(got_weights.max()) < 1.0 + 1e-6
+    assert (got_weights < 0.99).float().mean() > 0.5
+    with pytest.raises(RoutingError, match="sparsemixer"):
+        RouterRule(scoring="sparsemixer", normalize=True, jitter_eps=0.01)
+
+
+def test_phimoe_refuses_a_top_k_other_than_two() -> None:
+    from transformers import PhimoeConfig
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+    from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="two experts"):
+        adapter_for("phimoe").geometry(PhimoeConfig(num_experts_per_tok=3))
 
 
 def test_bias_changes_selection_but_not_weights() -> None:
