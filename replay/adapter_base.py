@@ -149,7 +149,7 @@ class FamilyAdapter:
         named = {"logits": logits, "weights": weights, "ids": ids}
         return tuple(named[name] for name in self.router_output)
 
-    def split_router_output(self, output: Any) -> tuple[torch.Tensor, Any, Any]:
+    def split_router_output(self, output: Any, top_k: int) -> tuple[torch.Tensor, Any, Any]:
         """``(logits, weights or None, ids or None)`` from what the router returned."""
         if not isinstance(output, tuple):
             return output, None, None

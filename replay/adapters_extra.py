@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from hebrus_flywheel.replay.adapter_base import FamilyAdapter
@@ -91,7 +92,37 @@ class PhimoeAdapter(FamilyAdapter):
                           jitter_eps=float(config.router_jitter_noise))
 
 
+class Llama4TextAdapter(FamilyAdapter):
+    """Llama 4 (text): ``config.moe_layers`` routed by ``feed_forward.router`` (an
+    ``nn.Linear`` subclass) returning ``(scores [N, E], logits)``: top-k by raw logit,
+    each chosen expert's score ``sigmoid(logit)`` (unnormalised; Llama 4 scales the
+    expert's INPUT by it), every other score exactly 0; a shared expert always runs."""
+
+    model_type = "llama4_text"
+    expert_count_field = "num_local_experts"
+    router_path = ("feed_forward", "router")
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(sorted(int(i) for i in config.moe_layers))
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="sigmoid", normalize=False)
+
+    def pack_router_output(self, logits: torch.Tensor, weights: torch.Tensor,
+                           ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Dense scores (the weights at the chosen ids, 0 elsewhere) and the logits."""
+        scores_NE = torch.zeros_like(logits).scatter(1, ids, weights.to(logits.dtype))
+        return scores_NE, logits
+
+    def split_router_output(self, output: Any, top_k: int) -> tuple[torch.Tensor, Any, Any]:
+        """The executed experts are the nonzero scores; ranked by score (lower id first
+        on a tie), which is the logit order since sigmoid is monotonic."""
+        scores_NE, logits_NE = output
+        ids_NK = torch.sort(scores_NE, dim=-1, descending=True, stable=True).indices[:, :top_k]
+        return logits_NE, torch.gather(scores_NE, -1, ids_NK), ids_NK
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
-    PhimoeAdapter(),
+    PhimoeAdapter(), Llama4TextAdapter(),
 )

@@ -145,6 +145,13 @@ FAMILIES: dict[str, FamilySpec] = {
             "intermediate_size": 16, "router_jitter_noise": 0.01},
             summary="sparsemixer top-2 of 16 (each weight a softmax over the experts "
                     "within a relative gap of 0.02), every layer sparse, LayerNorm"),
+        FamilySpec(name="llama4_text", config_class="Llama4TextConfig", fields={
+            "head_dim": 32, "num_local_experts": 16, "num_experts_per_tok": 2,
+            "intermediate_size": 16, "intermediate_size_mlp": 32,
+            "interleave_moe_layer_step": 2, "attention_chunk_size": 16},
+            summary="sigmoid top-2 of 16 by raw logit, unnormalised weights scaling the "
+                    "expert input, shared expert; layers 1 and 3 sparse (moe_layers), "
+                    "chunked attention"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

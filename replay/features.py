@@ -33,6 +33,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -245,7 +246,8 @@ def capture_anchor_rows(teacher: Teacher, rows_N: torch.Tensor) -> Iterator[Anch
     runs, so memory grows with anchors, not with tokens x layers x experts.
     """
     capture = AnchorCapture(rows_N=rows_N, expert_count=teacher.geometry.expert_count,
-                            split=teacher.adapter.split_router_output)
+                            split=partial(teacher.adapter.split_router_output,
+                                          top_k=teacher.geometry.top_k))
     layers = teacher.adapter.decoder_layers(teacher.model)
     handles = []
     try:

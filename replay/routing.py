@@ -180,12 +180,14 @@ def selection_scores(
 ) -> torch.Tensor:
     """The scores experts are ranked by under ``weight_rule`` (any leading shape).
 
-    Softmax routers rank by the logits themselves (returned unchanged). Sigmoid routers
-    rank by ``sigmoid(logit) + bias`` in float32; with groups, experts outside the
-    selected groups get :data:`MASKED_SCORE`. ``bias_XE`` broadcasts against the logits.
+    Softmax routers, and sigmoid routers without bias or groups (Llama 4, which ranks
+    its raw logits), rank by the logits themselves (returned unchanged: sigmoid is
+    monotonic, and the logits do not saturate). Other sigmoid routers rank by
+    ``sigmoid(logit) + bias`` in float32; with groups, experts outside the selected
+    groups get :data:`MASKED_SCORE`. ``bias_XE`` broadcasts against the logits.
     """
     rule = parse_rule(weight_rule)
-    if rule.scoring != "sigmoid" and rule.groups == 1:
+    if rule.groups == 1 and not rule.bias:
         return router_logits_XE
     if rule.scoring == "softmax":
         scores = router_logits_XE

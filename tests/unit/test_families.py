@@ -48,6 +48,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "granitemoeshared": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "minimax": ((0, 1, 2, 3), 8, 2, "softmax_topk_renormalized"),
     "phimoe": ((0, 1, 2, 3), 16, 2, "sparsemixer_eps0.01_topk"),
+    "llama4_text": ((1, 3), 16, 2, "sigmoid_topk"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 
@@ -110,10 +111,10 @@ def test_exact_gate_reads_and_returns_what_the_native_gate_does(
     gate = native.adapter.router(layers[native.geometry.routed_layers[0]])
     hidden_NH = torch.randn(5, native.geometry.hidden_size)
     with torch.no_grad():
-        native_out = native.adapter.split_router_output(gate(hidden_NH))
+        native_out = native.adapter.split_router_output(gate(hidden_NH), native.geometry.top_k)
         exact_gate = exact.adapter.router(exact.adapter.decoder_layers(exact.model)[
             exact.geometry.routed_layers[0]])
-        exact_out = exact.adapter.split_router_output(exact_gate(hidden_NH))
+        exact_out = exact.adapter.split_router_output(exact_gate(hidden_NH), exact.geometry.top_k)
     assert torch.equal(native_out[0], exact_out[0])
     experts = native.geometry.expert_count
     dense_native = torch.zeros(5, experts).scatter(1, native_out[2], native_out[1].float())
