@@ -10,7 +10,8 @@ Families differ in more than the rule: the router may be ``layer.mlp.gate`` or
 per-expert bias added inside the linear (GPT-OSS), be computed in float32 (DeepSeek) or
 upcast after the linear (Granite-MoE). The class attributes and the small methods
 below name those differences, so route capture and the exact-routing gate replacement
-read and return exactly what the family's own gate does.
+read and return exactly what the family's own gate does. :class:`DeepseekV3Adapter`
+lives here too because its router shape recurs in families of both adapter modules.
 
 Tensor legend: N rows (batch x time), E experts, K top-k, H hidden.
 """
@@ -169,3 +170,25 @@ class FamilyAdapter:
         elif bias is not None:
             return "has a bias the adapter does not model"
         return None
+
+
+class DeepseekV3Adapter(FamilyAdapter):
+    """DeepSeek-V3: the first ``first_k_dense_replace`` layers dense; a sigmoid router whose
+    selection adds ``e_score_correction_bias`` inside the ``topk_group`` best of ``n_group``
+    groups (each scored by its two best); weights are the sigmoid scores, renormalised if
+    ``norm_topk_prob``, times ``routed_scaling_factor``; shared experts always run."""
+
+    model_type = "deepseek_v3"
+    expert_count_field = "n_routed_experts"
+    intermediate_field = "moe_intermediate_size"
+    logits_in_float32 = True
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(range(int(config.first_k_dense_replace), int(config.num_hidden_layers)))
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(
+            scoring="sigmoid", bias=True, normalize=bool(config.norm_topk_prob),
+            scale=float(config.routed_scaling_factor), groups=int(config.n_group or 1),
+            topk_groups=int(config.topk_group or 1), group_score="top2sum",
+        )

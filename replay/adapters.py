@@ -39,14 +39,14 @@ import torch
 from torch import nn
 
 from hebrus_flywheel.core.geometry import RouteGeometry
-from hebrus_flywheel.replay.adapter_base import FamilyAdapter
+from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
 from hebrus_flywheel.replay.adapters_extra import EXTRA_ADAPTERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
 
-__all__ = ["ADAPTERS", "FamilyAdapter", "RouteCapture", "RouterPass", "adapter_for",
-           "capture_routes", "check_dense_layers", "forward_routes", "install_exact_routing",
-           "score_bias_LE"]
+__all__ = ["ADAPTERS", "DeepseekV3Adapter", "FamilyAdapter", "RouteCapture", "RouterPass",
+           "adapter_for", "capture_routes", "check_dense_layers", "forward_routes",
+           "install_exact_routing", "score_bias_LE"]
 
 
 class Qwen3MoeAdapter(FamilyAdapter):
@@ -93,28 +93,6 @@ class OlmoeAdapter(FamilyAdapter):
     """OLMoE: every layer routed; renormalised only if ``norm_topk_prob`` (default off)."""
 
     model_type = "olmoe"
-
-
-class DeepseekV3Adapter(FamilyAdapter):
-    """DeepSeek-V3: the first ``first_k_dense_replace`` layers dense; a sigmoid router whose
-    selection adds ``e_score_correction_bias`` inside the ``topk_group`` best of ``n_group``
-    groups (each scored by its two best); weights are the sigmoid scores, renormalised if
-    ``norm_topk_prob``, times ``routed_scaling_factor``; shared experts always run."""
-
-    model_type = "deepseek_v3"
-    expert_count_field = "n_routed_experts"
-    intermediate_field = "moe_intermediate_size"
-    logits_in_float32 = True
-
-    def routed_layers(self, config: Any) -> tuple[int, ...]:
-        return tuple(range(int(config.first_k_dense_replace), int(config.num_hidden_layers)))
-
-    def rule(self, config: Any) -> RouterRule:
-        return RouterRule(
-            scoring="sigmoid", bias=True, normalize=bool(config.norm_topk_prob),
-            scale=float(config.routed_scaling_factor), groups=int(config.n_group or 1),
-            topk_groups=int(config.topk_group or 1), group_score="top2sum",
-        )
 
 
 class Glm4MoeAdapter(DeepseekV3Adapter):

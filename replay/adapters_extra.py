@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hebrus_flywheel.replay.adapter_base import FamilyAdapter
+from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule
 
@@ -122,7 +122,15 @@ class Llama4TextAdapter(FamilyAdapter):
         return logits_NE, torch.gather(scores_NE, -1, ids_NK), ids_NK
 
 
+class Dots1Adapter(DeepseekV3Adapter):
+    """dots.llm1: DeepSeek-V3's router (float32 sigmoid, correction bias, grouped top-k,
+    optional renormalisation, ``routed_scaling_factor``), first-k-dense layers and
+    shared experts; only the expert count is named ``num_local_experts`` by the model."""
+
+    model_type = "dots1"
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
-    PhimoeAdapter(), Llama4TextAdapter(),
+    PhimoeAdapter(), Llama4TextAdapter(), Dots1Adapter(),
 )

@@ -152,6 +152,13 @@ FAMILIES: dict[str, FamilySpec] = {
             summary="sigmoid top-2 of 16 by raw logit, unnormalised weights scaling the "
                     "expert input, shared expert; layers 1 and 3 sparse (moe_layers), "
                     "chunked attention"),
+        FamilySpec(name="dots1", config_class="Dots1Config", fields={
+            "head_dim": 32, "n_routed_experts": 32, "num_experts_per_tok": 4, "n_group": 4,
+            "topk_group": 2, "first_k_dense_replace": 1, "n_shared_experts": 1,
+            "moe_intermediate_size": 16, "intermediate_size": 32, "norm_topk_prob": True,
+            "routed_scaling_factor": 2.0},
+            summary="sigmoid + correction bias, top-4 of 32 inside the best 2 of 4 groups, "
+                    "renormalised x2.0, shared expert; layer 0 dense"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

@@ -49,6 +49,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "minimax": ((0, 1, 2, 3), 8, 2, "softmax_topk_renormalized"),
     "phimoe": ((0, 1, 2, 3), 16, 2, "sparsemixer_eps0.01_topk"),
     "llama4_text": ((1, 3), 16, 2, "sigmoid_topk"),
+    "dots1": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.0"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 
