@@ -130,7 +130,36 @@ class Dots1Adapter(DeepseekV3Adapter):
     model_type = "dots1"
 
 
+class Ernie45MoeAdapter(FamilyAdapter):
+    """ERNIE-4.5-MoE: ``mlp.gate`` computes float32 logits, ranks experts by the float32
+    softmax PLUS ``moe_statics.e_score_correction_bias`` and weighs them by the softmax
+    renormalised over the top-k (the ``moe_norm_min`` clamp of the sum cannot bind:
+    it is at least k/E), cast to the hidden dtype. Sparse on every
+    ``moe_layer_interval``-th layer within ``[moe_layer_start_index,
+    moe_layer_end_index]``; shared experts always run."""
+
+    model_type = "ernie4_5_moe"
+    intermediate_field = "moe_intermediate_size"
+    logits_in_float32 = True
+    weights_in_hidden_dtype = True
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        layers = int(config.num_hidden_layers)
+        end = int(config.moe_layer_end_index)
+        end = layers - 1 if end == -1 else end
+        start, step = int(config.moe_layer_start_index), int(config.moe_layer_interval)
+        return tuple(i for i in range(layers) if (i + 1) % step == 0 and start <= i <= end)
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", bias=True, normalize=True)
+
+    def score_bias(self, gate: nn.Module) -> torch.Tensor | None:
+        """The ``[1, E]`` statics bias as an ``[E]`` view (writes reach the parameter)."""
+        bias = getattr(getattr(gate, "moe_statics", None), "e_score_correction_bias", None)
+        return bias.view(-1) if isinstance(bias, torch.Tensor) else None
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
-    PhimoeAdapter(), Llama4TextAdapter(), Dots1Adapter(),
+    PhimoeAdapter(), Llama4TextAdapter(), Dots1Adapter(), Ernie45MoeAdapter(),
 )

@@ -46,6 +46,8 @@ class FamilySpec:
         attention: the attention kernel the family runs with (``eager`` where its
             transformers model has no sdpa path, e.g. GPT-OSS's attention sinks); its
             selftest and tests pass it as ``--attention``.
+        score_bias_std: std of a correction bias at init (smaller where it is added to
+            softmax probabilities, which are ~1/E, lest it decide every route alone).
     """
 
     name: str
@@ -54,6 +56,7 @@ class FamilySpec:
     summary: str = ""
     router_logit_std: float = 2.0
     attention: str = "sdpa"
+    score_bias_std: float = SCORE_BIAS_STD
 
     def __post_init__(self) -> None:
         if not self.name or not self.config_class:
@@ -159,6 +162,12 @@ FAMILIES: dict[str, FamilySpec] = {
             "routed_scaling_factor": 2.0},
             summary="sigmoid + correction bias, top-4 of 32 inside the best 2 of 4 groups, "
                     "renormalised x2.0, shared expert; layer 0 dense"),
+        FamilySpec(name="ernie4_5_moe", config_class="Ernie4_5_MoeConfig", fields={
+            "head_dim": 32, "num_experts": 16, "num_experts_per_tok": 4,
+            "moe_intermediate_size": 16, "intermediate_size": 32, "moe_num_shared_experts": 1,
+            "moe_layer_start_index": 1, "moe_layer_interval": 1}, score_bias_std=0.02,
+            summary="float32 softmax + correction bias selects top-4 of 16, softmax "
+                    "renormalised weights, shared expert; layer 0 dense"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"
@@ -192,5 +201,5 @@ def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
                 cast(torch.Tensor, gate.weight).normal_(0.0, router_std)
                 bias = adapter.score_bias(gate)
                 if bias is not None:
-                    bias.normal_(0.0, SCORE_BIAS_STD)
+                    bias.normal_(0.0, spec.score_bias_std)
     return model.eval()

@@ -81,7 +81,8 @@ class RouterRule:
         scoring: ``softmax`` or ``sigmoid`` (how weights derive from logits).
         normalize: divide the selected weights by their sum.
         scale: multiply the (normalised) weights by this (``routed_scaling_factor``).
-        bias: selection adds a per-expert correction bias to the sigmoid score.
+        bias: selection adds a per-expert correction bias to the sigmoid score, or to
+            the float32 softmax probability (ERNIE-4.5-MoE).
         groups: expert groups G (1: no grouping).
         topk_groups: groups kept per token g (experts of the others are masked).
         group_score: how a group is scored: sum of its two best scores, or its best.
@@ -110,8 +111,8 @@ class RouterRule:
         if not 1 <= self.topk_groups <= self.groups:
             raise RoutingError(f"RouterRule.topk_groups must be in [1, groups={self.groups}], "
                                f"got {self.topk_groups}")
-        if self.bias and self.scoring != "sigmoid":
-            raise RoutingError("RouterRule.bias is only defined for sigmoid scoring")
+        if self.bias and self.scoring == "sparsemixer":
+            raise RoutingError("RouterRule.bias is not defined for sparsemixer scoring")
         if self.scoring == "sparsemixer" and (
                 self.normalize or self.scale != 1.0 or self.groups != 1
                 or not 0.0 <= self.jitter_eps < float("inf")):
@@ -182,17 +183,19 @@ def selection_scores(
 
     Softmax routers, and sigmoid routers without bias or groups (Llama 4, which ranks
     its raw logits), rank by the logits themselves (returned unchanged: sigmoid is
-    monotonic, and the logits do not saturate). Other sigmoid routers rank by
-    ``sigmoid(logit) + bias`` in float32; with groups, experts outside the selected
+    monotonic, and unlike it the logits do not saturate). Other sigmoid routers rank by
+    ``sigmoid(logit) + bias`` in float32, bias-corrected softmax routers by
+    ``softmax(logits) + bias`` in float32; with groups, experts outside the selected
     groups get :data:`MASKED_SCORE`. ``bias_XE`` broadcasts against the logits.
     """
     rule = parse_rule(weight_rule)
     if rule.groups == 1 and not rule.bias:
         return router_logits_XE
-    if rule.scoring == "softmax":
+    if rule.scoring == "softmax" and not rule.bias:
         scores = router_logits_XE
     else:
-        scores = router_logits_XE.to(torch.float32).sigmoid()
+        logits_XE = router_logits_XE.to(torch.float32)
+        scores = logits_XE.sigmoid() if rule.scoring == "sigmoid" else logits_XE.softmax(-1)
         if rule.bias:
             if bias_XE is None:
                 raise RoutingError(f"weight_rule {weight_rule!r} needs the routers' correction "

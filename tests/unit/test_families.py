@@ -50,6 +50,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "phimoe": ((0, 1, 2, 3), 16, 2, "sparsemixer_eps0.01_topk"),
     "llama4_text": ((1, 3), 16, 2, "sigmoid_topk"),
     "dots1": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.0"),
+    "ernie4_5_moe": ((1, 2, 3), 16, 4, "softmax+bias_topk_renormalized"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 
@@ -166,7 +167,7 @@ def test_rule_names_round_trip() -> None:
     with pytest.raises(RoutingError, match="weight_rule"):
         parse_rule("sigmoid")
     with pytest.raises(RoutingError, match="bias"):
-        RouterRule(bias=True)
+        RouterRule(scoring="sparsemixer", normalize=False, bias=True)
 
 
 def test_sparsemixer_rule_is_phimoes_own_arithmetic() -> None:
@@ -204,6 +205,18 @@ def test_bias_changes_selection_but_not_weights() -> None:
     assert ids.tolist() == [[3, 0]]
     expected = torch.sigmoid(torch.tensor([-1.0, 2.0]))
     assert torch.allclose(weights[0], expected / expected.sum())
+
+
+def test_softmax_bias_ranks_probabilities_plus_bias() -> None:
+    """ERNIE-4.5-MoE: the bias is added to the softmax PROBABILITY, not the logit (a
+    logit-space bias of 0.5 would not lift expert 3 above expert 1 here)."""
+    logits_TE = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    bias_E = torch.tensor([0.0, 0.0, 0.0, 0.5])
+    ids, weights = topk_with_tie_break(logits_TE, 2, weight_rule="softmax+bias_topk_renormalized",
+                                       bias_TE=bias_E)
+    assert ids.tolist() == [[0, 3]]
+    probs = torch.softmax(logits_TE[0], -1)[[0, 3]]
+    assert torch.allclose(weights[0], probs / probs.sum())
 
 
 def test_groups_mask_experts_outside_the_best_groups() -> None:
