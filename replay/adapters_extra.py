@@ -159,7 +159,20 @@ class Ernie45MoeAdapter(FamilyAdapter):
         return bias.view(-1) if isinstance(bias, torch.Tensor) else None
 
 
+class Qwen35MoeTextAdapter(FamilyAdapter):
+    """Qwen3.5-MoE (text): every layer routed by ``mlp.gate``: softmax over all experts in
+    float32, top-k always renormalised, weights cast to the logits' dtype; a
+    sigmoid-gated shared expert always runs; hybrid linear/full attention."""
+
+    model_type = "qwen3_5_moe_text"
+    intermediate_field = "moe_intermediate_size"
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", normalize=True)
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
     PhimoeAdapter(), Llama4TextAdapter(), Dots1Adapter(), Ernie45MoeAdapter(),
+    Qwen35MoeTextAdapter(),
 )

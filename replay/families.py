@@ -168,6 +168,14 @@ FAMILIES: dict[str, FamilySpec] = {
             "moe_layer_start_index": 1, "moe_layer_interval": 1}, score_bias_std=0.02,
             summary="float32 softmax + correction bias selects top-4 of 16, softmax "
                     "renormalised weights, shared expert; layer 0 dense"),
+        FamilySpec(name="qwen3_5_moe_text", config_class="Qwen3_5MoeTextConfig", fields={
+            "head_dim": 32, "num_experts": 32, "num_experts_per_tok": 4,
+            "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16,
+            "linear_num_key_heads": 2, "linear_num_value_heads": 2, "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+            "layer_types": ["linear_attention", "full_attention"] * 2},
+            summary="softmax top-4 of 32, renormalised, sigmoid-gated shared expert, every "
+                    "layer sparse; gated delta-net and full attention layers alternate"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

@@ -51,6 +51,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "llama4_text": ((1, 3), 16, 2, "sigmoid_topk"),
     "dots1": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.0"),
     "ernie4_5_moe": ((1, 2, 3), 16, 4, "softmax+bias_topk_renormalized"),
+    "qwen3_5_moe_text": ((0, 1, 2, 3), 32, 4, "softmax_topk_renormalized"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 
