@@ -171,8 +171,22 @@ class Qwen35MoeTextAdapter(FamilyAdapter):
         return RouterRule(scoring="softmax", normalize=True)
 
 
+class FlexOlmoAdapter(FamilyAdapter):
+    """FlexOlmo: every layer routed by ``mlp.gate`` (softmax over all experts in float32,
+    top-k, renormalised only if ``norm_topk_prob``). Its layers are post-norm (no
+    ``input_layernorm``): the router reads the raw residual stream after attention, and
+    the pre-attention state is the decoder layer's own input."""
+
+    model_type = "flex_olmo"
+
+    def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
+        """The decoder layer itself: a pre-hook on it sees the residual stream entering
+        the layer (its first positional argument), as ``input_layernorm`` does elsewhere."""
+        return layer
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
     PhimoeAdapter(), Llama4TextAdapter(), Dots1Adapter(), Ernie45MoeAdapter(),
-    Qwen35MoeTextAdapter(),
+    Qwen35MoeTextAdapter(), FlexOlmoAdapter(),
 )

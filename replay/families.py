@@ -176,6 +176,11 @@ FAMILIES: dict[str, FamilySpec] = {
             "layer_types": ["linear_attention", "full_attention"] * 2},
             summary="softmax top-4 of 32, renormalised, sigmoid-gated shared expert, every "
                     "layer sparse; gated delta-net and full attention layers alternate"),
+        FamilySpec(name="flex_olmo", config_class="FlexOlmoConfig", fields={
+            "num_experts": 16, "num_experts_per_tok": 4, "intermediate_size": 16,
+            "norm_topk_prob": False},
+            summary="softmax top-4 of 16, raw weights, every layer sparse; post-norm "
+                    "layers (no input_layernorm)"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

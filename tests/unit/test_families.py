@@ -52,6 +52,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "dots1": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.0"),
     "ernie4_5_moe": ((1, 2, 3), 16, 4, "softmax+bias_topk_renormalized"),
     "qwen3_5_moe_text": ((0, 1, 2, 3), 32, 4, "softmax_topk_renormalized"),
+    "flex_olmo": ((0, 1, 2, 3), 16, 4, "softmax_topk"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 
@@ -125,6 +126,23 @@ def test_exact_gate_reads_and_returns_what_the_native_gate_does(
     assert torch.equal(dense_native > 0, dense_exact > 0)
     assert torch.allclose(dense_native, dense_exact, rtol=1e-5, atol=1e-6)
     assert native_out[1].dtype == exact_out[1].dtype
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_pre_attention_state_is_the_residual_stream_entering_the_layer(
+    family: str, family_dirs: dict[str, Path]
+) -> None:
+    """The captured feature of routed layer l is the model's own hidden_states[l] (the
+    input of layer l), also for post-norm families without an input_layernorm."""
+    teacher = _load(family, family_dirs[family])
+    ids_BT = torch.tensor([PREFIX])
+    routes = teacher.forward_routes(ids_BT, capture_hidden=True)
+    with torch.inference_mode():
+        states = teacher.model(input_ids=ids_BT, use_cache=False,
+                               output_hidden_states=True).hidden_states
+    assert routes.hidden_BTLH is not None
+    for slot, index in enumerate(teacher.geometry.routed_layers):
+        assert torch.equal(routes.hidden_BTLH[:, :, slot], states[index]), (slot, index)
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
