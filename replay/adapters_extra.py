@@ -185,8 +185,22 @@ class FlexOlmoAdapter(FamilyAdapter):
         return layer
 
 
+class DeepseekV32Adapter(DeepseekV3Adapter):
+    """DeepSeek-V3.2: DeepSeek-V3's router and shared experts; a layer is routed where
+    ``config.mlp_layer_types`` says ``sparse``. Its sparse attention (a token indexer
+    choosing ``index_topk`` keys) shapes the hidden states, not the route rule; but in
+    transformers 5.17 KV-cache decode and prefill attend to different keys once the
+    context exceeds ``index_topk`` (measured: 13 of 60 route pairs differ at index_topk=16),
+    so only contexts within ``index_topk`` reach parity; the parity gate refuses others."""
+
+    model_type = "deepseek_v32"
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
     PhimoeAdapter(), Llama4TextAdapter(), Dots1Adapter(), Ernie45MoeAdapter(),
-    Qwen35MoeTextAdapter(), FlexOlmoAdapter(),
+    Qwen35MoeTextAdapter(), FlexOlmoAdapter(), DeepseekV32Adapter(),
 )

@@ -181,6 +181,15 @@ FAMILIES: dict[str, FamilySpec] = {
             "norm_topk_prob": False},
             summary="softmax top-4 of 16, raw weights, every layer sparse; post-norm "
                     "layers (no input_layernorm)"),
+        FamilySpec(name="deepseek_v32", config_class="DeepseekV32Config", fields={
+            **_MLA, "n_routed_experts": 32, "num_experts_per_tok": 4, "n_group": 4,
+            "topk_group": 2, "n_shared_experts": 1, "moe_intermediate_size": 16,
+            "intermediate_size": 32, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+            "mlp_layer_types": ["dense", "sparse", "dense", "sparse"], "index_topk": 2048,
+            "index_n_heads": 2, "index_head_dim": 16},
+            summary="DeepSeek-V3's router (sigmoid + bias, top-4 of 32 in the best 2 of 4 "
+                    "groups, renormalised x2.5); layers 1 and 3 sparse (mlp_layer_types); "
+                    "sparse attention indexer"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

@@ -430,7 +430,8 @@ def attention_masks(
         return materialised(create_causal_mask)
     makers = {"full_attention": create_causal_mask,
               "sliding_attention": create_sliding_window_causal_mask,
-              "chunked_attention": create_chunked_causal_mask}  # Llama 4
+              "chunked_attention": create_chunked_causal_mask,  # Llama 4
+              "deepseek_sparse_attention": create_causal_mask}  # DeepSeek-V3.2
     unknown = layer_types - {"linear_attention", *makers}
     if unknown:
         raise ReplayError(

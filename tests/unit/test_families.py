@@ -53,6 +53,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "ernie4_5_moe": ((1, 2, 3), 16, 4, "softmax+bias_topk_renormalized"),
     "qwen3_5_moe_text": ((0, 1, 2, 3), 32, 4, "softmax_topk_renormalized"),
     "flex_olmo": ((0, 1, 2, 3), 16, 4, "softmax_topk"),
+    "deepseek_v32": ((1, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 
