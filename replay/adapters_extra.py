@@ -199,8 +199,16 @@ class DeepseekV32Adapter(DeepseekV3Adapter):
         return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
 
 
+class Glm4MoeLiteAdapter(DeepseekV32Adapter):
+    """GLM-4-MoE-Lite: DeepSeek-V3's router (float32 sigmoid + correction bias, groups,
+    renormalised, scaled) on the layers ``mlp_layer_types`` marks ``sparse``; MLA
+    attention, shared experts."""
+
+    model_type = "glm4_moe_lite"
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
     PhimoeAdapter(), Llama4TextAdapter(), Dots1Adapter(), Ernie45MoeAdapter(),
-    Qwen35MoeTextAdapter(), FlexOlmoAdapter(), DeepseekV32Adapter(),
+    Qwen35MoeTextAdapter(), FlexOlmoAdapter(), DeepseekV32Adapter(), Glm4MoeLiteAdapter(),
 )

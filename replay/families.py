@@ -190,6 +190,13 @@ FAMILIES: dict[str, FamilySpec] = {
             summary="DeepSeek-V3's router (sigmoid + bias, top-4 of 32 in the best 2 of 4 "
                     "groups, renormalised x2.5); layers 1 and 3 sparse (mlp_layer_types); "
                     "sparse attention indexer"),
+        FamilySpec(name="glm4_moe_lite", config_class="Glm4MoeLiteConfig", fields={
+            **_MLA, "n_routed_experts": 16, "num_experts_per_tok": 4, "n_group": 1,
+            "topk_group": 1, "n_shared_experts": 1, "moe_intermediate_size": 16,
+            "intermediate_size": 32, "norm_topk_prob": True, "routed_scaling_factor": 1.8,
+            "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+            summary="sigmoid + correction bias, top-4 of 16, renormalised x1.8, shared "
+                    "expert, MLA; layer 0 dense (mlp_layer_types)"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

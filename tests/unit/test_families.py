@@ -54,6 +54,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "qwen3_5_moe_text": ((0, 1, 2, 3), 32, 4, "softmax_topk_renormalized"),
     "flex_olmo": ((0, 1, 2, 3), 16, 4, "softmax_topk"),
     "deepseek_v32": ((1, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "glm4_moe_lite": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x1.8"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 
