@@ -113,6 +113,10 @@ class FamilyAdapter:
         bias = getattr(gate, "e_score_correction_bias", None)
         return bias if isinstance(bias, torch.Tensor) else None
 
+    def layer_bias(self, layer: nn.Module) -> torch.Tensor | None:
+        """The routed layer's selection-correction bias ``[E]`` (its gate's by default)."""
+        return self.score_bias(self.router(layer))
+
     def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
         norm = getattr(layer, "input_layernorm", None)
         if not isinstance(norm, nn.Module):

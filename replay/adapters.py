@@ -141,19 +141,19 @@ def adapter_for(model_type: str) -> FamilyAdapter:
 
 
 def _exact_gate_forward(
-    gate: nn.Module, geometry: RouteGeometry, adapter: FamilyAdapter
+    gate: nn.Module, geometry: RouteGeometry, adapter: FamilyAdapter, bias: torch.Tensor | None
 ) -> Any:
     """The family's gate computation with :mod:`replay.routing`'s top-k in place of topk.
 
     Same logits (:meth:`FamilyAdapter.gate_logits`: the gate's linear, in float32 where
     the family does so) and same weights as the native gate wherever scores are
     distinct; on exact ties the executed experts follow the declared rule (lower id
-    first) instead of ``torch.topk``'s unspecified order. The correction bias is read
-    live from the gate.
+    first) instead of ``torch.topk``'s unspecified order. The correction bias is the
+    layer's own tensor (:meth:`FamilyAdapter.layer_bias`), so updates to it are seen;
+    further arguments (LFM2-MoE passes that same bias) are ignored.
     """
-    bias = adapter.score_bias(gate)
 
-    def forward(hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(hidden_states: torch.Tensor, *_args: Any) -> tuple[torch.Tensor, ...]:
         hidden_NH = hidden_states.reshape(-1, geometry.hidden_size)
         router_logits_NE = adapter.gate_logits(gate, hidden_NH)
         ids_NK, weights_NK = topk_with_tie_break(
@@ -174,7 +174,7 @@ def score_bias_LE(
     layers = adapter.decoder_layers(model)
     rows = []
     for index in geometry.routed_layers:
-        bias = adapter.score_bias(adapter.router(layers[index]))
+        bias = adapter.layer_bias(layers[index])
         if bias is None or tuple(bias.shape) != (geometry.expert_count,):
             raise UnsupportedModelError(
                 f"layer {index}'s gate has no [E] e_score_correction_bias although the "
@@ -216,7 +216,8 @@ def install_exact_routing(
                 f"layer {index}'s gate {type(gate).__name__} {why}; load the teacher with "
                 "exact_tie_break=False"
             )
-        gate.forward = _exact_gate_forward(gate, geometry, adapter)
+        bias = adapter.layer_bias(layers[index])
+        gate.forward = _exact_gate_forward(gate, geometry, adapter, bias)
 
 
 class RouteCapture:

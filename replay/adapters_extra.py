@@ -207,8 +207,41 @@ class Glm4MoeLiteAdapter(DeepseekV32Adapter):
     model_type = "glm4_moe_lite"
 
 
+class Lfm2MoeAdapter(FamilyAdapter):
+    """LFM2-MoE: layers from ``num_dense_layers`` on routed by ``feed_forward.gate``:
+    sigmoid of the logits, selection adding the block's ``expert_bias`` (if
+    ``use_expert_bias``), weights the sigmoid scores renormalised with ``+ 1e-6`` in the
+    denominator (if ``norm_topk_prob``) times ``routed_scaling_factor``. Its layers
+    normalise with ``operator_norm`` before attention or the short convolution."""
+
+    model_type = "lfm2_moe"
+    intermediate_field = "moe_intermediate_size"
+    router_path = ("feed_forward", "gate")
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(range(int(config.num_dense_layers), int(config.num_hidden_layers)))
+
+    def rule(self, config: Any) -> RouterRule:
+        normalize = bool(config.norm_topk_prob)
+        return RouterRule(scoring="sigmoid", bias=bool(config.use_expert_bias),
+                          normalize=normalize, norm_eps=1e-6 if normalize else 1e-20,
+                          scale=float(config.routed_scaling_factor))
+
+    def layer_bias(self, layer: nn.Module) -> torch.Tensor | None:
+        """The MoE block's ``expert_bias`` buffer (the block passes it to the gate)."""
+        bias = getattr(getattr(layer, "feed_forward", None), "expert_bias", None)
+        return bias if isinstance(bias, torch.Tensor) else None
+
+    def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
+        norm = getattr(layer, "operator_norm", None)
+        if not isinstance(norm, nn.Module):
+            raise UnsupportedModelError("an lfm2_moe layer has no operator_norm")
+        return norm
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
     PhimoeAdapter(), Llama4TextAdapter(), Dots1Adapter(), Ernie45MoeAdapter(),
     Qwen35MoeTextAdapter(), FlexOlmoAdapter(), DeepseekV32Adapter(), Glm4MoeLiteAdapter(),
+    Lfm2MoeAdapter(),
 )

@@ -197,6 +197,13 @@ FAMILIES: dict[str, FamilySpec] = {
             "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
             summary="sigmoid + correction bias, top-4 of 16, renormalised x1.8, shared "
                     "expert, MLA; layer 0 dense (mlp_layer_types)"),
+        FamilySpec(name="lfm2_moe", config_class="Lfm2MoeConfig", fields={
+            "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 16,
+            "intermediate_size": 32, "num_dense_layers": 1, "use_expert_bias": True,
+            "norm_topk_prob": True, "routed_scaling_factor": 1.0,
+            "layer_types": ["conv", "full_attention", "conv", "full_attention"]},
+            summary="sigmoid + expert bias, top-4 of 16, renormalised (+1e-6); layer 0 "
+                    "dense (num_dense_layers); short-conv and attention layers"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"
@@ -228,7 +235,7 @@ def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
             for index in adapter.geometry(config).routed_layers:
                 gate = adapter.router(layers[index])
                 cast(torch.Tensor, gate.weight).normal_(0.0, router_std)
-                bias = adapter.score_bias(gate)
+                bias = adapter.layer_bias(layers[index])
                 if bias is not None:
                     bias.normal_(0.0, spec.score_bias_std)
     return model.eval()

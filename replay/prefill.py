@@ -398,8 +398,9 @@ def attention_masks(
 ) -> torch.Tensor | dict[str, torch.Tensor]:
     """Always-materialised masks: 4D causal(+padding) for attention, 2D for linear layers.
 
-    Hybrid models (``linear_attention`` in ``config.layer_types``, e.g. Qwen3-Next) take a
-    mapping per layer type; others take the 4D mask, which transformers uses as is.
+    Hybrid models (``linear_attention`` or LFM2's ``conv`` in ``config.layer_types``, e.g.
+    Qwen3-Next) take a mapping per layer type; others take the 4D mask, which
+    transformers uses as is.
     """
     from transformers.masking_utils import (
         create_causal_mask,
@@ -432,13 +433,13 @@ def attention_masks(
               "sliding_attention": create_sliding_window_causal_mask,
               "chunked_attention": create_chunked_causal_mask,  # Llama 4
               "deepseek_sparse_attention": create_causal_mask}  # DeepSeek-V3.2
-    unknown = layer_types - {"linear_attention", *makers}
+    unknown = layer_types - {"linear_attention", "conv", *makers}
     if unknown:
         raise ReplayError(
             f"layer types {sorted(unknown)} have no replay mask rule; extend "
             "replay.prefill.attention_masks before replaying this family"
         )
-    masks: dict[str, torch.Tensor] = {"linear_attention": mask_BT}
+    masks: dict[str, torch.Tensor] = {"linear_attention": mask_BT, "conv": mask_BT}
     for kind in layer_types & set(makers):
         masks[kind] = materialised(makers[kind])
     return masks

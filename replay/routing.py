@@ -61,6 +61,8 @@ __all__ = [
 ]
 
 
+SIGMOID_NORM_EPS = 1e-20
+"""What DeepSeek-style sigmoid routers add to the sum of the top-k weights they divide by."""
 MASKED_SCORE = float(torch.finfo(torch.float32).min)
 """Selection score of an expert whose group was not selected (finite, below any score)."""
 SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "sparsemixer")
@@ -68,7 +70,8 @@ GROUP_SCORES: tuple[str, ...] = ("top2sum", "max")
 _RULE_RE = re.compile(
     r"^(?P<scoring>softmax|sigmoid)(?P<bias>\+bias)?"
     r"(?:_group(?P<topk_groups>\d+)of(?P<groups>\d+)_(?P<group_score>top2sum|max))?"
-    r"_topk(?P<normalize>_renormalized)?(?:_x(?P<scale>[0-9.e+-]+))?$"
+    r"_topk(?P<normalize>_renormalized)?(?:_eps(?P<norm_eps>[0-9.e+-]+))?"
+    r"(?:_x(?P<scale>[0-9.e+-]+))?$"
 )
 _SPARSEMIXER_RE = re.compile(r"^sparsemixer_eps(?P<eps>[0-9.e+-]+)_topk$")
 
@@ -87,6 +90,8 @@ class RouterRule:
         topk_groups: groups kept per token g (experts of the others are masked).
         group_score: how a group is scored: sum of its two best scores, or its best.
         jitter_eps: the sparsemixer's relative gap ``eps`` (``sparsemixer`` scoring only).
+        norm_eps: what a sigmoid renormalisation adds to the sum it divides by (1e-20 in
+            DeepSeek-V3, 1e-6 in LFM2-MoE); named in the rule only when not 1e-20.
     """
 
     scoring: str = "softmax"
@@ -97,6 +102,7 @@ class RouterRule:
     topk_groups: int = 1
     group_score: str = "top2sum"
     jitter_eps: float = 0.0
+    norm_eps: float = SIGMOID_NORM_EPS
 
     def __post_init__(self) -> None:
         if self.scoring not in SCORINGS:
@@ -118,6 +124,10 @@ class RouterRule:
                 or not 0.0 <= self.jitter_eps < float("inf")):
             raise RoutingError("a sparsemixer RouterRule has only jitter_eps >= 0 (no "
                                "renormalisation, scale or groups)")
+        if self.norm_eps != SIGMOID_NORM_EPS and not (
+                self.scoring == "sigmoid" and self.normalize and 0.0 <= self.norm_eps < 1.0):
+            raise RoutingError("RouterRule.norm_eps is only defined for renormalised sigmoid "
+                               "rules, in [0, 1)")
         if self.scoring != "sparsemixer" and self.jitter_eps != 0.0:
             raise RoutingError("RouterRule.jitter_eps is only defined for sparsemixer scoring")
 
@@ -130,6 +140,7 @@ class RouterRule:
         if self.groups > 1:
             out += f"_group{self.topk_groups}of{self.groups}_{self.group_score}"
         out += "_topk" + ("_renormalized" if self.normalize else "")
+        out += f"_eps{self.norm_eps!r}" if self.norm_eps != SIGMOID_NORM_EPS else ""
         return out + (f"_x{self.scale!r}" if self.scale != 1.0 else "")
 
 
@@ -155,6 +166,7 @@ def parse_rule(weight_rule: str) -> RouterRule:
             normalize=bool(parts["normalize"]), scale=float(parts["scale"] or 1.0),
             groups=int(parts["groups"] or 1), topk_groups=int(parts["topk_groups"] or 1),
             group_score=parts["group_score"] or "top2sum",
+            norm_eps=float(parts["norm_eps"] or SIGMOID_NORM_EPS),
         )
     except ValueError as exc:
         raise RoutingError(f"weight_rule {weight_rule!r} has a malformed number") from exc
@@ -254,7 +266,7 @@ def topk_weights(
     else:
         weights_TK = torch.gather(logits_TE.sigmoid(), -1, expert_ids_TK)
         if rule.normalize:
-            weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + 1e-20)
+            weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + rule.norm_eps)
     if rule.scale != 1.0:
         weights_TK = weights_TK * rule.scale
     return weights_TK

@@ -55,8 +55,13 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "flex_olmo": ((0, 1, 2, 3), 16, 4, "softmax_topk"),
     "deepseek_v32": ((1, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "glm4_moe_lite": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x1.8"),
+    "lfm2_moe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_eps1e-06"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
+# gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
+# gates sum their top-k in torch.topk(sorted=False) order, so they agree only to rounding
+BITWISE_WEIGHTS = {"lfm2_moe", "phimoe", "ernie4_5_moe", "llama4_text", "mixtral", "minimax",
+                   "qwen3_moe"}
 
 
 @pytest.fixture(scope="module")
@@ -115,18 +120,24 @@ def test_exact_gate_reads_and_returns_what_the_native_gate_does(
                        want.executed_ids_BTLK.sort(-1).values)
     layers = native.adapter.decoder_layers(native.model)
     gate = native.adapter.router(layers[native.geometry.routed_layers[0]])
+    # LFM2-MoE's block hands its expert bias to the gate as an argument
+    extra = (native.adapter.layer_bias(layers[native.geometry.routed_layers[0]]),) \
+        if family == "lfm2_moe" else ()
     hidden_NH = torch.randn(5, native.geometry.hidden_size)
     with torch.no_grad():
-        native_out = native.adapter.split_router_output(gate(hidden_NH), native.geometry.top_k)
+        k = native.geometry.top_k
+        native_out = native.adapter.split_router_output(gate(hidden_NH, *extra), k)
         exact_gate = exact.adapter.router(exact.adapter.decoder_layers(exact.model)[
             exact.geometry.routed_layers[0]])
-        exact_out = exact.adapter.split_router_output(exact_gate(hidden_NH), exact.geometry.top_k)
+        exact_out = exact.adapter.split_router_output(exact_gate(hidden_NH, *extra), k)
     assert torch.equal(native_out[0], exact_out[0])
     experts = native.geometry.expert_count
     dense_native = torch.zeros(5, experts).scatter(1, native_out[2], native_out[1].float())
     dense_exact = torch.zeros(5, experts).scatter(1, exact_out[2], exact_out[1].float())
     assert torch.equal(dense_native > 0, dense_exact > 0)
     assert torch.allclose(dense_native, dense_exact, rtol=1e-5, atol=1e-6)
+    if family in BITWISE_WEIGHTS:
+        assert torch.equal(dense_native, dense_exact)
     assert native_out[1].dtype == exact_out[1].dtype
 
 
@@ -183,7 +194,8 @@ def test_unknown_family_names_the_choices() -> None:
 def test_rule_names_round_trip() -> None:
     for rule in (RouterRule(), RouterRule(normalize=False, scale=1.5, groups=8, topk_groups=3,
                                           group_score="max"),
-                 RouterRule(scoring="sigmoid", bias=True, groups=4, topk_groups=2, scale=2.5)):
+                 RouterRule(scoring="sigmoid", bias=True, groups=4, topk_groups=2, scale=2.5),
+                 RouterRule(scoring="sigmoid", bias=True, norm_eps=1e-6, scale=1.5)):
         assert parse_rule(rule.name) == rule
     with pytest.raises(RoutingError, match="weight_rule"):
         parse_rule("sigmoid")
