@@ -239,9 +239,32 @@ class Lfm2MoeAdapter(FamilyAdapter):
         return norm
 
 
+class HYV3Adapter(FamilyAdapter):
+    """Hunyuan-V3: routed where ``mlp_layer_types`` says ``sparse``; ``mlp.gate`` takes
+    float32 logits, selects by sigmoid + the block's ``e_score_correction_bias`` (handed
+    to the gate as an argument), weighs by the sigmoid scores renormalised (``+ 1e-20``)
+    times ``router_scaling_factor``; shared experts always run."""
+
+    model_type = "hy_v3"
+    intermediate_field = "moe_intermediate_size"
+    logits_in_float32 = True
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="sigmoid", bias=True, normalize=True,
+                          scale=float(config.router_scaling_factor))
+
+    def layer_bias(self, layer: nn.Module) -> torch.Tensor | None:
+        """The MoE block's ``e_score_correction_bias`` (the block passes it to the gate)."""
+        bias = getattr(getattr(layer, "mlp", None), "e_score_correction_bias", None)
+        return bias if isinstance(bias, torch.Tensor) else None
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
     PhimoeAdapter(), Llama4TextAdapter(), Dots1Adapter(), Ernie45MoeAdapter(),
     Qwen35MoeTextAdapter(), FlexOlmoAdapter(), DeepseekV32Adapter(), Glm4MoeLiteAdapter(),
-    Lfm2MoeAdapter(),
+    Lfm2MoeAdapter(), HYV3Adapter(),
 )

@@ -204,6 +204,13 @@ FAMILIES: dict[str, FamilySpec] = {
             "layer_types": ["conv", "full_attention", "conv", "full_attention"]},
             summary="sigmoid + expert bias, top-4 of 16, renormalised (+1e-6); layer 0 "
                     "dense (num_dense_layers); short-conv and attention layers"),
+        FamilySpec(name="hy_v3", config_class="HYV3Config", fields={
+            "head_dim": 32, "num_experts": 16, "num_experts_per_tok": 4,
+            "num_shared_experts": 1, "moe_intermediate_size": 16, "intermediate_size": 32,
+            "router_scaling_factor": 2.5, "mlp_layer_types": ["dense", "sparse", "sparse",
+                                                              "sparse"]},
+            summary="float32 sigmoid + correction bias, top-4 of 16, renormalised x2.5, "
+                    "shared expert; layer 0 dense (mlp_layer_types)"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

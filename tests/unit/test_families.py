@@ -56,6 +56,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "deepseek_v32": ((1, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "glm4_moe_lite": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x1.8"),
     "lfm2_moe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_eps1e-06"),
+    "hy_v3": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
@@ -120,9 +121,9 @@ def test_exact_gate_reads_and_returns_what_the_native_gate_does(
                        want.executed_ids_BTLK.sort(-1).values)
     layers = native.adapter.decoder_layers(native.model)
     gate = native.adapter.router(layers[native.geometry.routed_layers[0]])
-    # LFM2-MoE's block hands its expert bias to the gate as an argument
+    # LFM2-MoE's and HY-V3's blocks hand their bias to the gate as an argument
     extra = (native.adapter.layer_bias(layers[native.geometry.routed_layers[0]]),) \
-        if family == "lfm2_moe" else ()
+        if family in ("lfm2_moe", "hy_v3") else ()
     hidden_NH = torch.randn(5, native.geometry.hidden_size)
     with torch.no_grad():
         k = native.geometry.top_k
