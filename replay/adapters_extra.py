@@ -262,9 +262,18 @@ class HYV3Adapter(FamilyAdapter):
         return bias if isinstance(bias, torch.Tensor) else None
 
 
+class ExaoneMoeAdapter(DeepseekV32Adapter):
+    """EXAONE-MoE: DeepSeek-V3's router (float32 sigmoid + correction bias, groups,
+    optional renormalisation, scaled) on the layers ``mlp_layer_types`` marks
+    ``sparse``; shared experts; sliding-window and full attention layers."""
+
+    model_type = "exaone_moe"
+    expert_count_field = "num_experts"
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
     PhimoeAdapter(), Llama4TextAdapter(), Dots1Adapter(), Ernie45MoeAdapter(),
     Qwen35MoeTextAdapter(), FlexOlmoAdapter(), DeepseekV32Adapter(), Glm4MoeLiteAdapter(),
-    Lfm2MoeAdapter(), HYV3Adapter(),
+    Lfm2MoeAdapter(), HYV3Adapter(), ExaoneMoeAdapter(),
 )

@@ -211,6 +211,14 @@ FAMILIES: dict[str, FamilySpec] = {
                                                               "sparse"]},
             summary="float32 sigmoid + correction bias, top-4 of 16, renormalised x2.5, "
                     "shared expert; layer 0 dense (mlp_layer_types)"),
+        FamilySpec(name="exaone_moe", config_class="ExaoneMoeConfig", fields={
+            "num_experts": 32, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
+            "num_shared_experts": 1, "moe_intermediate_size": 16, "intermediate_size": 32,
+            "norm_topk_prob": True, "routed_scaling_factor": 2.5, "sliding_window": 16,
+            "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+            "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+            summary="sigmoid + correction bias, top-4 of 32 in the best 2 of 4 groups, "
+                    "renormalised x2.5, shared expert; layer 0 dense; sliding attention"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

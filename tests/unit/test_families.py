@@ -57,6 +57,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "glm4_moe_lite": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x1.8"),
     "lfm2_moe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_eps1e-06"),
     "hy_v3": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
+    "exaone_moe": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
