@@ -161,6 +161,16 @@ class FamilyAdapter:
         named = dict(zip(self.router_output, output, strict=False))
         return named["logits"], named.get("weights"), named.get("ids")
 
+    def executed_ids_module(self, layer: nn.Module) -> nn.Module | None:
+        """A module called as ``(hidden, ids, weights)`` whose ids are the executed ones,
+        where the router does not return them (None: the router does)."""
+        return None
+
+    def install_exact_gate(self, layer: nn.Module, gate: nn.Module, forward: Any,
+                           geometry: RouteGeometry) -> None:
+        """Make ``gate`` run ``forward`` (the exact-routing gate) in place of its own."""
+        gate.forward = forward
+
     def check_gate(self, gate: nn.Module, geometry: RouteGeometry) -> str | None:
         """Why ``gate`` cannot be replaced by the exact-routing forward, or None."""
         weight = getattr(gate, "weight", None)

@@ -217,7 +217,8 @@ def install_exact_routing(
                 "exact_tie_break=False"
             )
         bias = adapter.layer_bias(layers[index])
-        gate.forward = _exact_gate_forward(gate, geometry, adapter, bias)
+        adapter.install_exact_gate(layers[index], gate,
+                                   _exact_gate_forward(gate, geometry, adapter, bias), geometry)
 
 
 class RouteCapture:
@@ -247,6 +248,14 @@ class RouteCapture:
             self._logits[slot] = logits.detach().reshape(-1, self.geometry.expert_count)
             if ids is not None:
                 self._executed[slot] = ids.detach().reshape(-1, self.geometry.top_k)
+
+        return hook
+
+    def experts_pre_hook(self, slot: int) -> Any:
+        """Records the ids an experts module is called with (``(hidden, ids, weights)``),
+        for families whose router returns logits only (Jamba)."""
+        def hook(_module: nn.Module, args: Any) -> None:
+            self._executed[slot] = args[1].detach().reshape(-1, self.geometry.top_k)
 
         return hook
 
@@ -293,6 +302,9 @@ def capture_routes(
         for slot, index in enumerate(geometry.routed_layers):
             layer = layers[index]
             handles.append(adapter.router(layer).register_forward_hook(capture.gate_hook(slot)))
+            experts = adapter.executed_ids_module(layer)
+            if experts is not None:
+                handles.append(experts.register_forward_pre_hook(capture.experts_pre_hook(slot)))
             if capture_hidden:
                 norm = adapter.pre_attention_norm(layer)
                 handles.append(norm.register_forward_pre_hook(capture.norm_pre_hook(slot)))

@@ -7,7 +7,7 @@ installed transformers; :mod:`replay.adapters` registers them in ``ADAPTERS``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -271,9 +271,49 @@ class ExaoneMoeAdapter(DeepseekV32Adapter):
     expert_count_field = "num_experts"
 
 
+class JambaAdapter(FamilyAdapter):
+    """Jamba: layers with ``layers_num_experts > 1`` have a sparse ``feed_forward`` whose
+    ``router`` is a bare ``nn.Linear`` (its output is the logits); the block's own
+    ``route_tokens_to_experts`` takes the float32 softmax's top-k, raw weights cast to
+    the hidden dtype. Exact routing therefore replaces that block method, not the
+    router; mamba and attention layers both start with ``input_layernorm``."""
+
+    model_type = "jamba"
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(i for i, count in enumerate(config.layers_num_experts) if count > 1)
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", normalize=False)
+
+    def find_router(self, layer: nn.Module) -> nn.Module | None:
+        """The sparse block's ``router`` Linear (a dense layer's MLP has no experts)."""
+        block = getattr(layer, "feed_forward", None)
+        router = getattr(block, "router", None)
+        return router if isinstance(router, nn.Module) and hasattr(block, "experts") else None
+
+    def executed_ids_module(self, layer: nn.Module) -> nn.Module | None:
+        """The block's experts, called with the ids the block selected."""
+        experts = getattr(getattr(layer, "feed_forward", None), "experts", None)
+        return experts if isinstance(experts, nn.Module) else None
+
+    def install_exact_gate(self, layer: nn.Module, gate: nn.Module, forward: Any,
+                           geometry: Any) -> None:
+        """Replace the block's ``route_tokens_to_experts`` with the declared rule."""
+        from hebrus_flywheel.replay.routing import topk_with_tie_break
+
+        def route(hidden_states: torch.Tensor, router_logits: torch.Tensor) -> tuple[
+                torch.Tensor, torch.Tensor]:
+            ids_NK, weights_NK = topk_with_tie_break(router_logits, geometry.top_k,
+                                                     weight_rule=geometry.weight_rule)
+            return ids_NK, weights_NK.to(hidden_states.dtype)
+
+        cast(Any, layer).feed_forward.route_tokens_to_experts = route
+
+
 EXTRA_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GptOssAdapter(), GraniteMoeAdapter(), GraniteMoeSharedAdapter(), MiniMaxAdapter(),
     PhimoeAdapter(), Llama4TextAdapter(), Dots1Adapter(), Ernie45MoeAdapter(),
     Qwen35MoeTextAdapter(), FlexOlmoAdapter(), DeepseekV32Adapter(), Glm4MoeLiteAdapter(),
-    Lfm2MoeAdapter(), HYV3Adapter(), ExaoneMoeAdapter(),
+    Lfm2MoeAdapter(), HYV3Adapter(), ExaoneMoeAdapter(), JambaAdapter(),
 )

@@ -219,6 +219,13 @@ FAMILIES: dict[str, FamilySpec] = {
             "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
             summary="sigmoid + correction bias, top-4 of 32 in the best 2 of 4 groups, "
                     "renormalised x2.5, shared expert; layer 0 dense; sliding attention"),
+        FamilySpec(name="jamba", config_class="JambaConfig", fields={
+            "num_experts": 16, "num_experts_per_tok": 2, "intermediate_size": 16,
+            "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 2,
+            "attn_layer_offset": 1, "use_mamba_kernels": False, "mamba_d_state": 8,
+            "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8},
+            summary="softmax top-2 of 16, raw weights, router a bare Linear (the block "
+                    "selects); layers 1 and 3 sparse; mamba and attention layers"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

@@ -58,6 +58,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "lfm2_moe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_eps1e-06"),
     "hy_v3": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
     "exaone_moe": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "jamba": ((1, 3), 16, 2, "softmax_topk"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
@@ -104,6 +105,21 @@ def test_rule_selects_what_the_native_gate_executed(
     assert torch.equal(ids.sort(-1).values, executed.sort(-1).values)
 
 
+def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[Any, ...]:
+    """``(logits, weights, ids)`` of the first routed layer's selection for ``hidden_NH``."""
+    layer = teacher.adapter.decoder_layers(teacher.model)[teacher.geometry.routed_layers[0]]
+    gate = teacher.adapter.router(layer)
+    # LFM2-MoE's and HY-V3's blocks hand their bias to the gate as an argument
+    extra = (teacher.adapter.layer_bias(layer),) if family in ("lfm2_moe", "hy_v3") else ()
+    with torch.no_grad():
+        if family == "jamba":  # a bare Linear router; its block selects
+            logits = gate(hidden_NH)
+            ids, weights = layer.feed_forward.route_tokens_to_experts(hidden_NH, logits)
+            return logits, weights, ids
+        return teacher.adapter.split_router_output(gate(hidden_NH, *extra),
+                                                   teacher.geometry.top_k)
+
+
 @pytest.mark.parametrize("family", sorted(EXPECTED))
 def test_exact_gate_reads_and_returns_what_the_native_gate_does(
     family: str, family_dirs: dict[str, Path]
@@ -120,18 +136,9 @@ def test_exact_gate_reads_and_returns_what_the_native_gate_does(
     assert torch.equal(got.executed_ids_BTLK, exact.route(got.router_logits_BTLE)[0])
     assert torch.equal(got.executed_ids_BTLK.sort(-1).values,
                        want.executed_ids_BTLK.sort(-1).values)
-    layers = native.adapter.decoder_layers(native.model)
-    gate = native.adapter.router(layers[native.geometry.routed_layers[0]])
-    # LFM2-MoE's and HY-V3's blocks hand their bias to the gate as an argument
-    extra = (native.adapter.layer_bias(layers[native.geometry.routed_layers[0]]),) \
-        if family in ("lfm2_moe", "hy_v3") else ()
     hidden_NH = torch.randn(5, native.geometry.hidden_size)
-    with torch.no_grad():
-        k = native.geometry.top_k
-        native_out = native.adapter.split_router_output(gate(hidden_NH, *extra), k)
-        exact_gate = exact.adapter.router(exact.adapter.decoder_layers(exact.model)[
-            exact.geometry.routed_layers[0]])
-        exact_out = exact.adapter.split_router_output(exact_gate(hidden_NH, *extra), k)
+    native_out = _call_gate(native, family, hidden_NH)
+    exact_out = _call_gate(exact, family, hidden_NH)
     assert torch.equal(native_out[0], exact_out[0])
     experts = native.geometry.expert_count
     dense_native = torch.zeros(5, experts).scatter(1, native_out[2], native_out[1].float())
