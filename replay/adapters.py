@@ -33,83 +33,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hebrus_flywheel.core.geometry import RouteGeometry
+from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
+from hebrus_flywheel.replay.adapters_extra import EXTRA_ADAPTERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
 
-
-class FamilyAdapter:
-    """Base adapter: decoder layers at ``model.model.layers``, gates at ``layer.mlp.gate``.
-
-    A family's router rule (:class:`~replay.routing.RouterRule`) names how the gate ranks
-    experts and weighs them; ``logits_in_float32`` says the gate computes its logits in
-    float32 whatever the model dtype (DeepSeek-style routers); ``weights_in_logit_dtype``
-    says it casts its top-k weights back to the logits' dtype (Mixtral keeps float32).
-    """
-
-    model_type: ClassVar[str] = ""
-    expert_count_field: ClassVar[str] = "num_experts"
-    intermediate_field: ClassVar[str] = "intermediate_size"
-    weights_in_logit_dtype: ClassVar[bool] = True
-    logits_in_float32: ClassVar[bool] = False
-
-    def routed_layers(self, config: Any) -> tuple[int, ...]:
-        return tuple(range(config.num_hidden_layers))
-
-    def rule(self, config: Any) -> RouterRule:
-        normalize = bool(getattr(config, "norm_topk_prob", False))
-        return RouterRule(scoring="softmax", normalize=normalize)
-
-    def weight_rule(self, config: Any) -> str:
-        return self.rule(config).name
-
-    def geometry(self, config: Any) -> RouteGeometry:
-        return RouteGeometry(
-            family=self.model_type,
-            layer_count=int(config.num_hidden_layers),
-            routed_layers=self.routed_layers(config),
-            expert_count=int(getattr(config, self.expert_count_field)),
-            top_k=int(config.num_experts_per_tok),
-            weight_rule=self.weight_rule(config),
-            hidden_size=int(config.hidden_size),
-            routed_intermediate_size=int(getattr(config, self.intermediate_field)),
-        )
-
-    def decoder_layers(self, model: nn.Module) -> nn.ModuleList:
-        inner = getattr(model, "model", model)
-        layers = getattr(inner, "layers", None)
-        if not isinstance(layers, nn.ModuleList):
-            raise UnsupportedModelError(
-                f"{type(model).__name__} has no model.layers ModuleList; the {self.model_type} "
-                "adapter expects a transformers *ForCausalLM checkpoint"
-            )
-        return layers
-
-    def router(self, layer: nn.Module) -> nn.Module:
-        gate = getattr(getattr(layer, "mlp", None), "gate", None)
-        if not isinstance(gate, nn.Module):
-            raise UnsupportedModelError(
-                f"a routed {self.model_type} layer has no mlp.gate module; the checkpoint does "
-                "not match its config (mlp_only_layers / decoder_sparse_step / first_k_dense)"
-            )
-        return gate
-
-    def score_bias(self, gate: nn.Module) -> torch.Tensor | None:
-        """The gate's selection-correction bias ``[E]`` (bias-corrected rules), else None."""
-        bias = getattr(gate, "e_score_correction_bias", None)
-        return bias if isinstance(bias, torch.Tensor) else None
-
-    def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
-        norm = getattr(layer, "input_layernorm", None)
-        if not isinstance(norm, nn.Module):
-            raise UnsupportedModelError(f"a {self.model_type} layer has no input_layernorm")
-        return norm
+__all__ = ["ADAPTERS", "DeepseekV3Adapter", "FamilyAdapter", "RouteCapture", "RouterPass",
+           "adapter_for", "capture_routes", "check_dense_layers", "forward_routes",
+           "install_exact_routing", "score_bias_LE"]
 
 
 class Qwen3MoeAdapter(FamilyAdapter):
@@ -158,28 +95,6 @@ class OlmoeAdapter(FamilyAdapter):
     model_type = "olmoe"
 
 
-class DeepseekV3Adapter(FamilyAdapter):
-    """DeepSeek-V3: the first ``first_k_dense_replace`` layers dense; a sigmoid router whose
-    selection adds ``e_score_correction_bias`` inside the ``topk_group`` best of ``n_group``
-    groups (each scored by its two best); weights are the sigmoid scores, renormalised if
-    ``norm_topk_prob``, times ``routed_scaling_factor``; shared experts always run."""
-
-    model_type = "deepseek_v3"
-    expert_count_field = "n_routed_experts"
-    intermediate_field = "moe_intermediate_size"
-    logits_in_float32 = True
-
-    def routed_layers(self, config: Any) -> tuple[int, ...]:
-        return tuple(range(int(config.first_k_dense_replace), int(config.num_hidden_layers)))
-
-    def rule(self, config: Any) -> RouterRule:
-        return RouterRule(
-            scoring="sigmoid", bias=True, normalize=bool(config.norm_topk_prob),
-            scale=float(config.routed_scaling_factor), groups=int(config.n_group or 1),
-            topk_groups=int(config.topk_group or 1), group_score="top2sum",
-        )
-
-
 class Glm4MoeAdapter(DeepseekV3Adapter):
     """GLM-4-MoE: DeepSeek-V3's router and first-k-dense layout."""
 
@@ -209,7 +124,8 @@ class DeepseekV2Adapter(DeepseekV3Adapter):
 ADAPTERS: dict[str, FamilyAdapter] = {
     a.model_type: a
     for a in (Qwen3NextAdapter(), Qwen3MoeAdapter(), Qwen2MoeAdapter(), MixtralAdapter(),
-              OlmoeAdapter(), DeepseekV3Adapter(), DeepseekV2Adapter(), Glm4MoeAdapter())
+              OlmoeAdapter(), DeepseekV3Adapter(), DeepseekV2Adapter(), Glm4MoeAdapter(),
+              *EXTRA_ADAPTERS)
 }
 
 
@@ -225,29 +141,26 @@ def adapter_for(model_type: str) -> FamilyAdapter:
 
 
 def _exact_gate_forward(
-    gate: nn.Module, geometry: RouteGeometry, adapter: FamilyAdapter
+    gate: nn.Module, geometry: RouteGeometry, adapter: FamilyAdapter, bias: torch.Tensor | None
 ) -> Any:
     """The family's gate computation with :mod:`replay.routing`'s top-k in place of topk.
 
-    Same logits (``F.linear`` with the gate's weight, in float32 where the family does
-    so) and same weights as the native gate wherever scores are distinct; on exact ties
-    the executed experts follow the declared rule (lower id first) instead of
-    ``torch.topk``'s unspecified order. The correction bias is read live from the gate.
+    Same logits (:meth:`FamilyAdapter.gate_logits`: the gate's linear, in float32 where
+    the family does so) and same weights as the native gate wherever scores are
+    distinct; on exact ties the executed experts follow the declared rule (lower id
+    first) instead of ``torch.topk``'s unspecified order. The correction bias is the
+    layer's own tensor (:meth:`FamilyAdapter.layer_bias`), so updates to it are seen;
+    further arguments (LFM2-MoE passes that same bias) are ignored.
     """
-    bias = adapter.score_bias(gate)
 
-    def forward(hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(hidden_states: torch.Tensor, *_args: Any) -> tuple[torch.Tensor, ...]:
         hidden_NH = hidden_states.reshape(-1, geometry.hidden_size)
-        weight = cast(torch.Tensor, gate.weight)
-        if adapter.logits_in_float32:
-            hidden_NH, weight = hidden_NH.to(torch.float32), weight.to(torch.float32)
-        router_logits_NE = F.linear(hidden_NH, weight)
+        router_logits_NE = adapter.gate_logits(gate, hidden_NH)
         ids_NK, weights_NK = topk_with_tie_break(
             router_logits_NE, geometry.top_k, weight_rule=geometry.weight_rule, bias_TE=bias
         )
-        if adapter.weights_in_logit_dtype:
-            weights_NK = weights_NK.to(router_logits_NE.dtype)
-        return router_logits_NE, weights_NK, ids_NK
+        weights_NK = adapter.gate_weights(weights_NK, router_logits_NE, hidden_NH)
+        return adapter.pack_router_output(router_logits_NE, weights_NK, ids_NK)
 
     return forward
 
@@ -261,7 +174,7 @@ def score_bias_LE(
     layers = adapter.decoder_layers(model)
     rows = []
     for index in geometry.routed_layers:
-        bias = adapter.score_bias(adapter.router(layers[index]))
+        bias = adapter.layer_bias(layers[index])
         if bias is None or tuple(bias.shape) != (geometry.expert_count,):
             raise UnsupportedModelError(
                 f"layer {index}'s gate has no [E] e_score_correction_bias although the "
@@ -275,8 +188,7 @@ def check_dense_layers(model: nn.Module, adapter: FamilyAdapter, geometry: Route
     """Fail unless exactly the routed layers have a router (the map slot -> layer is right)."""
     layers = adapter.decoder_layers(model)
     for index, layer in enumerate(layers):
-        gate = getattr(getattr(layer, "mlp", None), "gate", None)
-        has_router = isinstance(gate, nn.Module) and not isinstance(gate, nn.Linear | nn.Identity)
+        has_router = adapter.find_router(layer) is not None
         if has_router != (index in geometry.routed_layers):
             raise UnsupportedModelError(
                 f"layer {index} of the {geometry.family} checkpoint "
@@ -298,15 +210,15 @@ def install_exact_routing(
     layers = adapter.decoder_layers(model)
     for index in geometry.routed_layers:
         gate = adapter.router(layers[index])
-        weight = getattr(gate, "weight", None)
-        shape = (geometry.expert_count, geometry.hidden_size)
-        if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != shape \
-                or getattr(gate, "bias", None) is not None:
+        why = adapter.check_gate(gate, geometry)
+        if why is not None:
             raise UnsupportedModelError(
-                f"layer {index}'s gate {type(gate).__name__} is not a bias-free [E, H] router; "
-                "load the teacher with exact_tie_break=False"
+                f"layer {index}'s gate {type(gate).__name__} {why}; load the teacher with "
+                "exact_tie_break=False"
             )
-        gate.forward = _exact_gate_forward(gate, geometry, adapter)
+        bias = adapter.layer_bias(layers[index])
+        adapter.install_exact_gate(layers[index], gate,
+                                   _exact_gate_forward(gate, geometry, adapter, bias), geometry)
 
 
 class RouteCapture:
@@ -317,8 +229,9 @@ class RouteCapture:
     order, batch-major); :meth:`clear` empties them before the next forward.
     """
 
-    def __init__(self, geometry: RouteGeometry) -> None:
+    def __init__(self, geometry: RouteGeometry, adapter: FamilyAdapter) -> None:
         self.geometry = geometry
+        self.adapter = adapter
         self._logits: dict[int, torch.Tensor] = {}
         self._executed: dict[int, torch.Tensor] = {}
         self._hidden: dict[int, torch.Tensor] = {}
@@ -330,10 +243,19 @@ class RouteCapture:
 
     def gate_hook(self, slot: int) -> Any:
         def hook(_module: nn.Module, _args: Any, output: Any) -> None:
-            logits = output[0] if isinstance(output, tuple) else output
+            logits, _weights, ids = self.adapter.split_router_output(
+                output, self.geometry.top_k)
             self._logits[slot] = logits.detach().reshape(-1, self.geometry.expert_count)
-            if isinstance(output, tuple) and len(output) >= 3:
-                self._executed[slot] = output[2].detach().reshape(-1, self.geometry.top_k)
+            if ids is not None:
+                self._executed[slot] = ids.detach().reshape(-1, self.geometry.top_k)
+
+        return hook
+
+    def experts_pre_hook(self, slot: int) -> Any:
+        """Records the ids an experts module is called with (``(hidden, ids, weights)``),
+        for families whose router returns logits only (Jamba)."""
+        def hook(_module: nn.Module, args: Any) -> None:
+            self._executed[slot] = args[1].detach().reshape(-1, self.geometry.top_k)
 
         return hook
 
@@ -373,13 +295,16 @@ def capture_routes(
     capture_hidden: bool = False,
 ) -> Iterator[RouteCapture]:
     """Hook the routed layers of ``model`` for the duration of the ``with`` block."""
-    capture = RouteCapture(geometry)
+    capture = RouteCapture(geometry, adapter)
     layers = adapter.decoder_layers(model)
     handles = []
     try:
         for slot, index in enumerate(geometry.routed_layers):
             layer = layers[index]
             handles.append(adapter.router(layer).register_forward_hook(capture.gate_hook(slot)))
+            experts = adapter.executed_ids_module(layer)
+            if experts is not None:
+                handles.append(experts.register_forward_pre_hook(capture.experts_pre_hook(slot)))
             if capture_hidden:
                 norm = adapter.pre_attention_norm(layer)
                 handles.append(norm.register_forward_pre_hook(capture.norm_pre_hook(slot)))

@@ -2,9 +2,10 @@
 
 This is the REAL decode path the design note's Gate 1 compares replay against: one
 prefill forward over the prefix with ``use_cache=True``, then one single-token forward
-per token with the cache (a ``DynamicCache`` built from the model config, which for
-Qwen3-Next holds the hybrid linear-attention conv/recurrent states and the full-attention
-KV). Every decode-step forward runs under forward hooks on the routed layers' gates.
+per token with the cache (the adapter's ``new_cache``: a ``DynamicCache`` built from the
+model config, which for Qwen3-Next holds the hybrid linear-attention conv/recurrent
+states and the full-attention KV). Every decode-step forward runs under forward hooks
+on the routed layers' gates.
 
 Route semantics: the route recorded for ordinal ``p`` is the router decision made while
 processing token ``p``, i.e. the token fed at that step. Step ``i`` feeds token
@@ -181,9 +182,7 @@ class DecodeRuntime:
         return out.logits[0, -1].to(device="cpu", dtype=torch.float32)
 
     def _prefill(self, prefix_ids: list[int]) -> tuple[object, torch.Tensor, float]:
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
+        cache = self.teacher.adapter.new_cache(self.model)
         start = time.perf_counter()
         logits_V = self._forward(prefix_ids, 0, cache)
         return cache, logits_V, time.perf_counter() - start

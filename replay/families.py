@@ -43,6 +43,11 @@ class FamilySpec:
         fields: config fields beyond :data:`_COMMON` (the family's tiny geometry).
         summary: one line on what the family's routing exercises.
         router_logit_std: std of router logits at init.
+        attention: the attention kernel the family runs with (``eager`` where its
+            transformers model has no sdpa path, e.g. GPT-OSS's attention sinks); its
+            selftest and tests pass it as ``--attention``.
+        score_bias_std: std of a correction bias at init (smaller where it is added to
+            softmax probabilities, which are ~1/E, lest it decide every route alone).
     """
 
     name: str
@@ -50,6 +55,8 @@ class FamilySpec:
     fields: dict[str, Any] = field(default_factory=dict)
     summary: str = ""
     router_logit_std: float = 2.0
+    attention: str = "sdpa"
+    score_bias_std: float = SCORE_BIAS_STD
 
     def __post_init__(self) -> None:
         if not self.name or not self.config_class:
@@ -115,6 +122,110 @@ FAMILIES: dict[str, FamilySpec] = {
             "routed_scaling_factor": 1.0},
             summary="sigmoid + correction bias, top-4 of 16, renormalised, shared expert; "
                     "layer 0 dense"),
+        FamilySpec(name="gpt_oss", config_class="GptOssConfig", fields={
+            "head_dim": 32, "num_local_experts": 16, "num_experts_per_tok": 4,
+            "intermediate_size": 16, "sliding_window": 8, "max_position_embeddings": 131072,
+            "layer_types": ["sliding_attention", "full_attention"] * 2}, attention="eager",
+            summary="softmax over the top-4 of 16 logits (router linear has a bias), "
+                    "every layer sparse, sliding/full attention with sinks; eager attention"),
+        FamilySpec(name="granitemoe", config_class="GraniteMoeConfig", fields={
+            "num_local_experts": 16, "num_experts_per_tok": 4, "intermediate_size": 16},
+            summary="softmax over the top-4 of 16 float32 logits, router returns (ids, "
+                    "weights, logits), every layer sparse"),
+        FamilySpec(name="granitemoeshared", config_class="GraniteMoeSharedConfig", fields={
+            "num_local_experts": 16, "num_experts_per_tok": 4, "intermediate_size": 16,
+            "shared_intermediate_size": 32},
+            summary="Granite-MoE's router (top-4 of 16) plus a dense shared MLP, every "
+                    "layer sparse"),
+        FamilySpec(name="minimax", config_class="MiniMaxConfig", fields={
+            "head_dim": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "intermediate_size": 16, "block_size": 16,
+            "layer_types": ["linear_attention", "full_attention"] * 2},
+            summary="softmax top-2 of 8, renormalised, every layer sparse; lightning "
+                    "(linear) and full attention layers alternate"),
+        FamilySpec(name="phimoe", config_class="PhimoeConfig", fields={
+            "head_dim": 32, "num_local_experts": 16, "num_experts_per_tok": 2,
+            "intermediate_size": 16, "router_jitter_noise": 0.01},
+            summary="sparsemixer top-2 of 16 (each weight a softmax over the experts "
+                    "within a relative gap of 0.02), every layer sparse, LayerNorm"),
+        FamilySpec(name="llama4_text", config_class="Llama4TextConfig", fields={
+            "head_dim": 32, "num_local_experts": 16, "num_experts_per_tok": 2,
+            "intermediate_size": 16, "intermediate_size_mlp": 32,
+            "interleave_moe_layer_step": 2, "attention_chunk_size": 16},
+            summary="sigmoid top-2 of 16 by raw logit, unnormalised weights scaling the "
+                    "expert input, shared expert; layers 1 and 3 sparse (moe_layers), "
+                    "chunked attention"),
+        FamilySpec(name="dots1", config_class="Dots1Config", fields={
+            "head_dim": 32, "n_routed_experts": 32, "num_experts_per_tok": 4, "n_group": 4,
+            "topk_group": 2, "first_k_dense_replace": 1, "n_shared_experts": 1,
+            "moe_intermediate_size": 16, "intermediate_size": 32, "norm_topk_prob": True,
+            "routed_scaling_factor": 2.0},
+            summary="sigmoid + correction bias, top-4 of 32 inside the best 2 of 4 groups, "
+                    "renormalised x2.0, shared expert; layer 0 dense"),
+        FamilySpec(name="ernie4_5_moe", config_class="Ernie4_5_MoeConfig", fields={
+            "head_dim": 32, "num_experts": 16, "num_experts_per_tok": 4,
+            "moe_intermediate_size": 16, "intermediate_size": 32, "moe_num_shared_experts": 1,
+            "moe_layer_start_index": 1, "moe_layer_interval": 1}, score_bias_std=0.02,
+            summary="float32 softmax + correction bias selects top-4 of 16, softmax "
+                    "renormalised weights, shared expert; layer 0 dense"),
+        FamilySpec(name="qwen3_5_moe_text", config_class="Qwen3_5MoeTextConfig", fields={
+            "head_dim": 32, "num_experts": 32, "num_experts_per_tok": 4,
+            "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16,
+            "linear_num_key_heads": 2, "linear_num_value_heads": 2, "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+            "layer_types": ["linear_attention", "full_attention"] * 2},
+            summary="softmax top-4 of 32, renormalised, sigmoid-gated shared expert, every "
+                    "layer sparse; gated delta-net and full attention layers alternate"),
+        FamilySpec(name="flex_olmo", config_class="FlexOlmoConfig", fields={
+            "num_experts": 16, "num_experts_per_tok": 4, "intermediate_size": 16,
+            "norm_topk_prob": False},
+            summary="softmax top-4 of 16, raw weights, every layer sparse; post-norm "
+                    "layers (no input_layernorm)"),
+        FamilySpec(name="deepseek_v32", config_class="DeepseekV32Config", fields={
+            **_MLA, "n_routed_experts": 32, "num_experts_per_tok": 4, "n_group": 4,
+            "topk_group": 2, "n_shared_experts": 1, "moe_intermediate_size": 16,
+            "intermediate_size": 32, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+            "mlp_layer_types": ["dense", "sparse", "dense", "sparse"], "index_topk": 2048,
+            "index_n_heads": 2, "index_head_dim": 16},
+            summary="DeepSeek-V3's router (sigmoid + bias, top-4 of 32 in the best 2 of 4 "
+                    "groups, renormalised x2.5); layers 1 and 3 sparse (mlp_layer_types); "
+                    "sparse attention indexer"),
+        FamilySpec(name="glm4_moe_lite", config_class="Glm4MoeLiteConfig", fields={
+            **_MLA, "n_routed_experts": 16, "num_experts_per_tok": 4, "n_group": 1,
+            "topk_group": 1, "n_shared_experts": 1, "moe_intermediate_size": 16,
+            "intermediate_size": 32, "norm_topk_prob": True, "routed_scaling_factor": 1.8,
+            "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+            summary="sigmoid + correction bias, top-4 of 16, renormalised x1.8, shared "
+                    "expert, MLA; layer 0 dense (mlp_layer_types)"),
+        FamilySpec(name="lfm2_moe", config_class="Lfm2MoeConfig", fields={
+            "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 16,
+            "intermediate_size": 32, "num_dense_layers": 1, "use_expert_bias": True,
+            "norm_topk_prob": True, "routed_scaling_factor": 1.0,
+            "layer_types": ["conv", "full_attention", "conv", "full_attention"]},
+            summary="sigmoid + expert bias, top-4 of 16, renormalised (+1e-6); layer 0 "
+                    "dense (num_dense_layers); short-conv and attention layers"),
+        FamilySpec(name="hy_v3", config_class="HYV3Config", fields={
+            "head_dim": 32, "num_experts": 16, "num_experts_per_tok": 4,
+            "num_shared_experts": 1, "moe_intermediate_size": 16, "intermediate_size": 32,
+            "router_scaling_factor": 2.5, "mlp_layer_types": ["dense", "sparse", "sparse",
+                                                              "sparse"]},
+            summary="float32 sigmoid + correction bias, top-4 of 16, renormalised x2.5, "
+                    "shared expert; layer 0 dense (mlp_layer_types)"),
+        FamilySpec(name="exaone_moe", config_class="ExaoneMoeConfig", fields={
+            "num_experts": 32, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
+            "num_shared_experts": 1, "moe_intermediate_size": 16, "intermediate_size": 32,
+            "norm_topk_prob": True, "routed_scaling_factor": 2.5, "sliding_window": 16,
+            "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+            "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+            summary="sigmoid + correction bias, top-4 of 32 in the best 2 of 4 groups, "
+                    "renormalised x2.5, shared expert; layer 0 dense; sliding attention"),
+        FamilySpec(name="jamba", config_class="JambaConfig", fields={
+            "num_experts": 16, "num_experts_per_tok": 2, "intermediate_size": 16,
+            "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 2,
+            "attn_layer_offset": 1, "use_mamba_kernels": False, "mamba_d_state": 8,
+            "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8},
+            summary="softmax top-2 of 16, raw weights, router a bare Linear (the block "
+                    "selects); layers 1 and 3 sparse; mamba and attention layers"),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"
@@ -146,7 +257,7 @@ def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
             for index in adapter.geometry(config).routed_layers:
                 gate = adapter.router(layers[index])
                 cast(torch.Tensor, gate.weight).normal_(0.0, router_std)
-                bias = adapter.score_bias(gate)
+                bias = adapter.layer_bias(layers[index])
                 if bias is not None:
-                    bias.normal_(0.0, SCORE_BIAS_STD)
+                    bias.normal_(0.0, spec.score_bias_std)
     return model.eval()

@@ -30,9 +30,10 @@ Tensor legend: N rows, L routed layers, E experts, H hidden width, D reduced wid
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -179,12 +180,14 @@ def check_contract(contract: dict[str, Any]) -> FeatureProjection:
 class AnchorCapture:
     """Router logits, executed expert ids and pre-attention states of the anchor rows,
     one entry per slot. ``ids`` holds what the gate returned as its selected experts
-    (transformers 5.x gates return ``(logits, weights, ids)``); they are the label only
+    (transformers 5.x gates return logits, weights and ids, in the order
+    :meth:`replay.adapter_base.FamilyAdapter.split_router_output` reads); they are the label only
     where the gate executes the declared tie-break
     (:func:`replay.adapters.install_exact_routing`)."""
 
     rows_N: torch.Tensor
     expert_count: int
+    split: Callable[[Any], tuple[Any, Any, Any]]
     logits: dict[int, torch.Tensor] = field(default_factory=dict)
     ids: dict[int, torch.Tensor] = field(default_factory=dict)
     weights: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -192,11 +195,10 @@ class AnchorCapture:
 
     def gate_hook(self, slot: int) -> Any:
         def hook(_module: nn.Module, _args: Any, output: Any) -> None:
-            logits = output[0] if isinstance(output, tuple) else output
+            logits, weights, ids = self.split(output)
             flat = logits.reshape(-1, self.expert_count)
             self.logits[slot] = flat.index_select(0, self.rows_N)
-            if isinstance(output, tuple) and len(output) == 3:
-                weights, ids = output[1], output[2]
+            if ids is not None and weights is not None:
                 k = ids.shape[-1]
                 self.ids[slot] = ids.reshape(-1, k).index_select(0, self.rows_N)
                 self.weights[slot] = weights.reshape(-1, k).index_select(0, self.rows_N)
@@ -243,7 +245,9 @@ def capture_anchor_rows(teacher: Teacher, rows_N: torch.Tensor) -> Iterator[Anch
     the model flattens them) of each gate's logits and each norm's input, as the forward
     runs, so memory grows with anchors, not with tokens x layers x experts.
     """
-    capture = AnchorCapture(rows_N=rows_N, expert_count=teacher.geometry.expert_count)
+    capture = AnchorCapture(rows_N=rows_N, expert_count=teacher.geometry.expert_count,
+                            split=partial(teacher.adapter.split_router_output,
+                                          top_k=teacher.geometry.top_k))
     layers = teacher.adapter.decoder_layers(teacher.model)
     handles = []
     try:

@@ -398,10 +398,15 @@ def attention_masks(
 ) -> torch.Tensor | dict[str, torch.Tensor]:
     """Always-materialised masks: 4D causal(+padding) for attention, 2D for linear layers.
 
-    Hybrid models (``linear_attention`` in ``config.layer_types``, e.g. Qwen3-Next) take a
-    mapping per layer type; others take the 4D mask, which transformers uses as is.
+    Hybrid models (``linear_attention`` or LFM2's ``conv`` in ``config.layer_types``, e.g.
+    Qwen3-Next) take a mapping per layer type; others take the 4D mask, which
+    transformers uses as is.
     """
-    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+    from transformers.masking_utils import (
+        create_causal_mask,
+        create_chunked_causal_mask,
+        create_sliding_window_causal_mask,
+    )
 
     config = model.config
     shape_only = torch.empty((*mask_BT.shape, 0), dtype=model.dtype)
@@ -424,17 +429,19 @@ def attention_masks(
         return materialised(create_sliding_window_causal_mask if sliding else create_causal_mask)
     if layer_types == {"full_attention"}:  # e.g. Qwen2-MoE keeps sliding_window=0 unused
         return materialised(create_causal_mask)
-    unknown = layer_types - {"linear_attention", "full_attention", "sliding_attention"}
+    makers = {"full_attention": create_causal_mask,
+              "sliding_attention": create_sliding_window_causal_mask,
+              "chunked_attention": create_chunked_causal_mask,  # Llama 4
+              "deepseek_sparse_attention": create_causal_mask}  # DeepSeek-V3.2
+    unknown = layer_types - {"linear_attention", "conv", *makers}
     if unknown:
         raise ReplayError(
             f"layer types {sorted(unknown)} have no replay mask rule; extend "
             "replay.prefill.attention_masks before replaying this family"
         )
-    masks: dict[str, torch.Tensor] = {"linear_attention": mask_BT}
-    if "full_attention" in layer_types:
-        masks["full_attention"] = materialised(create_causal_mask)
-    if "sliding_attention" in layer_types:
-        masks["sliding_attention"] = materialised(create_sliding_window_causal_mask)
+    masks: dict[str, torch.Tensor] = {"linear_attention": mask_BT, "conv": mask_BT}
+    for kind in layer_types & set(makers):
+        masks[kind] = materialised(makers[kind])
     return masks
 
 

@@ -18,6 +18,10 @@ Weight rules (what the model multiplies the selected experts' outputs by):
   over the k selected logits).
 - ``softmax_topk``: softmax over all experts in float32, keep the top-k probabilities
   as they are (Qwen3-MoE / OLMoE with ``norm_topk_prob=False``).
+- ``sparsemixer_eps<E>_topk`` (PhiMoE, inference): rank by logit; the weight of the
+  rank-r expert (logit m) is its softmax probability among the experts not ranked
+  before it whose logit s is within the relative gap ``(m - s) / max(|s|, m) <= 2E``
+  (``E`` is the router's ``router_jitter_noise``), all others masked to -inf.
 
 Tensor legend: T tokens, E experts, K top-k.
 """
@@ -57,15 +61,19 @@ __all__ = [
 ]
 
 
+SIGMOID_NORM_EPS = 1e-20
+"""What DeepSeek-style sigmoid routers add to the sum of the top-k weights they divide by."""
 MASKED_SCORE = float(torch.finfo(torch.float32).min)
 """Selection score of an expert whose group was not selected (finite, below any score)."""
-SCORINGS: tuple[str, ...] = ("softmax", "sigmoid")
+SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "sparsemixer")
 GROUP_SCORES: tuple[str, ...] = ("top2sum", "max")
 _RULE_RE = re.compile(
     r"^(?P<scoring>softmax|sigmoid)(?P<bias>\+bias)?"
     r"(?:_group(?P<topk_groups>\d+)of(?P<groups>\d+)_(?P<group_score>top2sum|max))?"
-    r"_topk(?P<normalize>_renormalized)?(?:_x(?P<scale>[0-9.e+-]+))?$"
+    r"_topk(?P<normalize>_renormalized)?(?:_eps(?P<norm_eps>[0-9.e+-]+))?"
+    r"(?:_x(?P<scale>[0-9.e+-]+))?$"
 )
+_SPARSEMIXER_RE = re.compile(r"^sparsemixer_eps(?P<eps>[0-9.e+-]+)_topk$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,10 +84,14 @@ class RouterRule:
         scoring: ``softmax`` or ``sigmoid`` (how weights derive from logits).
         normalize: divide the selected weights by their sum.
         scale: multiply the (normalised) weights by this (``routed_scaling_factor``).
-        bias: selection adds a per-expert correction bias to the sigmoid score.
+        bias: selection adds a per-expert correction bias to the sigmoid score, or to
+            the float32 softmax probability (ERNIE-4.5-MoE).
         groups: expert groups G (1: no grouping).
         topk_groups: groups kept per token g (experts of the others are masked).
         group_score: how a group is scored: sum of its two best scores, or its best.
+        jitter_eps: the sparsemixer's relative gap ``eps`` (``sparsemixer`` scoring only).
+        norm_eps: what a sigmoid renormalisation adds to the sum it divides by (1e-20 in
+            DeepSeek-V3, 1e-6 in LFM2-MoE); named in the rule only when not 1e-20.
     """
 
     scoring: str = "softmax"
@@ -89,6 +101,8 @@ class RouterRule:
     groups: int = 1
     topk_groups: int = 1
     group_score: str = "top2sum"
+    jitter_eps: float = 0.0
+    norm_eps: float = SIGMOID_NORM_EPS
 
     def __post_init__(self) -> None:
         if self.scoring not in SCORINGS:
@@ -103,21 +117,42 @@ class RouterRule:
         if not 1 <= self.topk_groups <= self.groups:
             raise RoutingError(f"RouterRule.topk_groups must be in [1, groups={self.groups}], "
                                f"got {self.topk_groups}")
-        if self.bias and self.scoring != "sigmoid":
-            raise RoutingError("RouterRule.bias is only defined for sigmoid scoring")
+        if self.bias and self.scoring == "sparsemixer":
+            raise RoutingError("RouterRule.bias is not defined for sparsemixer scoring")
+        if self.scoring == "sparsemixer" and (
+                self.normalize or self.scale != 1.0 or self.groups != 1
+                or not 0.0 <= self.jitter_eps < float("inf")):
+            raise RoutingError("a sparsemixer RouterRule has only jitter_eps >= 0 (no "
+                               "renormalisation, scale or groups)")
+        if self.norm_eps != SIGMOID_NORM_EPS and not (
+                self.scoring == "sigmoid" and self.normalize and 0.0 <= self.norm_eps < 1.0):
+            raise RoutingError("RouterRule.norm_eps is only defined for renormalised sigmoid "
+                               "rules, in [0, 1)")
+        if self.scoring != "sparsemixer" and self.jitter_eps != 0.0:
+            raise RoutingError("RouterRule.jitter_eps is only defined for sparsemixer scoring")
 
     @property
     def name(self) -> str:
         """The ``weight_rule`` string of this rule (the two softmax rules keep their names)."""
+        if self.scoring == "sparsemixer":
+            return f"sparsemixer_eps{self.jitter_eps!r}_topk"
         out = self.scoring + ("+bias" if self.bias else "")
         if self.groups > 1:
             out += f"_group{self.topk_groups}of{self.groups}_{self.group_score}"
         out += "_topk" + ("_renormalized" if self.normalize else "")
+        out += f"_eps{self.norm_eps!r}" if self.norm_eps != SIGMOID_NORM_EPS else ""
         return out + (f"_x{self.scale!r}" if self.scale != 1.0 else "")
 
 
 def parse_rule(weight_rule: str) -> RouterRule:
     """The :class:`RouterRule` a ``weight_rule`` string names; RoutingError if none."""
+    mixer = _SPARSEMIXER_RE.match(weight_rule) if isinstance(weight_rule, str) else None
+    if mixer is not None:
+        try:
+            return RouterRule(scoring="sparsemixer", normalize=False,
+                              jitter_eps=float(mixer["eps"]))
+        except ValueError as exc:
+            raise RoutingError(f"weight_rule {weight_rule!r} has a malformed number") from exc
     match = _RULE_RE.match(weight_rule) if isinstance(weight_rule, str) else None
     if match is None:
         raise RoutingError(
@@ -131,6 +166,7 @@ def parse_rule(weight_rule: str) -> RouterRule:
             normalize=bool(parts["normalize"]), scale=float(parts["scale"] or 1.0),
             groups=int(parts["groups"] or 1), topk_groups=int(parts["topk_groups"] or 1),
             group_score=parts["group_score"] or "top2sum",
+            norm_eps=float(parts["norm_eps"] or SIGMOID_NORM_EPS),
         )
     except ValueError as exc:
         raise RoutingError(f"weight_rule {weight_rule!r} has a malformed number") from exc
@@ -157,17 +193,21 @@ def selection_scores(
 ) -> torch.Tensor:
     """The scores experts are ranked by under ``weight_rule`` (any leading shape).
 
-    Softmax routers rank by the logits themselves (returned unchanged). Sigmoid routers
-    rank by ``sigmoid(logit) + bias`` in float32; with groups, experts outside the
-    selected groups get :data:`MASKED_SCORE`. ``bias_XE`` broadcasts against the logits.
+    Softmax routers, and sigmoid routers without bias or groups (Llama 4, which ranks
+    its raw logits), rank by the logits themselves (returned unchanged: sigmoid is
+    monotonic, and unlike it the logits do not saturate). Other sigmoid routers rank by
+    ``sigmoid(logit) + bias`` in float32, bias-corrected softmax routers by
+    ``softmax(logits) + bias`` in float32; with groups, experts outside the selected
+    groups get :data:`MASKED_SCORE`. ``bias_XE`` broadcasts against the logits.
     """
     rule = parse_rule(weight_rule)
-    if rule.scoring == "softmax" and rule.groups == 1:
+    if rule.groups == 1 and not rule.bias:
         return router_logits_XE
-    if rule.scoring == "softmax":
+    if rule.scoring == "softmax" and not rule.bias:
         scores = router_logits_XE
     else:
-        scores = router_logits_XE.to(torch.float32).sigmoid()
+        logits_XE = router_logits_XE.to(torch.float32)
+        scores = logits_XE.sigmoid() if rule.scoring == "sigmoid" else logits_XE.softmax(-1)
         if rule.bias:
             if bias_XE is None:
                 raise RoutingError(f"weight_rule {weight_rule!r} needs the routers' correction "
@@ -217,6 +257,8 @@ def topk_weights(
     """Float32 weights of the given ranked experts under ``weight_rule``: ``[..., K]``."""
     rule = parse_rule(weight_rule)
     logits_TE = router_logits_TE.to(torch.float32)
+    if rule.scoring == "sparsemixer":
+        return _sparsemixer_weights(logits_TE, expert_ids_TK, rule.jitter_eps)
     if rule.scoring == "softmax":
         weights_TK = torch.gather(torch.softmax(logits_TE, dim=-1), -1, expert_ids_TK)
         if rule.normalize:
@@ -224,10 +266,28 @@ def topk_weights(
     else:
         weights_TK = torch.gather(logits_TE.sigmoid(), -1, expert_ids_TK)
         if rule.normalize:
-            weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + 1e-20)
+            weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + rule.norm_eps)
     if rule.scale != 1.0:
         weights_TK = weights_TK * rule.scale
     return weights_TK
+
+
+def _sparsemixer_weights(
+    logits_TE: torch.Tensor, expert_ids_TK: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """PhiMoE's inference multipliers, rank by rank, with its own arithmetic: experts
+    ranked before r and those beyond the relative gap of r's logit are masked to -inf,
+    and r's weight is its softmax probability over the rest."""
+    columns = []
+    for rank in range(expert_ids_TK.shape[-1]):
+        chosen_T1 = expert_ids_TK[..., rank:rank + 1]
+        top_T1 = torch.gather(logits_TE, -1, chosen_T1)
+        factor_TE = logits_TE.abs().clamp(min=top_T1)
+        drop_TE = ((top_T1 - logits_TE) / factor_TE) > (2 * eps)
+        masked_TE = logits_TE.masked_fill(drop_TE, float("-inf"))
+        masked_TE = masked_TE.scatter(-1, expert_ids_TK[..., :rank], float("-inf"))
+        columns.append(torch.gather(torch.softmax(masked_TE, dim=-1), -1, chosen_T1))
+    return torch.cat(columns, dim=-1)
 
 
 def topk_with_tie_break(

@@ -1,10 +1,11 @@
 """KV-cache plumbing shared by candidate replay and teacher self-drafting.
 
-The committed prefix is prefilled ONCE with ``use_cache=True`` (a ``DynamicCache`` built
-from the model config: for Qwen3-Next it holds the gated delta-net conv / recurrent
-states and the full-attention KV), then the cache is expanded across the W candidate
-paths (``reorder_cache`` with index 0 repeated W times: every path continues from the
-same state) and the paths run as one ``[W, B]`` block with explicit positions. A tree
+The committed prefix is prefilled ONCE with ``use_cache=True`` (the adapter's
+``new_cache``: a ``DynamicCache`` built from the model config unless the family needs
+its own; for Qwen3-Next it holds the gated delta-net conv / recurrent states and the
+full-attention KV), then the cache is expanded across the W candidate paths
+(``reorder_cache`` with index 0 repeated W times: every path continues from the same
+state) and the paths run as one ``[W, B]`` block with explicit positions. A tree
 attention mask is not used: Qwen3-Next's linear-attention layers carry recurrent state
 along a row, which a mask cannot branch.
 
@@ -24,10 +25,8 @@ from hebrus_flywheel.replay.teacher import Teacher
 def prefill_prefix(teacher: Teacher, prefix_ids: list[int], first_ordinal: int) -> tuple[
         Any, torch.Tensor]:
     """``(cache, logits_V)``: the prefix's cache and its last position's float32 logits."""
-    from transformers import DynamicCache
-
     model = teacher.model
-    cache = DynamicCache(config=model.config)
+    cache = teacher.adapter.new_cache(model)
     device = model.device
     ids = torch.tensor([prefix_ids], dtype=torch.long, device=device)
     positions = torch.arange(first_ordinal, first_ordinal + len(prefix_ids),

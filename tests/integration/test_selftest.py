@@ -60,7 +60,8 @@ def test_selftest_passes_with_exact_parity(
     lines: list[dict[str, Any]] = []
     config = SelftestConfig(teacher=_teacher(teachers, family), bootstrap=kafka_bootstrap,
                             work_dir=tmp_path / "run", namespace=private_namespace("it-"),
-                            threads=THREADS)
+                            threads=THREADS,
+                            execution=Execution(attention=FAMILIES[family].attention))
     verdict = run_selftest(config, emit=lines.append)
     assert verdict["selftest"] == "passed", verdict
     assert verdict["family"] == family

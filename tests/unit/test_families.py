@@ -12,6 +12,7 @@ For each family of :data:`replay.families.FAMILIES` a tiny checkpoint is generat
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ from hebrus_flywheel.replay.routing import (
     topk_with_tie_break,
 )
 from hebrus_flywheel.replay.runtime_identity import build_runtime_identity
-from hebrus_flywheel.replay.teacher import artifact_digest, init_teacher, load_teacher
+from hebrus_flywheel.replay.teacher import Teacher, artifact_digest, init_teacher, load_teacher
 from tests.unit.test_decode import assert_parity
 from tests.unit.test_parity import decode_windows
 
@@ -42,8 +43,28 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "deepseek_v3": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "deepseek_v2": ((1, 2, 3), 32, 4, "softmax_group2of4_max_topk_x1.5"),
     "glm4_moe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
+    "gpt_oss": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "granitemoe": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "granitemoeshared": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "minimax": ((0, 1, 2, 3), 8, 2, "softmax_topk_renormalized"),
+    "phimoe": ((0, 1, 2, 3), 16, 2, "sparsemixer_eps0.01_topk"),
+    "llama4_text": ((1, 3), 16, 2, "sigmoid_topk"),
+    "dots1": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.0"),
+    "ernie4_5_moe": ((1, 2, 3), 16, 4, "softmax+bias_topk_renormalized"),
+    "qwen3_5_moe_text": ((0, 1, 2, 3), 32, 4, "softmax_topk_renormalized"),
+    "flex_olmo": ((0, 1, 2, 3), 16, 4, "softmax_topk"),
+    "deepseek_v32": ((1, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "glm4_moe_lite": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x1.8"),
+    "lfm2_moe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_eps1e-06"),
+    "hy_v3": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
+    "exaone_moe": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "jamba": ((1, 3), 16, 2, "softmax_topk"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
+# gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
+# gates sum their top-k in torch.topk(sorted=False) order, so they agree only to rounding
+BITWISE_WEIGHTS = {"lfm2_moe", "phimoe", "ernie4_5_moe", "llama4_text", "mixtral", "minimax",
+                   "qwen3_moe"}
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +73,18 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: init_teacher(base / name, family=name, seed=1) for name in EXPECTED}
 
 
+def _load(family: str, path: Path, **kwargs: Any) -> Teacher:
+    """Load with the family's own attention kernel (GPT-OSS has no sdpa path)."""
+    return load_teacher(path, attention=FAMILIES[family].attention, **kwargs)
+
+
 def test_every_generator_is_tested() -> None:
     assert set(FAMILIES) == {*EXPECTED, "qwen3_next"}
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
 def test_family_geometry_and_routed_layer_map(family: str, family_dirs: dict[str, Path]) -> None:
-    teacher = load_teacher(family_dirs[family])
+    teacher = _load(family, family_dirs[family])
     g = teacher.geometry
     assert (g.routed_layers, g.expert_count, g.top_k, g.weight_rule) == EXPECTED[family]
     identity = build_runtime_identity(teacher)
@@ -70,7 +96,7 @@ def test_family_geometry_and_routed_layer_map(family: str, family_dirs: dict[str
 def test_rule_selects_what_the_native_gate_executed(
     family: str, family_dirs: dict[str, Path]
 ) -> None:
-    native = load_teacher(family_dirs[family], exact_tie_break=False)
+    native = _load(family, family_dirs[family], exact_tie_break=False)
     ids_BT = torch.tensor([PREFIX * 3])
     routes = native.forward_routes(ids_BT)
     assert routes.executed_ids_BTLK is not None
@@ -79,9 +105,71 @@ def test_rule_selects_what_the_native_gate_executed(
     assert torch.equal(ids.sort(-1).values, executed.sort(-1).values)
 
 
+def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[Any, ...]:
+    """``(logits, weights, ids)`` of the first routed layer's selection for ``hidden_NH``."""
+    layer = teacher.adapter.decoder_layers(teacher.model)[teacher.geometry.routed_layers[0]]
+    gate = teacher.adapter.router(layer)
+    # LFM2-MoE's and HY-V3's blocks hand their bias to the gate as an argument
+    extra = (teacher.adapter.layer_bias(layer),) if family in ("lfm2_moe", "hy_v3") else ()
+    with torch.no_grad():
+        if family == "jamba":  # a bare Linear router; its block selects
+            logits = gate(hidden_NH)
+            ids, weights = layer.feed_forward.route_tokens_to_experts(hidden_NH, logits)
+            return logits, weights, ids
+        return teacher.adapter.split_router_output(gate(hidden_NH, *extra),
+                                                   teacher.geometry.top_k)
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_exact_gate_reads_and_returns_what_the_native_gate_does(
+    family: str, family_dirs: dict[str, Path]
+) -> None:
+    """The replaced gate computes the native logits bit for bit (logit bias, float32 or
+    upcast included), returns its outputs in the native order (else the MoE block would
+    run other experts) and executes the rule's experts with the native weights."""
+    native = _load(family, family_dirs[family], exact_tie_break=False)
+    exact = _load(family, family_dirs[family])
+    ids_BT = torch.tensor([PREFIX * 3])
+    want, got = native.forward_routes(ids_BT), exact.forward_routes(ids_BT)
+    assert torch.equal(want.router_logits_BTLE[:, :, 0], got.router_logits_BTLE[:, :, 0])
+    assert got.executed_ids_BTLK is not None and want.executed_ids_BTLK is not None
+    assert torch.equal(got.executed_ids_BTLK, exact.route(got.router_logits_BTLE)[0])
+    assert torch.equal(got.executed_ids_BTLK.sort(-1).values,
+                       want.executed_ids_BTLK.sort(-1).values)
+    hidden_NH = torch.randn(5, native.geometry.hidden_size)
+    native_out = _call_gate(native, family, hidden_NH)
+    exact_out = _call_gate(exact, family, hidden_NH)
+    assert torch.equal(native_out[0], exact_out[0])
+    experts = native.geometry.expert_count
+    dense_native = torch.zeros(5, experts).scatter(1, native_out[2], native_out[1].float())
+    dense_exact = torch.zeros(5, experts).scatter(1, exact_out[2], exact_out[1].float())
+    assert torch.equal(dense_native > 0, dense_exact > 0)
+    assert torch.allclose(dense_native, dense_exact, rtol=1e-5, atol=1e-6)
+    if family in BITWISE_WEIGHTS:
+        assert torch.equal(dense_native, dense_exact)
+    assert native_out[1].dtype == exact_out[1].dtype
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_pre_attention_state_is_the_residual_stream_entering_the_layer(
+    family: str, family_dirs: dict[str, Path]
+) -> None:
+    """The captured feature of routed layer l is the model's own hidden_states[l] (the
+    input of layer l), also for post-norm families without an input_layernorm."""
+    teacher = _load(family, family_dirs[family])
+    ids_BT = torch.tensor([PREFIX])
+    routes = teacher.forward_routes(ids_BT, capture_hidden=True)
+    with torch.inference_mode():
+        states = teacher.model(input_ids=ids_BT, use_cache=False,
+                               output_hidden_states=True).hidden_states
+    assert routes.hidden_BTLH is not None
+    for slot, index in enumerate(teacher.geometry.routed_layers):
+        assert torch.equal(routes.hidden_BTLH[:, :, slot], states[index]), (slot, index)
+
+
 @pytest.mark.parametrize("family", sorted(EXPECTED))
 def test_decode_prefill_parity(family: str, family_dirs: dict[str, Path]) -> None:
-    teacher = load_teacher(family_dirs[family])
+    teacher = _load(family, family_dirs[family])
     runtime = DecodeRuntime(teacher)
     sampling = SamplingConfig(temperature=1.0, seed=1, max_new_tokens=30, stop_at_eos=False)
     assert_parity(teacher, PREFIX, runtime.decode_turn(PREFIX, sampling=sampling))
@@ -94,7 +182,7 @@ def test_prefill_replayer_reaches_parity_with_decode(
 ) -> None:
     """The replay path proper (padded batches, explicit masks and positions), which is
     where Qwen2-MoE's unused ``sliding_window=0`` once broke the mask."""
-    teacher = load_teacher(family_dirs[family])
+    teacher = _load(family, family_dirs[family])
     replayer = PrefillReplayer(teacher)
     result = run_parity(replayer, decode_windows(teacher, replayer.identity_id))
     assert result.authoritative and result.mismatched_pairs == 0, result.to_json()
@@ -115,12 +203,40 @@ def test_unknown_family_names_the_choices() -> None:
 def test_rule_names_round_trip() -> None:
     for rule in (RouterRule(), RouterRule(normalize=False, scale=1.5, groups=8, topk_groups=3,
                                           group_score="max"),
-                 RouterRule(scoring="sigmoid", bias=True, groups=4, topk_groups=2, scale=2.5)):
+                 RouterRule(scoring="sigmoid", bias=True, groups=4, topk_groups=2, scale=2.5),
+                 RouterRule(scoring="sigmoid", bias=True, norm_eps=1e-6, scale=1.5)):
         assert parse_rule(rule.name) == rule
     with pytest.raises(RoutingError, match="weight_rule"):
         parse_rule("sigmoid")
     with pytest.raises(RoutingError, match="bias"):
-        RouterRule(bias=True)
+        RouterRule(scoring="sparsemixer", normalize=False, bias=True)
+
+
+def test_sparsemixer_rule_is_phimoes_own_arithmetic() -> None:
+    """Bitwise PhiMoE's inference sparsemixer, on logits close enough that the relative
+    gap keeps several experts in each softmax (else every weight is 1)."""
+    from transformers.models.phimoe.modeling_phimoe import sparsemixer
+
+    rule = RouterRule(scoring="sparsemixer", normalize=False, jitter_eps=0.01)
+    assert rule.name == "sparsemixer_eps0.01_topk" and parse_rule(rule.name) == rule
+    logits_TE = 5.0 + 0.1 * torch.randn(500, 16, generator=torch.Generator().manual_seed(0))
+    weights, ids = sparsemixer(logits_TE, jitter_eps=0.01, training=False, top_k=2)
+    got_ids, got_weights = topk_with_tie_break(logits_TE, 2, weight_rule=rule.name)
+    assert torch.equal(got_ids, ids) and torch.equal(got_weights, weights)
+    assert float(got_weights.min()) > 0.0 and float(got_weights.max()) < 1.0 + 1e-6
+    assert (got_weights < 0.99).float().mean() > 0.5
+    with pytest.raises(RoutingError, match="sparsemixer"):
+        RouterRule(scoring="sparsemixer", normalize=True, jitter_eps=0.01)
+
+
+def test_phimoe_refuses_a_top_k_other_than_two() -> None:
+    from transformers import PhimoeConfig
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+    from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="two experts"):
+        adapter_for("phimoe").geometry(PhimoeConfig(num_experts_per_tok=3))
 
 
 def test_bias_changes_selection_but_not_weights() -> None:
@@ -131,6 +247,18 @@ def test_bias_changes_selection_but_not_weights() -> None:
     assert ids.tolist() == [[3, 0]]
     expected = torch.sigmoid(torch.tensor([-1.0, 2.0]))
     assert torch.allclose(weights[0], expected / expected.sum())
+
+
+def test_softmax_bias_ranks_probabilities_plus_bias() -> None:
+    """ERNIE-4.5-MoE: the bias is added to the softmax PROBABILITY, not the logit (a
+    logit-space bias of 0.5 would not lift expert 3 above expert 1 here)."""
+    logits_TE = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    bias_E = torch.tensor([0.0, 0.0, 0.0, 0.5])
+    ids, weights = topk_with_tie_break(logits_TE, 2, weight_rule="softmax+bias_topk_renormalized",
+                                       bias_TE=bias_E)
+    assert ids.tolist() == [[0, 3]]
+    probs = torch.softmax(logits_TE[0], -1)[[0, 3]]
+    assert torch.allclose(weights[0], probs / probs.sum())
 
 
 def test_groups_mask_experts_outside_the_best_groups() -> None:
