@@ -180,7 +180,9 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
             emit("rss_sample_mib", rss / MIB, t_s=round(time.monotonic() - started, 1),
                  observations_applied=applied, records_committed=processed,
                  records_published=end)
-            if done.is_set() and end >= total and processed >= end:
+            # every record published is committed and every observation applied (end
+            # and processed count records: a chunk carries many observations)
+            if done.is_set() and processed >= end and applied >= total:
                 break
             if args.max_seconds and time.monotonic() - started > args.max_seconds:
                 print(f"soak: --max-seconds {args.max_seconds:g} reached with {applied} of "

@@ -42,8 +42,20 @@ SCHEME = "sealed-rocksdb"
 STORE_URL = f"{SCHEME}://"
 """The store URL of the processor tables (registered with faust on import)."""
 STORES.aliases[SCHEME] = f"{__name__}:SealedRocksDBStore"
-ROCKSDB_OPTIONS = {"driver": "rocksdict"}
-"""Table ``options`` for this store: the rocksdict driver (RocksDB 8)."""
+MIB = 1024 * 1024
+ROCKSDB_OPTIONS = {
+    "driver": "rocksdict",
+    "write_buffer_size": 8 * MIB,
+    "max_write_buffer_number": 2,
+    "target_file_size_base": 16 * MIB,
+    "block_cache_size": 8 * MIB,
+}
+"""Table ``options`` for this store: the rocksdict driver (RocksDB 8) with its memory
+bounded. faust's defaults give every partition's database 3 memtables of 64 MiB and a
+2 GiB block cache, so one worker's resident set could grow by gigabytes (12 capture
+partitions) before RocksDB flushed: ``bench/soak.py`` grew about 400 MiB per million
+observations. Here each database holds at most 2 x 8 MiB of memtables and an 8 MiB cache
+(the values are read back once, when their thread completes, mostly from the memtable)."""
 CACHED_KINDS = ("h", "c")
 """Key kinds whose last values are also kept opened in memory (thread headers and
 producer counters: small, read back by every record of their thread or producer)."""
