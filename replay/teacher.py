@@ -436,7 +436,12 @@ def _load_model(path: Path, torch_dtype: torch.dtype, experts_implementation: st
                 attn_implementation=execution.attention,
             )
     except (OSError, ValueError) as exc:
-        raise TeacherError(f"transformers cannot load the checkpoint in {path}: {exc}") from None
+        hint = ""
+        if execution.attention == "sdpa" and "scaled_dot_product_attention" in str(exc):
+            hint = ("; this family has no sdpa attention in transformers: run with "
+                    "--attention eager (e.g. gpt_oss, `flywheel teacher families`)")
+        raise TeacherError(f"transformers cannot load the checkpoint in {path}: {exc}{hint}"
+                           ) from None
     return cast(Any, model).to(execution.device)  # transformers types .to oddly
 
 
