@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
@@ -68,12 +69,25 @@ def test_catalogue_topics_get_three_replicas_and_min_isr_two(cluster: LocalClust
     admin = cluster.admin_config()
     specs = catalogue(PREFIX)
     create_topics(admin, specs)
-    view = cluster_view(admin, prefix=PREFIX)
+    view = _settled_view(admin)
     assert {p.topic for p in view.partitions} == {s.name for s in specs}
     assert all(len(p.replicas) == 3 and len(p.isr) == 3 for p in view.partitions)
     assert view.brokers == (1, 2, 3)
     infos = describe_topics(admin, [s.name for s in specs])
     assert {i.configs.get("min.insync.replicas") for i in infos.values()} == {"2"}
+
+
+def _settled_view(admin: kafka.KafkaClientConfig, timeout_s: float = 60.0) -> Any:
+    """The cluster's view once every node is registered and every new partition's
+    replicas are all in sync (a loaded machine can take a few seconds after creation),
+    or whatever it is at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        view = cluster_view(admin, prefix=PREFIX)
+        settled = view.brokers == (1, 2, 3) and all(len(p.isr) == 3 for p in view.partitions)
+        if settled or time.monotonic() > deadline:
+            return view
+        time.sleep(1.0)
 
 
 def test_every_node_refuses_plaintext_and_denies_what_no_acl_allows(
