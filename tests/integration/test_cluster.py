@@ -69,7 +69,7 @@ def test_catalogue_topics_get_three_replicas_and_min_isr_two(cluster: LocalClust
     admin = cluster.admin_config()
     specs = catalogue(PREFIX)
     create_topics(admin, specs)
-    view = _settled_view(admin)
+    view = _settled_view(admin, {s.name for s in specs})
     assert {p.topic for p in view.partitions} == {s.name for s in specs}
     assert all(len(p.replicas) == 3 and len(p.isr) == 3 for p in view.partitions)
     assert view.brokers == (1, 2, 3)
@@ -77,14 +77,17 @@ def test_catalogue_topics_get_three_replicas_and_min_isr_two(cluster: LocalClust
     assert {i.configs.get("min.insync.replicas") for i in infos.values()} == {"2"}
 
 
-def _settled_view(admin: kafka.KafkaClientConfig, timeout_s: float = 60.0) -> Any:
-    """The cluster's view once every node is registered and every new partition's
-    replicas are all in sync (a loaded machine can take a few seconds after creation),
-    or whatever it is at the deadline."""
+def _settled_view(admin: kafka.KafkaClientConfig, topics: set[str],
+                  timeout_s: float = 60.0) -> Any:
+    """The cluster's view once every node is registered, the node asked knows every new
+    topic and every new partition's replicas are all in sync, or whatever it is at the
+    deadline: right after creation the node answering may not have the new topics in its
+    metadata yet (a fresh-clone CI run saw none of them)."""
     deadline = time.monotonic() + timeout_s
     while True:
         view = cluster_view(admin, prefix=PREFIX)
-        settled = view.brokers == (1, 2, 3) and all(len(p.isr) == 3 for p in view.partitions)
+        settled = (view.brokers == (1, 2, 3) and {p.topic for p in view.partitions} == topics
+                   and all(len(p.isr) == 3 for p in view.partitions))
         if settled or time.monotonic() > deadline:
             return view
         time.sleep(1.0)
