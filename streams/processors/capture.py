@@ -279,8 +279,9 @@ class CaptureStage:
             del self.store[key]  # a tombstone: a restored worker does not see it again
             self.counters.inc("expiry", f"headers_{header['status']}")
             return None
-        if header["last_ms"] > now_ms - self._wait_ms(header):
-            return int(header["last_ms"]) + self._wait_ms(header)
+        wait = self._wait_ms(header)
+        if header["last_ms"] > now_ms - wait:
+            return int(header["last_ms"]) + wait
         if header["status"] == "ready":
             self.counters.inc("assemble", "summaries_repeated")
             emits.extend(Emit(*e) for e in header["outbox"])
