@@ -8,6 +8,14 @@ field is cut to its bound in :mod:`streams.limits`, and each cut is listed in
 ``max.message.bytes`` and, should it still not fit, sends a reference-only record
 instead (source coordinates, value size and SHA-256, reason). So a hostile record can
 be quarantined however large its value, key, headers or strings are.
+
+Quarantine is metadata-only unless the record's content is sealed: :func:`bound` copies
+value bytes, key and headers only from records of a schema whose user content is
+encrypted under an owner's data key (so an erasure makes them unreadable, like every
+other copy) or that carries none (a runtime identity). An undecodable record, or an
+old unsealed version, may hold plaintext token ids or raw ids nobody could erase: it is
+kept as a reference (where it is in the capture topic, its size and SHA-256), and the
+capture topic's own retention bounds the original.
 """
 
 from __future__ import annotations
@@ -27,6 +35,24 @@ _STRING_BOUNDS = {
     "producer_id": limits.ID_MAX_BYTES,
     "schema": limits.ID_MAX_BYTES,
 }
+
+
+CONTENT_KEPT_SCHEMAS: frozenset[str] = frozenset({
+    "TranscriptTurn.v2", "RouteObservation.v3", "RouteObservationChunk.v1", "Window.v2",
+    "RuntimeIdentity.v1", "RuntimeIdentity.v2", "RuntimeIdentity.v3",
+})
+"""Schemas (short name and version) whose quarantined bytes may be kept: sealed capture
+and window versions, and runtime identities (no user content)."""
+NOT_SEALED_WHY = "content not sealed under an owner key: metadata only"
+
+
+def keeps_content(schema: object) -> bool:
+    """Whether a quarantined record of writer schema ``schema`` (a ``SchemaKey``, its
+    string, or None when the value did not decode) may keep its bytes."""
+    if schema is None:
+        return False
+    short = ".".join(str(schema).rsplit(".", 2)[-2:])
+    return short in CONTENT_KEPT_SCHEMAS
 
 
 class Encoded(NamedTuple):
@@ -77,7 +103,10 @@ def bound(record: Mapping[str, Any], *,
           max_value_bytes: int = limits.QUARANTINE_VALUE_MAX_BYTES) -> dict[str, Any]:
     """``record`` (a QuarantineRecord dict whose ``value`` is the full original) with
     every copied field cut to its bound; ``value_size``/``value_sha256`` keep the full
-    value's size and digest, ``cuts`` lists every other field that was cut."""
+    value's size and digest, ``cuts`` lists every other field that was cut. A record
+    whose content is not sealed (:func:`keeps_content`) becomes its :func:`reference`."""
+    if not record.get("reference_only") and not keeps_content(record.get("schema")):
+        return reference(record, NOT_SEALED_WHY)
     rec = dict(record)
     cuts: list[dict[str, Any]] = list(rec.get("cuts") or ())
     raw = bytes(rec.get("value") or b"")

@@ -1,5 +1,6 @@
 """Quarantine records always fit: every copied field is cut (size and SHA-256 kept), the
-encoded record is size-checked, and a record that would not fit becomes a reference."""
+encoded record is size-checked, and a record that would not fit becomes a reference.
+Only sealed content is copied at all: an undecodable or unsealed record is metadata-only."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def hostile(**fields: Any) -> dict[str, Any]:
         headers=[(f"h{i}", b"x" * 5000) for i in range(40)],
         record={"owner": "o" * BIG, "thread": "t" * BIG, "generation": 3,
                 "producer_id": "p" * BIG, **fields},
-        schema="hebrus.flywheel.v1.RouteObservation.v2",
+        schema="hebrus.flywheel.v1.RouteObservation.v3",
         config=ValidateConfig(),
     )
 
@@ -113,7 +114,8 @@ def test_stage_quarantines_the_two_hostile_records_within_bounds() -> None:
 
 def test_replay_intake_quarantine_is_cut_too() -> None:
     verdict = Verdict(window={"owner": "o" * BIG, "thread": "t", "generation": 1},
-                      reason="token_id_out_of_range", detail="x" * 9000)
+                      reason="token_id_out_of_range", detail="x" * 9000,
+                      schema="hebrus.flywheel.v1.Window.v2")
     rec = replay_quarantine_record(verdict, ReplaySource(topic="w", partition=0, offset=5),
                                    value=b"v" * 1_200_000, key=b"k" * BIG, headers=None,
                                    max_value_bytes=1 << 20)
@@ -127,7 +129,34 @@ def test_catalogue_sets_the_quarantine_topic_size_explicitly() -> None:
     assert spec.topic_configs()["max.message.bytes"] == str(limits.QUARANTINE_MAX_MESSAGE_BYTES)
 
 
-def test_small_value_is_copied_whole() -> None:
-    rec = quarantine_record(source=SourceRef("t", 0, 0), rejection=Rejection("undecodable", "x"),
-                            value=b"abc", config=ValidateConfig())
+def test_small_sealed_value_is_copied_whole() -> None:
+    rec = quarantine_record(source=SourceRef("t", 0, 0), rejection=Rejection("oversized", "x"),
+                            value=b"abc", schema="hebrus.flywheel.v1.TranscriptTurn.v2",
+                            config=ValidateConfig())
     assert rec["value"] == b"abc" and rec["cuts"] == [] and not rec["value_truncated"]
+
+
+def test_undecodable_value_is_kept_as_a_reference_only() -> None:
+    plaintext = b"owner-alice/thread-7 token ids 1234 5678"
+    rec = quarantine_record(source=SourceRef("t", 1, 9), rejection=Rejection("undecodable", "x"),
+                            value=plaintext, key=b"owner-alice/thread-7",
+                            headers=[("h", b"owner-alice")], config=ValidateConfig())
+    assert rec["reference_only"] and rec["value"] == b"" and rec["source_key"] is None
+    assert rec["source_headers"] == [] and rec["owner"] is None
+    assert rec["value_size"] == len(plaintext)
+    assert rec["value_sha256"] == hashlib.sha256(plaintext).hexdigest()
+    assert quarantine.NOT_SEALED_WHY in rec["detail"] and rec["reason"] == "undecodable"
+    out = quarantine.encode(rec)
+    assert b"alice" not in out.value + out.key + b"".join(v for _, v in out.headers)
+
+
+def test_unsealed_schema_is_metadata_only_whatever_the_reason() -> None:
+    for schema in ("hebrus.flywheel.v1.RouteObservation.v2", "hebrus.flywheel.v1.Window.v1",
+                   "TranscriptTurn.v1"):
+        rec = quarantine_record(
+            source=SourceRef("t", 0, 3), rejection=Rejection("field_too_long", "x"),
+            value=b"plain", record={"owner": "owner-bob", "thread": "t1"}, schema=schema,
+            config=ValidateConfig())
+        assert rec["reference_only"] and rec["value"] == b"" and rec["owner"] is None, schema
+    assert quarantine.keeps_content("hebrus.flywheel.v1.RuntimeIdentity.v3")
+    assert not quarantine.keeps_content(None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import random
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,9 @@ def test_unknown_fingerprint() -> None:
     sc.send("observations", KEY, value=forged)
     assert reasons(sc) == ["unknown_fingerprint"]
     q = sc.pipeline.quarantined[0]
-    assert q["value"] == forged and q["source_offset"] == 0 and not q["value_truncated"]
+    # not decoded, so not known to be sealed: where it is and its digest, no bytes
+    assert q["value"] == b"" and q["reference_only"] and q["source_offset"] == 0
+    assert q["value_sha256"] == hashlib.sha256(forged).hexdigest()
 
 
 @pytest.mark.parametrize("value", [b"garbage", b"\xc3\x01"])
@@ -114,7 +117,7 @@ def test_oversized() -> None:
     sc.send("observations", KEY, record)
     assert reasons(sc)[-1] == "oversized"  # (the identity record is oversized here too)
     q = sc.pipeline.quarantined[-1]
-    assert q["value_truncated"] and len(q["value"]) == 50 and q["value_size"] > 200
+    assert q["reference_only"] and q["value"] == b"" and q["value_size"] > 200
 
 
 @pytest.mark.parametrize("headers", [[("h", b"x" * 900_000)],

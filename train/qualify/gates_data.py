@@ -369,8 +369,10 @@ def _authorization_check(integrity: IntegrityEvidence, config: IntegrityGateConf
                           threshold=threshold, required=config.require_authorization)
     figure = (f"consent ledger {c.ledger} at seal: {c.rows_granted} of {c.rows} rows granted "
               f"(fraction {c.authorized_fraction:.4f}), {c.owners_refused} of {c.owners} owners "
-              "refused; records refused upstream (no_consent): "
+              "refused; records that reached Kafka without a grant (quarantined "
+              "no_consent by the stream workers): "
               + ("not measured" if c.refused_records is None else str(c.refused_records))
+              + " (a publisher's refusals never reach Kafka: the runtime counts them)"
               + ("" if a is None else f"; deletion supported {_yes(a.deletion_supported)} "
                  f"({drill_summary(a.erasure_drill)})"))
     if c.rows_granted < c.rows:
