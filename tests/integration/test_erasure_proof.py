@@ -1,41 +1,46 @@
 """Proof by scan over the whole pipeline (issue 13).
 
-A real capture of synthetic threads (the runtime publisher pseudonymizes and seals),
-the stream worker, the replay worker, the seal with its parity gate, verify and one
-training step run on a private namespace (``flywheel selftest``). Then one owner is
-erased with ``flywheel erase --owner RAW``, and every byte of the run (dataset,
-checkpoint, logs, the erasure's home) and of the broker's log directories of every
-topic of the run (capture, windows, quarantine, internal, changelog, consent) is
-scanned for a canary: eight consecutive token ids that only that owner's threads
-contain, in every plaintext form (int32/int64 little-endian, Avro zigzag, decimal
-text). 0 hits, 0 rows of the owner's pseudonym in the live snapshot, and the
-superseding snapshot verifies; the owner did have rows before, and the scanner finds the
-canary in a plaintext file, so neither check is vacuous.
+The run gets a home of its own: its own ``FLYWHEEL_HOME`` and its own broker (whose log
+directories are under that home), so "every byte" can mean every byte. In it, a real
+capture of synthetic threads (the runtime publisher pseudonymizes and seals), the stream
+worker, the replay worker, the seal with its parity gate, verify and one training step
+run (``flywheel selftest``, as a user runs it). Then one owner is erased with
+``flywheel erase --owner RAW``, and every file under the home (the broker's log
+directories of every topic: capture, windows, quarantine, internal, changelogs,
+consent; the dataset, checkpoint, worker state, logs, key stores, the erasure's
+journal) is scanned for a canary: eight consecutive token ids that only that owner's
+threads contain, in every plaintext form (int32/int64 little-endian, Avro zigzag,
+decimal text). 0 hits, 0 rows of the owner's pseudonym in the live snapshot, and the
+superseding snapshot verifies; the owner did have rows before, and the scanner finds
+the canary in a plaintext file, so neither check is vacuous.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from hebrus_flywheel.consumers.supersede import snapshot_owner_rows
 from hebrus_flywheel.core.canary import CanaryScanner
-from hebrus_flywheel.core.snapshot import default_kek_path, verify_snapshot
+from hebrus_flywheel.core.kafka.security import ROLE_ENV, role_properties_path
+from hebrus_flywheel.core.privacy.keystore import LocalOwnerKeyStore
+from hebrus_flywheel.core.privacy.pseudonyms import Pseudonymizer
+from hebrus_flywheel.core.settings import BOOTSTRAP_ENV, HOME_ENV, KAFKA_CONFIG_ENV, PORT_ENV
+from hebrus_flywheel.core.snapshot.keys import KEK_FILE_ENV
 from hebrus_flywheel.replay.capture import load_threads
 from hebrus_flywheel.replay.render import render_thread
 from hebrus_flywheel.replay.teacher import init_teacher
 from hebrus_flywheel.replay.tokenizer import load_tokenizer
-from hebrus_flywheel.selftest import SelftestConfig, private_namespace, run_selftest
-from hebrus_flywheel.streams.broker import BrokerConfig
+from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker
 from tests.support.planted import make_writable
-from tests.support.sealing import owner_pseudonym
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -60,47 +65,79 @@ def unique_canary(teacher: Path) -> tuple[str, list[int]]:
     raise AssertionError(f"owner {owner} has no token run of its own")
 
 
-def test_erased_owner_leaves_no_plaintext_and_no_live_rows(kafka_bootstrap: str,
-                                                           tmp_path: Path) -> None:
-    teacher = tmp_path / "teacher"
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture()
+def own_home(tmp_path: Path, kafka_bootstrap: str) -> Iterator[tuple[Path, str, dict[str, str]]]:
+    """(home, bootstrap, env): a FLYWHEEL_HOME with its own broker (the session broker's
+    jars, nothing else shared) and the environment a command run in it gets."""
+    home = tmp_path / "home"
+    port = _free_port()
+    broker = EmbeddedBroker(BrokerConfig(home=home, port=port, controller_port=_free_port(),
+                                         heap_mb=512, libs_dir=BrokerConfig().jars_dir))
+    broker.up()
+    shared = (BOOTSTRAP_ENV, KAFKA_CONFIG_ENV, ROLE_ENV, KEK_FILE_ENV, "FLYWHEEL_OWNER_KEYS")
+    env = {k: v for k, v in os.environ.items() if k not in shared}
+    env.update({HOME_ENV: str(home), PORT_ENV: str(port),
+                KAFKA_CONFIG_ENV: str(role_properties_path("admin", home))})
+    try:
+        yield home, broker.config.bootstrap, env
+    finally:
+        broker.down()
+
+
+def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "hebrus_flywheel.cli", *argv], env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, f"{argv[0]} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    return done
+
+
+def test_erased_owner_leaves_no_plaintext_in_its_home_and_no_live_rows(
+        own_home: tuple[Path, str, dict[str, str]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    home, bootstrap, env = own_home
+    monkeypatch.setenv(KEK_FILE_ENV, str(home / "keys" / "snapshot-kek.json"))  # row counts
+    teacher = tmp_path / "teacher"  # the model, not user data: outside the scanned home
     init_teacher(teacher, family="qwen3_moe", seed=2)
-    namespace = private_namespace("it-erasure-")
-    run_dir = tmp_path / "run"
-    lines: list[dict[str, Any]] = []
-    verdict = run_selftest(SelftestConfig(
-        teacher=teacher, bootstrap=kafka_bootstrap, work_dir=run_dir, namespace=namespace,
-        threads=THREADS, seed=SEED, keep_topics=True), emit=lines.append)
+    run_dir = home / "run"
+    done = _run(["selftest", "--teacher", str(teacher), "--threads", str(THREADS), "--seed",
+                 str(SEED), "--work-dir", str(run_dir), "--keep-topics",
+                 "--bootstrap-servers", bootstrap], env)
+    verdict = json.loads(done.stdout.strip().splitlines()[-1])
     assert verdict["selftest"] == "passed", verdict
     raw_owner, canary = unique_canary(teacher)
-    owner = owner_pseudonym(raw_owner)
+    owner = Pseudonymizer(LocalOwnerKeyStore(home / "keys" / "owners")).owner(raw_owner)
     epoch = run_dir / "dataset" / "epoch=0"
     before, total = snapshot_owner_rows(epoch, owner)
     assert before > 0, f"owner {owner} has no rows in the sealed snapshot"
 
-    env = {**os.environ, "FLYWHEEL_HOME": str(tmp_path / "erase-home"),
-           "FLYWHEEL_KEK_FILE": str(default_kek_path())}  # the key the run sealed with
-    done = subprocess.run(
-        [sys.executable, "-m", "hebrus_flywheel.cli", "erase", "--owner", raw_owner,
-         "--dataset", str(run_dir / "dataset"), "--checkpoints", str(run_dir / "checkpoint"),
-         "--grace", "0", "--bootstrap-servers", kafka_bootstrap, "--changelog-prefix",
-         namespace, "--json"], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run(["erase", "--owner", raw_owner, "--dataset", str(run_dir / "dataset"),
+                 "--checkpoints", str(run_dir / "checkpoint"), "--grace", "0",
+                 "--bootstrap-servers", bootstrap, "--changelog-prefix",
+                 verdict["namespace"], "--json"], env)
     receipt = json.loads(done.stdout)
     try:
         assert receipt["owner"] == owner and raw_owner not in done.stdout
         assert receipt["owner_rows_after"] == 0
         assert snapshot_owner_rows(epoch, owner) == (0, total - before)
-        verify_snapshot(epoch, keys=True)  # the superseding snapshot, now live, verifies
+        _run(["verify", str(epoch), "--keys"], env)  # the superseding snapshot, now live
 
         scanner = CanaryScanner(canary)
         plain = tmp_path / "plaintext-canary.bin"
         plain.write_bytes(b"".join(t.to_bytes(4, "little") for t in canary))
         assert scanner.scan([plain]).hits, "the scanner must see a plaintext canary"
-        topic_dirs = sorted(BrokerConfig().data_dir.glob(f"{namespace}*"))
-        assert len(topic_dirs) > 10, topic_dirs  # capture, windows, internal, changelogs
-        result = scanner.scan([run_dir, tmp_path / "erase-home", *topic_dirs])
-        print(f"erased {before} rows of {owner}; scanned {result.files} files "
-              f"({len(topic_dirs)} broker topic directories): {len(result.hits)} canary hits")
+        log_dir = BrokerConfig(home=home).data_dir
+        topic_dirs = sorted(log_dir.glob(f"{verdict['namespace']}*"))
+        assert log_dir.is_relative_to(home) and len(topic_dirs) > 10, topic_dirs
+        result = scanner.scan([home])
+        print(f"erased {before} rows of {owner}; scanned every file under the run's "
+              f"FLYWHEEL_HOME: {result.files} files ({len(topic_dirs)} broker topic "
+              f"directories of the run): {len(result.hits)} canary hits")
         assert result.files > 0 and result.unreadable == []
         assert result.hits == [], result.to_json()
     finally:
