@@ -42,6 +42,7 @@ import numpy as np
 
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.privacy.keystore import OWNER_KEYS_ENV
+from hebrus_flywheel.core.processes import exit_on_sigterm
 from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.streams.acls import grant_catalogue
 from hebrus_flywheel.streams.processors.dedup import DedupConfig
@@ -208,6 +209,7 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
 
 
 def main() -> None:
+    exit_on_sigterm()  # the finally blocks stop the workers this started
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bootstrap-servers", default=None)
     parser.add_argument("--observations", type=int, default=2_000_000)

@@ -56,6 +56,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from fastavro import schemaless_reader
 
 from hebrus_flywheel.core import kafka
+from hebrus_flywheel.core.processes import exit_on_sigterm
 from hebrus_flywheel.core.settings import bootstrap_servers
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
@@ -301,6 +302,7 @@ def _refused(bootstrap: str, topics: StreamTopics) -> bool:
 
 
 def main() -> None:
+    exit_on_sigterm()  # the finally blocks stop the workers this started
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bootstrap-servers", default=None)
     parser.add_argument("--threads", type=int, default=40)

@@ -40,3 +40,15 @@ def run_tool(cmd: list[str], *, what: str, hint: str, timeout_s: float,
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
         raise error(f"{what} failed (exit {done.returncode}):\n{tail}\n{hint}")
     return done.stdout
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise ``SystemExit(143)`` in the main thread, so ``finally`` blocks
+    run: a benchmark stopped with ``kill`` (or ``timeout``) stops the workers it started
+    instead of leaving them consuming from the broker."""
+    import signal
+
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,3 +38,20 @@ def test_a_tool_past_its_time_is_stopped_and_named() -> None:
     with pytest.raises(ToolError, match=r"sleeping did not finish within 1 s; wait less"):
         run_tool([sys.executable, "-c", "import time; time.sleep(30)"], what="sleeping",
                  hint="wait less", timeout_s=1, error=ToolError)
+
+
+def test_sigterm_runs_finally_blocks(tmp_path: Path) -> None:
+    marker = tmp_path / "stopped"
+    script = ("import sys, time\n"
+              "from hebrus_flywheel.core.processes import exit_on_sigterm\n"
+              "exit_on_sigterm()\n"
+              "try:\n"
+              "    print('ready', flush=True)\n"
+              "    time.sleep(60)\n"
+              "finally:\n"
+              f"    open({str(marker)!r}, 'w').write('workers stopped')\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert marker.read_text() == "workers stopped"
