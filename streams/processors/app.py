@@ -65,7 +65,7 @@ from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits, quarantine
 from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.owner_seal import Erased, OwnerSealer, open_fields, seal_fields
-from hebrus_flywheel.streams.processors import expiry
+from hebrus_flywheel.streams.processors import expiry, liveness
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
 from hebrus_flywheel.streams.processors.crash import crash_only_agent, crash_only_timer, on_crash
 from hebrus_flywheel.streams.processors.dedup import DedupStage
@@ -467,7 +467,7 @@ class StreamsWorker:
         for topic in (self.topics.transcripts, self.topics.observations):
             tp = TP(topic, partition)
             highwater = consumer.highwater(tp) if tp in assigned else None
-            committed = getattr(consumer, "_committed_offset", {}).get(tp)
+            committed = liveness.committed_offset(consumer, tp)
             if not expiry.caught_up(self._processed.get((topic, partition)), committed,
                                     highwater):
                 return False

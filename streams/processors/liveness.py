@@ -45,6 +45,14 @@ def agent_states(app: Any) -> Mapping[str, str]:
             for name, agent in list(app.agents.items())}
 
 
+def committed_offset(consumer: Any, tp: Any) -> int | None:
+    """The offset faust last committed for ``tp`` (None: none yet, or no consumer state).
+    faust (0.15) keeps it in the private ``Consumer._committed_offset``; this and
+    :func:`read_offsets` are the only readers of the consumer's private offset maps."""
+    committed = getattr(consumer, "_committed_offset", None)
+    return None if committed is None else committed.get(tp)
+
+
 def read_offsets(app: Any, topics: tuple[str, ...]) -> dict[tuple[str, int], int]:
     """The last offset the worker's consumer read per input partition (faust keeps it
     for its commits). Called from the watchdog thread: a copy, and nothing on failure
