@@ -43,7 +43,7 @@ def _plain(value: Any) -> Any:
 
 def load_engine(*, teacher_dir: Path | None, dtype: str, replay_options: Mapping[str, Any],
                 torch_threads: int | None, tokenizer_dir: Path | None = None,
-                teacher: Any = None, device: str = "cpu", attention: str = "sdpa"
+                teacher: Any = None, device: str = "cpu", attention: str = "auto"
                 ) -> EngineBundle:
     """Load (or reuse ``teacher``), set torch threads, build ``PrefillReplayer``."""
     import torch

@@ -116,7 +116,7 @@ class ReplayWorkerConfig:
     tokenizer_dir: Path | None = None
     dtype: str = "float32"
     device: str = "cpu"
-    attention: str = "sdpa"
+    attention: str = "auto"
     shard: ShardConfig = field(default_factory=ShardConfig)
     batch_windows: int = 8
     torch_threads: int | None = None

@@ -25,7 +25,10 @@ from hebrus_flywheel.core.errors import ConfigError
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda", "mps")
 COMPUTE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "eager")
-DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_ATTENTION = "cpu", "float32", "sdpa"
+ATTENTION_CHOICES: tuple[str, ...] = ("auto", *ATTENTION_IMPLEMENTATIONS)
+"""``auto`` resolves when the checkpoint is read: sdpa where its transformers model class
+supports it, else eager (GPT-OSS's attention sinks); only a resolved kernel is recorded."""
+DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_ATTENTION = "cpu", "float32", "auto"
 
 
 
@@ -42,8 +45,9 @@ DTYPE_OPTION: Any = typer.Option(
     DEFAULT_DTYPE, "--dtype", help="Teacher compute dtype: float32, bfloat16 or float16 "
     "(part of the runtime identity).")
 ATTENTION_OPTION: Any = typer.Option(
-    DEFAULT_ATTENTION, "--attention", help="Attention kernel: sdpa or eager (part of the "
-    "kernel path recorded in the runtime identity).")
+    DEFAULT_ATTENTION, "--attention", help="Attention kernel: auto, sdpa or eager (part of "
+    "the kernel path recorded in the runtime identity; auto: sdpa where the checkpoint's "
+    "model supports it, else eager).")
 
 
 def check_device_name(device: str, *, allow_auto: bool = False) -> str:
@@ -86,7 +90,8 @@ class Execution:
         dtype: compute dtype the weights are cast to (``float32``, ``bfloat16``,
             ``float16``).
         attention: attention implementation (``sdpa`` or ``eager``); replay needs a
-            materialised mask, which both give.
+            materialised mask, which both give. ``auto`` until the checkpoint is read
+            (:meth:`with_attention`); a kernel path needs it resolved.
     """
 
     device: str = DEFAULT_DEVICE
@@ -97,16 +102,23 @@ class Execution:
         check_device_name(self.device)
         if self.dtype not in COMPUTE_DTYPES:
             raise ConfigError(f"dtype must be one of {list(COMPUTE_DTYPES)}, got {self.dtype!r}")
-        if self.attention not in ATTENTION_IMPLEMENTATIONS:
-            raise ConfigError(f"attention must be one of {list(ATTENTION_IMPLEMENTATIONS)}, "
+        if self.attention not in ATTENTION_CHOICES:
+            raise ConfigError(f"attention must be one of {list(ATTENTION_CHOICES)}, "
                               f"got {self.attention!r}")
 
     @property
     def device_type(self) -> str:
         return self.device.split(":", 1)[0]
 
+    def with_attention(self, attention: str) -> Execution:
+        """This execution with ``attention`` (a resolved ``auto``)."""
+        return Execution(device=self.device, dtype=self.dtype, attention=attention)
+
     def kernel_path(self, experts_implementation: str) -> str:
         """``device=…;attention=…;experts=…``: the identity's record of the kernels."""
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ConfigError(f"attention {self.attention!r} must be resolved (sdpa or eager) "
+                              "before it is recorded in a kernel path")
         return (f"device={self.device_type};attention={self.attention};"
                 f"experts={experts_implementation}")
 

@@ -97,6 +97,12 @@ class _Run:
     emit: Callable[[dict[str, Any]], None]
     figures: dict[str, Any] = field(default_factory=dict)
     snapshot: Path | None = None
+    resolved: Execution | None = None
+
+    @property
+    def execution(self) -> Execution:
+        """The configured execution, its ``auto`` attention resolved by the teacher stage."""
+        return self.resolved or self.config.execution
 
     @property
     def dataset(self) -> Path:
@@ -142,15 +148,20 @@ def _json_tail(lines: list[str]) -> dict[str, Any]:
 
 
 def _stage_teacher(run: _Run) -> dict[str, Any]:
-    from hebrus_flywheel.replay.teacher import DEFAULT_EXPERTS_IMPLEMENTATION, read_geometry
+    from hebrus_flywheel.replay.teacher import (
+        DEFAULT_EXPERTS_IMPLEMENTATION,
+        read_geometry,
+        resolve_attention,
+    )
 
     geometry = read_geometry(run.config.teacher)
+    attention = resolve_attention(run.config.teacher, run.config.execution.attention)
+    run.resolved = execution = run.config.execution.with_attention(attention)
     run.figures["family"] = geometry.family
-    run.figures["kernel_path"] = run.config.execution.kernel_path(DEFAULT_EXPERTS_IMPLEMENTATION)
-    run.figures["dtype"] = run.config.execution.dtype
-    return {"family": geometry.family, "dtype": run.config.execution.dtype,
-            "device": run.config.execution.device,
-            "attention": run.config.execution.attention,
+    run.figures["kernel_path"] = execution.kernel_path(DEFAULT_EXPERTS_IMPLEMENTATION)
+    run.figures["dtype"] = execution.dtype
+    return {"family": geometry.family, "dtype": execution.dtype,
+            "device": execution.device, "attention": execution.attention,
             "routed_layers": list(geometry.routed_layers),
             "experts": geometry.expert_count, "top_k": geometry.top_k,
             "weight_rule": geometry.weight_rule, "namespace": run.config.namespace}
@@ -193,7 +204,7 @@ def _stage_capture(run: _Run) -> dict[str, Any]:
     threads = load_threads(None, run.config.threads, seed=run.config.seed)
     summary = run_capture(teacher_dir=run.config.teacher, threads=threads, config=config,
                           bootstrap=run.config.bootstrap, topic_prefix=run.config.namespace,
-                          create_topics=False, execution=run.config.execution)
+                          create_topics=False, execution=run.execution)
     if summary["failed"] or summary["dropped"] or sum(summary["rejected"].values()):
         raise SelftestError(f"capture lost records: failed {summary['failed']}, dropped "
                             f"{summary['dropped']}, rejected {summary['rejected']}")
@@ -240,7 +251,7 @@ def _stage_replay_and_seal(run: _Run) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "hebrus_flywheel.cli", "replay", "worker", "--teacher",
            str(run.config.teacher), "--dataset", str(run.dataset), "--bootstrap-servers",
            run.config.bootstrap, "--prefix", run.config.namespace, "--drain",
-           *_execution_args(run.config.execution)]
+           *_execution_args(run.execution)]
     with create_file(log_path) as log_file:
         worker = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
     try:

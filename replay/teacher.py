@@ -439,7 +439,8 @@ def _load_model(path: Path, torch_dtype: torch.dtype, experts_implementation: st
         hint = ""
         if execution.attention == "sdpa" and "scaled_dot_product_attention" in str(exc):
             hint = ("; this family has no sdpa attention in transformers: run with "
-                    "--attention eager (e.g. gpt_oss, `flywheel teacher families`)")
+                    "--attention eager, or auto (the default) to take what the model "
+                    "supports (e.g. gpt_oss, `flywheel teacher families`)")
         raise TeacherError(f"transformers cannot load the checkpoint in {path}: {exc}{hint}"
                            ) from None
     return cast(Any, model).to(execution.device)  # transformers types .to oddly
@@ -448,6 +449,24 @@ def _load_model(path: Path, torch_dtype: torch.dtype, experts_implementation: st
 def _on_cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """Labels are ranked on the CPU (logits come back there), so is the bias."""
     return None if tensor is None else tensor.cpu()
+
+
+def model_attention(config: Any, attention: str) -> str:
+    """``attention`` resolved for a checkpoint of ``config``: ``auto`` is sdpa where the
+    family's transformers causal-LM class supports it, else eager."""
+    if attention != "auto":
+        return attention
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+
+
+def resolve_attention(directory: str | Path, attention: str) -> str:
+    """:func:`model_attention` for the checkpoint in ``directory`` (reads its config)."""
+    if attention != "auto":
+        return attention
+    return model_attention(_read_config(Path(directory).resolve()), attention)
 
 
 def _read_config(path: Path) -> Any:
@@ -467,7 +486,7 @@ def _read_config(path: Path) -> Any:
 def load_teacher(
     directory: str | Path, *, dtype: str = "float32",
     experts_implementation: str = DEFAULT_EXPERTS_IMPLEMENTATION, exact_tie_break: bool = True,
-    device: str = "cpu", attention: str = "sdpa",
+    device: str = "cpu", attention: str = "auto",
 ) -> Teacher:
     """Load a local checkpoint of a supported family as a frozen :class:`Teacher`.
 
@@ -480,7 +499,7 @@ def load_teacher(
     """
     from hebrus_flywheel.core.execution import Execution, require_device
 
-    execution = Execution(device=device, dtype=dtype, attention=attention)
+    Execution(device=device, dtype=dtype, attention=attention)  # checks the names
     if experts_implementation not in EXPERTS_IMPLEMENTATIONS:
         raise ConfigError(
             f"experts_implementation must be one of {EXPERTS_IMPLEMENTATIONS}, got "
@@ -491,6 +510,8 @@ def load_teacher(
     digest = artifact_digest(path)
     config = _read_config(path)
     adapter = adapter_for(config.model_type)
+    attention = model_attention(config, attention)
+    execution = Execution(device=device, dtype=dtype, attention=attention)
     check_memory(path, dtype)
     model = _load_model(path, DTYPES[dtype], experts_implementation, execution)
     model.eval().requires_grad_(False)

@@ -60,8 +60,7 @@ def test_selftest_passes_with_exact_parity(
     lines: list[dict[str, Any]] = []
     config = SelftestConfig(teacher=_teacher(teachers, family), bootstrap=kafka_bootstrap,
                             work_dir=tmp_path / "run", namespace=private_namespace("it-"),
-                            threads=THREADS,
-                            execution=Execution(attention=FAMILIES[family].attention))
+                            threads=THREADS)  # attention auto: what the family supports
     verdict = run_selftest(config, emit=lines.append)
     assert verdict["selftest"] == "passed", verdict
     assert verdict["family"] == family
@@ -72,6 +71,8 @@ def test_selftest_passes_with_exact_parity(
                       "verify", "train"]
     teacher_line = lines[0]
     assert teacher_line["routed_layers"]  # the routed-layer map is reported
+    assert teacher_line["attention"] == FAMILIES[family].attention
+    assert f"attention={FAMILIES[family].attention};" in verdict["kernel_path"]
     assert _topics_gone(kafka_bootstrap, config.namespace)
 
 
