@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from faust.stores import STORES
+from faust.stores.rocksdb import RocksDBOptions
 from faust.stores.rocksdb import Store as RocksDBStore
 
 from hebrus_flywheel.streams.owner_seal import Erased, SealOpenError
@@ -48,15 +49,53 @@ ROCKSDB_OPTIONS = {
     "write_buffer_size": 8 * MIB,
     "max_write_buffer_number": 2,
     "target_file_size_base": 16 * MIB,
-    "block_cache_size": 8 * MIB,
 }
-"""Table ``options`` for this store: the rocksdict driver (RocksDB 8) with its memory
-bounded. faust's defaults give every partition's database 3 memtables of 64 MiB and a
-2 GiB block cache, so one worker's resident set could grow by gigabytes (12 capture
-partitions) before RocksDB flushed: ``bench/soak.py`` grew 321.7 MiB per million
-observations (91.0 with these bounds). Here each database holds at most 2 x 8 MiB of
-memtables and an 8 MiB cache (the values are read back once, when their thread
-completes, mostly from the memtable)."""
+"""Table ``options`` for this store: the rocksdict driver (RocksDB 8). faust's defaults
+give every partition's database 3 memtables of 64 MiB and its own 2 GiB block cache,
+so a worker's resident set grew by gigabytes with its partitions; the memory is bounded
+for the whole process instead (:data:`PROCESS_ROCKSDB_BYTES`)."""
+PROCESS_ROCKSDB_BYTES = 64 * MIB
+"""RocksDB memory of one worker process, whatever its tables and partitions: one block
+cache of this size shared by every database, with the memtables (at most half of it,
+through one write buffer manager) and the index and filter blocks charged to it.
+``bench/soak.py`` grew 321.7 MiB per million observations with faust's defaults and
+91.0 with per-database bounds (2 x 8 MiB memtables and an 8 MiB cache for each of the
+worker's dozens of databases)."""
+_shared: tuple[Any, Any] | None = None
+
+
+def _process_memory() -> tuple[Any, Any]:
+    """The process's one block cache and write buffer manager (created on first use)."""
+    global _shared
+    if _shared is None:
+        import rocksdict
+
+        cache = rocksdict.Cache(PROCESS_ROCKSDB_BYTES)
+        manager = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+            PROCESS_ROCKSDB_BYTES // 2, False, cache)
+        _shared = (cache, manager)
+    return _shared
+
+
+class ProcessBoundedOptions(RocksDBOptions):
+    """faust's rocksdict options with the process-wide cache and write buffer manager."""
+
+    def as_options(self) -> Any:
+        import rocksdict
+
+        options = super().as_options()
+        cache, manager = _process_memory()
+        table = rocksdict.BlockBasedOptions()
+        table.set_bloom_filter(self.bloom_filter_size, block_based=True)
+        table.set_block_cache(cache)
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        table.set_index_type(rocksdict.BlockBasedIndexType.binary_search())
+        options.set_block_based_table_factory(table)
+        options.set_write_buffer_manager(manager)
+        return options
+
+
 CACHED_KINDS = ("h", "c")
 """Key kinds whose last values are also kept opened in memory (thread headers and
 producer counters: small, read back by every record of their thread or producer)."""
@@ -71,6 +110,12 @@ class SealedRocksDBStore(RocksDBStore):
     state_sealer: StateSealer | None = None
     """Set by :func:`streams.processors.state_seal.seal_table` before the table is used."""
     restored_records: int = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.use_rocksdict:  # the same options faust built, memory bounded per process
+            self.rocksdb_options = ProcessBoundedOptions(**(self.options or {}),
+                                                         use_rocksdict=True)
 
     def _sealer(self) -> StateSealer:
         if self.state_sealer is None:
