@@ -100,23 +100,22 @@ class RouterWeights:
 
 
 def router_weights(teacher: Any) -> RouterWeights:
-    """Every routed layer's gate matrix and the gain of the RMSNorm that feeds it (the
-    norm applied to a unit-RMS probe: its ``1/rms`` factor does not change rankings)."""
+    """Every routed layer's gate matrix and the gain of the norm that feeds it
+    (:mod:`train.router_input`: found by running the teacher, ones where the router
+    reads an un-normalised stream)."""
+    from hebrus_flywheel.train.router_input import router_input_gains
+
     layers = teacher.adapter.decoder_layers(teacher.model)
-    routers, gains = [], []
+    routers = []
     for index in teacher.geometry.routed_layers:
-        layer = layers[index]
-        weight = getattr(teacher.adapter.router(layer), "weight", None)
+        weight = getattr(teacher.adapter.router(layers[index]), "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
             raise BaselineError(f"the router of layer {index} has no (E, H) weight matrix")
         routers.append(weight.detach().float().cpu().numpy())
-        norm = getattr(layer, "post_attention_layernorm", None)
-        if norm is not None:
-            with torch.no_grad():
-                probe = torch.ones(1, weight.shape[1], dtype=weight.dtype)
-                gains.append(norm(probe).float().cpu().numpy()[0])
-    gain = np.stack(gains) if len(gains) == len(routers) else None
-    return RouterWeights(router_LEH=np.stack(routers), norm_gain_LH=gain,
+    width, dtype = routers[0].shape[1], teacher.adapter.router(
+        layers[teacher.geometry.routed_layers[0]]).weight.dtype
+    gains = router_input_gains(teacher, width, dtype)
+    return RouterWeights(router_LEH=np.stack(routers), norm_gain_LH=np.stack(gains),
                          source=str(teacher.path))
 
 
