@@ -60,6 +60,9 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "exaone_moe": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "jamba": ((1, 3), 16, 2, "softmax_topk"),
 }
+EXPECTED.update({  # replay.families_hybrid
+    "granitemoe_swa": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+})
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
 # gates sum their top-k in torch.topk(sorted=False) order, so they agree only to rounding

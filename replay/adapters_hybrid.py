@@ -1,0 +1,25 @@
+"""Route adapters of further MoE families of the installed transformers (issue 16, part 2).
+
+Same contract as :mod:`replay.adapters_extra`: each class names where its family's router
+sits, what it returns and in which order, and the rule it executes, read from the
+family's ``modeling_*.py``; :mod:`replay.adapters` registers ``HYBRID_ADAPTERS``.
+"""
+
+from __future__ import annotations
+
+from hebrus_flywheel.replay.adapter_base import ROUTER_OUTPUT, FamilyAdapter
+from hebrus_flywheel.replay.adapters_extra import GraniteMoeAdapter
+
+
+class GraniteMoeSwaAdapter(GraniteMoeAdapter):
+    """Granite-MoE-SWA: Granite-MoE's router (float32-upcast logits, softmax over the
+    top-k logits cast to the hidden dtype) returning ``(logits, weights, ids)``; sliding
+    window and full attention with per-head sinks (no sdpa path: eager)."""
+
+    model_type = "granitemoe_swa"
+    router_output = ROUTER_OUTPUT
+
+
+HYBRID_ADAPTERS: tuple[FamilyAdapter, ...] = (
+    GraniteMoeSwaAdapter(),
+)
