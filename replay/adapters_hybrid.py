@@ -8,7 +8,7 @@ family's ``modeling_*.py``; :mod:`replay.adapters` registers ``HYBRID_ADAPTERS``
 from __future__ import annotations
 
 from hebrus_flywheel.replay.adapter_base import ROUTER_OUTPUT, FamilyAdapter
-from hebrus_flywheel.replay.adapters_extra import GraniteMoeAdapter
+from hebrus_flywheel.replay.adapters_extra import Glm4MoeLiteAdapter, GraniteMoeAdapter
 
 
 class GraniteMoeSwaAdapter(GraniteMoeAdapter):
@@ -20,6 +20,17 @@ class GraniteMoeSwaAdapter(GraniteMoeAdapter):
     router_output = ROUTER_OUTPUT
 
 
+class HYV4Adapter(Glm4MoeLiteAdapter):
+    """Hunyuan-V4: DeepSeek-V3's router (``mlp.gate``: float32 logits, sigmoid + the gate's
+    ``e_score_correction_bias`` for selection, top-k in the best ``topk_group`` of
+    ``n_group`` groups, sigmoid weights renormalised x ``routed_scaling_factor``) where
+    ``mlp_layer_types`` says ``sparse``; shared experts; DSA sparse attention with sinks
+    (eager only). Its residual stream is ``hc_mult`` hyper-connection channels, so the
+    pre-attention feature is the channels' mix entering ``input_layernorm`` (width H)."""
+
+    model_type = "hy_v4"
+
+
 HYBRID_ADAPTERS: tuple[FamilyAdapter, ...] = (
-    GraniteMoeSwaAdapter(),
+    GraniteMoeSwaAdapter(), HYV4Adapter(),
 )

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+_MLA = {"kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+        "v_head_dim": 16}
 HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
     {"name": "granitemoe_swa", "config_class": "GraniteMoeSWAConfig", "fields": {
         "num_local_experts": 16, "num_experts_per_tok": 4, "intermediate_size": 16,
@@ -16,4 +18,12 @@ HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
      "attention": "eager",
      "summary": "Granite-MoE's router (softmax over the top-4 of 16 float32 logits) "
                 "returning (logits, weights, ids); sliding/full attention with sinks; eager"},
+    {"name": "hy_v4", "config_class": "HYV4Config", "fields": {
+        **_MLA, "n_routed_experts": 16, "num_experts_per_tok": 4, "n_shared_experts": 1,
+        "moe_intermediate_size": 16, "intermediate_size": 32, "routed_scaling_factor": 2.5,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "index_topk": 2048,
+        "index_n_heads": 2, "index_head_dim": 16, "hc_mult": 2},
+     "attention": "eager",
+     "summary": "sigmoid + correction bias, top-4 of 16, renormalised x2.5, shared expert; "
+                "layer 0 dense; DSA attention with sinks, hyper-connections; eager"},
 )

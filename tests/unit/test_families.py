@@ -62,6 +62,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
 }
 EXPECTED.update({  # replay.families_hybrid
     "granitemoe_swa": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "hy_v4": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
 })
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
@@ -158,16 +159,22 @@ def test_pre_attention_state_is_the_residual_stream_entering_the_layer(
     family: str, family_dirs: dict[str, Path]
 ) -> None:
     """The captured feature of routed layer l is the model's own hidden_states[l] (the
-    input of layer l), also for post-norm families without an input_layernorm."""
+    input of layer l), also for post-norm families without an input_layernorm; where the
+    stream is several hyper-connection channels [B, T, C, H] (HY-V4), the channels' mix
+    the layer's attn_hc hands its input_layernorm."""
     teacher = _load(family, family_dirs[family])
     ids_BT = torch.tensor([PREFIX])
     routes = teacher.forward_routes(ids_BT, capture_hidden=True)
+    layers = teacher.adapter.decoder_layers(teacher.model)
     with torch.inference_mode():
         states = teacher.model(input_ids=ids_BT, use_cache=False,
                                output_hidden_states=True).hidden_states
-    assert routes.hidden_BTLH is not None
-    for slot, index in enumerate(teacher.geometry.routed_layers):
-        assert torch.equal(routes.hidden_BTLH[:, :, slot], states[index]), (slot, index)
+        assert routes.hidden_BTLH is not None
+        for slot, index in enumerate(teacher.geometry.routed_layers):
+            want = states[index]
+            if want.dim() == 4:
+                want = layers[index].attn_hc(want)[1]
+            assert torch.equal(routes.hidden_BTLH[:, :, slot], want), (slot, index)
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
