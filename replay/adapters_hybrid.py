@@ -7,7 +7,7 @@ family's ``modeling_*.py``; :mod:`replay.adapters` registers ``HYBRID_ADAPTERS``
 
 from __future__ import annotations
 
-from hebrus_flywheel.replay.adapter_base import ROUTER_OUTPUT, FamilyAdapter
+from hebrus_flywheel.replay.adapter_base import ROUTER_OUTPUT, DeepseekV3Adapter, FamilyAdapter
 from hebrus_flywheel.replay.adapters_extra import Glm4MoeLiteAdapter, GraniteMoeAdapter
 
 
@@ -31,6 +31,14 @@ class HYV4Adapter(Glm4MoeLiteAdapter):
     model_type = "hy_v4"
 
 
+class AXK1Adapter(DeepseekV3Adapter):
+    """A.X-K1: DeepSeek-V3 (float32 sigmoid router + correction bias, grouped top-k,
+    renormalised x ``routed_scaling_factor``, first-k-dense layers, shared expert) with
+    an RMSNorm on the MoE block's output, which the route does not see."""
+
+    model_type = "axk1"
+
+
 HYBRID_ADAPTERS: tuple[FamilyAdapter, ...] = (
-    GraniteMoeSwaAdapter(), HYV4Adapter(),
+    GraniteMoeSwaAdapter(), HYV4Adapter(), AXK1Adapter(),
 )

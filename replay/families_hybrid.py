@@ -26,4 +26,11 @@ HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
      "attention": "eager",
      "summary": "sigmoid + correction bias, top-4 of 16, renormalised x2.5, shared expert; "
                 "layer 0 dense; DSA attention with sinks, hyper-connections; eager"},
+    {"name": "axk1", "config_class": "AXK1Config", "fields": {
+        **_MLA, "num_key_value_heads": 2, "n_routed_experts": 32, "num_experts_per_tok": 4,
+        "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1, "n_shared_experts": 1,
+        "moe_intermediate_size": 16, "intermediate_size": 32, "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5},
+     "summary": "DeepSeek-V3's router (sigmoid + bias, top-4 of 32 in the best 2 of 4 "
+                "groups, renormalised x2.5), shared expert, MoE output RMSNorm; layer 0 dense"},
 )
