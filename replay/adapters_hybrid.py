@@ -7,8 +7,16 @@ family's ``modeling_*.py``; :mod:`replay.adapters` registers ``HYBRID_ADAPTERS``
 
 from __future__ import annotations
 
+from typing import Any
+
 from hebrus_flywheel.replay.adapter_base import ROUTER_OUTPUT, DeepseekV3Adapter, FamilyAdapter
-from hebrus_flywheel.replay.adapters_extra import Glm4MoeLiteAdapter, GraniteMoeAdapter
+from hebrus_flywheel.replay.adapters_extra import (
+    DeepseekV32Adapter,
+    Glm4MoeLiteAdapter,
+    GraniteMoeAdapter,
+)
+from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+from hebrus_flywheel.replay.routing import RouterRule
 
 
 class GraniteMoeSwaAdapter(GraniteMoeAdapter):
@@ -39,6 +47,28 @@ class AXK1Adapter(DeepseekV3Adapter):
     model_type = "axk1"
 
 
+class AXK2Adapter(DeepseekV32Adapter):
+    """A.X-K2: routed where ``mlp_layer_types`` says ``sparse``; ``mlp.gate`` takes float32
+    logits, selects the top-k of sigmoid + ``e_score_correction_bias`` over all experts
+    (``n_group`` None, the A.X-K2-Light layout), weights the sigmoid scores renormalised
+    x ``routed_scaling_factor``; shared expert, gated RMSNorms, DSA attention. Grouped
+    configs are refused: their gate fills the masked groups' scores with 0.0, not -inf,
+    so an expert of a dropped group outranks a kept one whose biased score is negative,
+    which no route rule here models."""
+
+    model_type = "axk2"
+
+    def rule(self, config: Any) -> RouterRule:
+        if config.n_group is not None and int(config.n_group) > 1:
+            raise UnsupportedModelError(
+                f"axk2 with n_group={config.n_group}: its grouped gate scores the experts of "
+                "dropped groups 0.0 (not -inf), so they can outrank kept experts with a "
+                "negative biased score; that selection has no route rule here"
+            )
+        return RouterRule(scoring="sigmoid", bias=True, normalize=bool(config.norm_topk_prob),
+                          scale=float(config.routed_scaling_factor))
+
+
 HYBRID_ADAPTERS: tuple[FamilyAdapter, ...] = (
-    GraniteMoeSwaAdapter(), HYV4Adapter(), AXK1Adapter(),
+    GraniteMoeSwaAdapter(), HYV4Adapter(), AXK1Adapter(), AXK2Adapter(),
 )

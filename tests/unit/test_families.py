@@ -64,6 +64,7 @@ EXPECTED.update({  # replay.families_hybrid
     "granitemoe_swa": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "hy_v4": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
     "axk1": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "axk2": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
 })
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
@@ -301,3 +302,14 @@ def test_cli_lists_families_and_generates_one(tmp_path: Path) -> None:
     bad = CliRunner().invoke(teacher_app, ["init", "--family", "nope", "--out",
                                            str(tmp_path / "n")])
     assert bad.exit_code != 0 and isinstance(bad.exception, ConfigError)
+
+
+def test_axk2_refuses_grouped_routing() -> None:
+    """A.X-K2's grouped gate fills dropped groups with 0.0 (not -inf): no rule models it."""
+    from transformers import AXK2Config
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+    from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="not -inf"):
+        adapter_for("axk2").geometry(AXK2Config(n_group=4, topk_group=2))
