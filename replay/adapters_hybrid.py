@@ -69,6 +69,15 @@ class AXK2Adapter(DeepseekV32Adapter):
                           scale=float(config.routed_scaling_factor))
 
 
+class GlmMoeDsaAdapter(DeepseekV32Adapter):
+    """GLM-MoE-DSA (GLM-5): DeepSeek-V3's router (float32 sigmoid + correction bias, top-k
+    in the best ``topk_group`` of ``n_group`` groups, renormalised x
+    ``routed_scaling_factor``) where ``mlp_layer_types`` says ``sparse``; shared expert;
+    DSA attention whose ``shared`` indexer layers reuse the previous layer's top-k keys."""
+
+    model_type = "glm_moe_dsa"
+
+
 HYBRID_ADAPTERS: tuple[FamilyAdapter, ...] = (
-    GraniteMoeSwaAdapter(), HYV4Adapter(), AXK1Adapter(), AXK2Adapter(),
+    GraniteMoeSwaAdapter(), HYV4Adapter(), AXK1Adapter(), AXK2Adapter(), GlmMoeDsaAdapter(),
 )
