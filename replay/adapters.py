@@ -243,9 +243,9 @@ class RouteCapture:
         self._hidden.clear()
 
     def gate_hook(self, slot: int) -> Any:
-        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
             logits, _weights, ids = self.adapter.split_router_output(
-                output, self.geometry.top_k)
+                self.adapter.router_call_output(module, args, output), self.geometry.top_k)
             self._logits[slot] = logits.detach().reshape(-1, self.geometry.expert_count)
             if ids is not None:
                 self._executed[slot] = ids.detach().reshape(-1, self.geometry.top_k)

@@ -7,8 +7,13 @@ family's ``modeling_*.py``; :mod:`replay.adapters` registers ``HYBRID_ADAPTERS``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.adapter_base import ROUTER_OUTPUT, DeepseekV3Adapter, FamilyAdapter
 from hebrus_flywheel.replay.adapters_extra import (
     DeepseekV32Adapter,
@@ -78,6 +83,68 @@ class GlmMoeDsaAdapter(DeepseekV32Adapter):
     model_type = "glm_moe_dsa"
 
 
+class LongcatFlashAdapter(FamilyAdapter):
+    """LongCat-Flash: ``num_layers`` decoder layers, each two attention + dense-MLP
+    sublayers and one shortcut MoE (``mlp.router``) fed by the first sublayer's
+    ``post_attention_layernorm``. The router takes float32 logits of its ``classifier``
+    weight (its bias unused), ranks experts by the softmax over ALL experts plus
+    ``e_score_correction_bias``, and weighs them by the raw softmax x
+    ``routed_scaling_factor`` (float32). Its ``zero_expert_num`` zero-compute (identity)
+    experts are experts like the others: ids from ``n_routed_experts`` on. The router
+    returns ``(weights, ids)`` only, so the logits are recomputed from the call's input
+    with the router's own arithmetic."""
+
+    model_type = "longcat_flash"
+    router_path = ("mlp", "router")
+    router_output = ("weights", "ids")
+    logits_in_float32 = True
+
+    def geometry(self, config: Any) -> RouteGeometry:
+        layers = int(config.num_layers)
+        return RouteGeometry(
+            family=self.model_type, layer_count=layers, routed_layers=tuple(range(layers)),
+            expert_count=int(config.n_routed_experts) + int(config.zero_expert_num or 0),
+            top_k=int(config.moe_topk), weight_rule=self.weight_rule(config),
+            hidden_size=int(config.hidden_size),
+            routed_intermediate_size=int(config.expert_ffn_hidden_size),
+        )
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(range(int(config.num_layers)))
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", bias=True, normalize=False,
+                          scale=float(config.routed_scaling_factor))
+
+    def router_weight(self, gate: nn.Module) -> torch.Tensor:
+        return cast(torch.Tensor, cast(Any, gate).classifier.weight)
+
+    def gate_logits(self, gate: nn.Module, hidden_NH: torch.Tensor) -> torch.Tensor:
+        """``F.linear`` of the float32 input and classifier weight, as the router does."""
+        return F.linear(hidden_NH.to(torch.float32), self.router_weight(gate).to(torch.float32))
+
+    def router_call_output(self, gate: nn.Module, args: Any, output: Any) -> Any:
+        """``(logits, weights, ids)``: the logits recomputed from the router's input."""
+        weights, ids = output
+        hidden_NH = args[0].reshape(-1, self.router_weight(gate).shape[-1])
+        return self.gate_logits(gate, hidden_NH), weights, ids
+
+    def split_router_output(self, output: Any, top_k: int) -> tuple[torch.Tensor, Any, Any]:
+        logits, weights, ids = output
+        return logits, weights, ids
+
+    def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
+        """The first sublayer's ``input_layernorm`` (the layer holds a pair)."""
+        return cast(nn.ModuleList, cast(Any, layer).input_layernorm)[0]
+
+    def check_gate(self, gate: nn.Module, geometry: RouteGeometry) -> str | None:
+        weight = self.router_weight(gate)
+        if tuple(weight.shape) != (geometry.expert_count, geometry.hidden_size):
+            return "has no [E, H] classifier weight"
+        return None
+
+
 HYBRID_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GraniteMoeSwaAdapter(), HYV4Adapter(), AXK1Adapter(), AXK2Adapter(), GlmMoeDsaAdapter(),
+    LongcatFlashAdapter(),
 )

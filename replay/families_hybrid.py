@@ -51,4 +51,12 @@ HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "DeepSeek-V3's router (sigmoid + bias, top-4 of 32 in the best 2 of 4 "
                 "groups, renormalised x2.5), shared expert; layer 0 dense; DSA attention "
                 "with shared indexer layers"},
+    {"name": "longcat_flash", "config_class": "LongcatFlashConfig", "fields": {
+        **_MLA, "num_layers": 4, "num_hidden_layers": 8, "num_key_value_heads": 2,
+        "head_dim": 8, "n_routed_experts": 16, "zero_expert_num": 4, "moe_topk": 4,
+        "expert_ffn_hidden_size": 16, "ffn_hidden_size": 32, "routed_scaling_factor": 2.0},
+     "score_bias_std": 0.02,
+     "summary": "float32 softmax + correction bias selects top-4 of 16 experts + 4 identity "
+                "(zero) experts, raw softmax weights x2.0; shortcut MoE beside two "
+                "MLA/MLP sublayers per layer"},
 )

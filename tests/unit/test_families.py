@@ -66,12 +66,13 @@ EXPECTED.update({  # replay.families_hybrid
     "axk1": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "axk2": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
     "glm_moe_dsa": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "longcat_flash": ((0, 1, 2, 3), 20, 4, "softmax+bias_topk_x2.0"),
 })
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
 # gates sum their top-k in torch.topk(sorted=False) order, so they agree only to rounding
 BITWISE_WEIGHTS = {"lfm2_moe", "phimoe", "ernie4_5_moe", "llama4_text", "mixtral", "minimax",
-                   "qwen3_moe"}
+                   "qwen3_moe", "longcat_flash"}
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +124,9 @@ def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[
             logits = gate(hidden_NH)
             ids, weights = layer.feed_forward.route_tokens_to_experts(hidden_NH, logits)
             return logits, weights, ids
-        return teacher.adapter.split_router_output(gate(hidden_NH, *extra),
-                                                   teacher.geometry.top_k)
+        output = teacher.adapter.router_call_output(gate, (hidden_NH, *extra),
+                                                    gate(hidden_NH, *extra))
+        return teacher.adapter.split_router_output(output, teacher.geometry.top_k)
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
