@@ -144,7 +144,17 @@ class LongcatFlashAdapter(FamilyAdapter):
         return None
 
 
+class KimiLinearAdapter(DeepseekV32Adapter):
+    """Kimi-Linear: DeepSeek-V3's router (``mlp.gate``: float32 sigmoid + correction bias,
+    top-k in the best ``topk_group`` of ``num_expert_group`` groups, renormalised if
+    ``moe_renormalize``, x ``routed_scaling_factor``) where ``mlp_layer_types`` says
+    ``sparse``; shared experts; KDA linear attention and NoPE MLA layers."""
+
+    model_type = "kimi_linear"
+    expert_count_field = "num_local_experts"
+
+
 HYBRID_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GraniteMoeSwaAdapter(), HYV4Adapter(), AXK1Adapter(), AXK2Adapter(), GlmMoeDsaAdapter(),
-    LongcatFlashAdapter(),
+    LongcatFlashAdapter(), KimiLinearAdapter(),
 )

@@ -59,4 +59,15 @@ HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "float32 softmax + correction bias selects top-4 of 16 experts + 4 identity "
                 "(zero) experts, raw softmax weights x2.0; shortcut MoE beside two "
                 "MLA/MLP sublayers per layer"},
+    {"name": "kimi_linear", "config_class": "KimiLinearConfig", "fields": {
+        "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+        "v_head_dim": 16, "num_key_value_heads": 2, "num_local_experts": 32,
+        "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2, "n_shared_experts": 1,
+        "moe_intermediate_size": 16, "intermediate_size": 32, "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+        "layer_types": ["linear_attention", "full_attention"] * 2, "linear_head_dim": 16,
+        "linear_num_heads": 2},
+     "summary": "DeepSeek-V3's router (sigmoid + bias, top-4 of 32 in the best 2 of 4 "
+                "groups, renormalised x2.5), shared expert; layer 0 dense; KDA linear and "
+                "NoPE MLA attention layers alternate"},
 )
