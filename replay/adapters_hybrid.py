@@ -19,6 +19,7 @@ from hebrus_flywheel.replay.adapters_extra import (
     DeepseekV32Adapter,
     Glm4MoeLiteAdapter,
     GraniteMoeAdapter,
+    GraniteMoeSharedAdapter,
 )
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule
@@ -154,7 +155,21 @@ class KimiLinearAdapter(DeepseekV32Adapter):
     expert_count_field = "num_local_experts"
 
 
+class GraniteMoeHybridAdapter(GraniteMoeSharedAdapter):
+    """Granite-MoE-Hybrid (Granite 4.0): Granite-MoE's router (``block_sparse_moe.router``
+    returning ``(ids, weights, logits)``; float32-upcast logits, softmax over the top-k
+    logits in the hidden dtype) on every layer when ``num_local_experts > 0``, a dense
+    ``shared_mlp`` beside it; mamba-2 and attention layers."""
+
+    model_type = "granitemoehybrid"
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        if int(config.num_local_experts or 0) <= 0:
+            return ()
+        return tuple(range(int(config.num_hidden_layers)))
+
+
 HYBRID_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GraniteMoeSwaAdapter(), HYV4Adapter(), AXK1Adapter(), AXK2Adapter(), GlmMoeDsaAdapter(),
-    LongcatFlashAdapter(), KimiLinearAdapter(),
+    LongcatFlashAdapter(), KimiLinearAdapter(), GraniteMoeHybridAdapter(),
 )

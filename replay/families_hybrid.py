@@ -70,4 +70,10 @@ HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "DeepSeek-V3's router (sigmoid + bias, top-4 of 32 in the best 2 of 4 "
                 "groups, renormalised x2.5), shared expert; layer 0 dense; KDA linear and "
                 "NoPE MLA attention layers alternate"},
+    {"name": "granitemoehybrid", "config_class": "GraniteMoeHybridConfig", "fields": {
+        "num_local_experts": 16, "num_experts_per_tok": 4, "intermediate_size": 16,
+        "shared_intermediate_size": 32, "mamba_n_heads": 8, "mamba_d_state": 16,
+        "mamba_chunk_size": 64, "layer_types": ["linear_attention", "full_attention"] * 2},
+     "summary": "Granite-MoE's router (softmax over the top-4 of 16 float32 logits) plus a "
+                "dense shared MLP, every layer sparse; mamba-2 and attention layers"},
 )
