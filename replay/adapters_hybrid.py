@@ -169,7 +169,27 @@ class GraniteMoeHybridAdapter(GraniteMoeSharedAdapter):
         return tuple(range(int(config.num_hidden_layers)))
 
 
+class NemotronHAdapter(DeepseekV3Adapter):
+    """Nemotron-H: each block is ONE mixer (mamba-2, attention, dense MLP or MoE) after
+    the block's ``norm``; the ``moe`` blocks are routed by ``mixer.gate``, DeepSeek-V3's
+    router (float32 sigmoid + correction bias, top-k in the best ``topk_group`` of
+    ``n_group`` groups, renormalised x ``routed_scaling_factor``), with non-gated relu2
+    experts and a shared expert. The pre-attention feature is the block's input."""
+
+    model_type = "nemotron_h"
+    router_path = ("mixer", "gate")
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(i for i, kind in enumerate(config.layers_block_type) if kind == "moe")
+
+    def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
+        norm = getattr(layer, "norm", None)
+        if not isinstance(norm, nn.Module):
+            raise UnsupportedModelError("a nemotron_h block has no norm")
+        return norm
+
+
 HYBRID_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GraniteMoeSwaAdapter(), HYV4Adapter(), AXK1Adapter(), AXK2Adapter(), GlmMoeDsaAdapter(),
-    LongcatFlashAdapter(), KimiLinearAdapter(), GraniteMoeHybridAdapter(),
+    LongcatFlashAdapter(), KimiLinearAdapter(), GraniteMoeHybridAdapter(), NemotronHAdapter(),
 )

@@ -76,4 +76,14 @@ HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
         "mamba_chunk_size": 64, "layer_types": ["linear_attention", "full_attention"] * 2},
      "summary": "Granite-MoE's router (softmax over the top-4 of 16 float32 logits) plus a "
                 "dense shared MLP, every layer sparse; mamba-2 and attention layers"},
+    {"name": "nemotron_h", "config_class": "NemotronHConfig", "fields": {
+        "head_dim": 32, "n_routed_experts": 32, "num_experts_per_tok": 4, "n_group": 4,
+        "topk_group": 2, "moe_intermediate_size": 16, "moe_shared_expert_intermediate_size": 32,
+        "intermediate_size": 32, "routed_scaling_factor": 2.5, "use_mamba_kernels": False,
+        "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 1, "ssm_state_size": 16,
+        "chunk_size": 64,
+        "layers_block_type": ["linear_attention", "moe", "full_attention", "moe"]},
+     "summary": "sigmoid + correction bias, top-4 of 32 in the best 2 of 4 groups, "
+                "renormalised x2.5, relu2 experts, shared expert; one mixer per block "
+                "(mamba-2, attention, MoE): blocks 1 and 3 sparse"},
 )

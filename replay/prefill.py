@@ -433,7 +433,8 @@ def attention_masks(
               "sliding_attention": create_sliding_window_causal_mask,
               "chunked_attention": create_chunked_causal_mask,  # Llama 4
               "deepseek_sparse_attention": create_causal_mask}  # DeepSeek-V3.2
-    unknown = layer_types - {"linear_attention", "conv", *makers}
+    # Nemotron-H's "moe" and "mlp" blocks are a mixer alone: they take no mask
+    unknown = layer_types - {"linear_attention", "conv", "moe", "mlp", *makers}
     if unknown:
         raise ReplayError(
             f"layer types {sorted(unknown)} have no replay mask rule; extend "
