@@ -189,7 +189,27 @@ class NemotronHAdapter(DeepseekV3Adapter):
         return norm
 
 
+class MiniMaxM3VLTextAdapter(FamilyAdapter):
+    """MiniMax-M3 (text): routed where ``mlp_layer_types`` says ``sparse``; ``mlp.gate``
+    computes logits in the model dtype, selects the top-k of float32 sigmoid +
+    ``e_score_correction_bias`` and returns the float32 sigmoid weights renormalised
+    (a plain division: adding 1e-20 to a sum of k sigmoids changes no float32 bit). The
+    block multiplies the experts' OUTPUT by ``routed_scaling_factor``, so the gate's
+    weights, the label, carry no scale; shared expert. Sparse-attention layers
+    (``minimax_m3_sparse``) have no replay mask rule yet: the tiny preset has none."""
+
+    model_type = "minimax_m3_vl_text"
+    weights_in_logit_dtype = False
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="sigmoid", bias=True, normalize=True)
+
+
 HYBRID_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GraniteMoeSwaAdapter(), HYV4Adapter(), AXK1Adapter(), AXK2Adapter(), GlmMoeDsaAdapter(),
     LongcatFlashAdapter(), KimiLinearAdapter(), GraniteMoeHybridAdapter(), NemotronHAdapter(),
+    MiniMaxM3VLTextAdapter(),
 )

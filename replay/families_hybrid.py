@@ -86,4 +86,11 @@ HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "sigmoid + correction bias, top-4 of 32 in the best 2 of 4 groups, "
                 "renormalised x2.5, relu2 experts, shared expert; one mixer per block "
                 "(mamba-2, attention, MoE): blocks 1 and 3 sparse"},
+    {"name": "minimax_m3_vl_text", "config_class": "MiniMaxM3VLTextConfig", "fields": {
+        "head_dim": 32, "num_local_experts": 16, "num_experts_per_tok": 4,
+        "intermediate_size": 16, "shared_intermediate_size": 32, "dense_intermediate_size": 32,
+        "routed_scaling_factor": 2.0, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+        "layer_types": ["full_attention"] * 4},
+     "summary": "sigmoid + correction bias, top-4 of 16, renormalised (the block scales "
+                "the experts' output x2.0), shared expert, clamped swiglu; layer 0 dense"},
 )

@@ -70,6 +70,7 @@ EXPECTED.update({  # replay.families_hybrid
     "kimi_linear": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "granitemoehybrid": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "nemotron_h": ((1, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "minimax_m3_vl_text": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
 })
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
