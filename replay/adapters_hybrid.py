@@ -208,8 +208,40 @@ class MiniMaxM3VLTextAdapter(FamilyAdapter):
         return RouterRule(scoring="sigmoid", bias=True, normalize=True)
 
 
+class DeepseekV4Adapter(FamilyAdapter):
+    """DeepSeek-V4: ``moe`` layers (``mlp_layer_types``) routed by ``mlp.gate``: logits in
+    the model dtype, scores ``scoring_func`` of them (``sqrtsoftplus`` =
+    sqrt(softplus), or sigmoid), top-k of score + ``e_score_correction_bias``, weights
+    the scores renormalised (+1e-20) x ``routed_scaling_factor``; shared expert. The
+    ``hash_moe`` layers pick experts by a frozen token-id table (``tid2eid``), not from
+    logits: they are not routed layers (no label), as a dense layer is not. The
+    residual stream is ``hc_mult`` hyper-connection channels: the pre-attention feature
+    is their mix entering ``input_layernorm``; compressed sparse attention."""
+
+    model_type = "deepseek_v4"
+    expert_count_field = "n_routed_experts"
+    intermediate_field = "moe_intermediate_size"
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "moe")
+
+    def rule(self, config: Any) -> RouterRule:
+        scoring = str(config.scoring_func)
+        if scoring not in ("sqrtsoftplus", "sigmoid"):
+            raise UnsupportedModelError(
+                f"deepseek_v4 scoring_func {scoring!r} has no route rule here; supported are "
+                "'sqrtsoftplus' and 'sigmoid'")
+        return RouterRule(scoring=scoring, bias=True, normalize=True,
+                          scale=float(config.routed_scaling_factor))
+
+    def find_router(self, layer: nn.Module) -> nn.Module | None:
+        """The learned top-k gate; a hash layer's gate (no correction bias) is not one."""
+        gate = super().find_router(layer)
+        return gate if gate is not None and self.score_bias(gate) is not None else None
+
+
 HYBRID_ADAPTERS: tuple[FamilyAdapter, ...] = (
     GraniteMoeSwaAdapter(), HYV4Adapter(), AXK1Adapter(), AXK2Adapter(), GlmMoeDsaAdapter(),
     LongcatFlashAdapter(), KimiLinearAdapter(), GraniteMoeHybridAdapter(), NemotronHAdapter(),
-    MiniMaxM3VLTextAdapter(),
+    MiniMaxM3VLTextAdapter(), DeepseekV4Adapter(),
 )

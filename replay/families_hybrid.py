@@ -93,4 +93,13 @@ HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
         "layer_types": ["full_attention"] * 4},
      "summary": "sigmoid + correction bias, top-4 of 16, renormalised (the block scales "
                 "the experts' output x2.0), shared expert, clamped swiglu; layer 0 dense"},
+    {"name": "deepseek_v4", "config_class": "DeepseekV4Config", "fields": {
+        "head_dim": 32, "q_lora_rank": 32, "n_routed_experts": 16, "num_experts_per_tok": 4,
+        "moe_intermediate_size": 16, "routed_scaling_factor": 1.5, "o_groups": 2,
+        "o_lora_rank": 16, "index_n_heads": 2, "index_head_dim": 16, "sliding_window": 8,
+        "hc_mult": 2, "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"]},
+     "attention": "eager",
+     "summary": "sqrt(softplus) scores + correction bias, top-4 of 16, renormalised x1.5, "
+                "shared expert; layer 0 hash-routed (token-id table, no label); "
+                "compressed sparse attention, hyper-connections; eager"},
 )

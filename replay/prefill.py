@@ -427,6 +427,9 @@ def attention_masks(
     if not layer_types:  # one mask for every layer; a window only if one is set (> 0)
         sliding = bool(getattr(config, "sliding_window", None))
         return materialised(create_sliding_window_causal_mask if sliding else create_causal_mask)
+    if layer_types <= {"compressed_sparse_attention", "heavily_compressed_attention"}:
+        # DeepSeek-V4 takes ONE sliding-window mask for every layer (a dict's first value)
+        return materialised(create_sliding_window_causal_mask)
     if layer_types == {"full_attention"}:  # e.g. Qwen2-MoE keeps sliding_window=0 unused
         return materialised(create_causal_mask)
     makers = {"full_attention": create_causal_mask,

@@ -65,10 +65,11 @@ SIGMOID_NORM_EPS = 1e-20
 """What DeepSeek-style sigmoid routers add to the sum of the top-k weights they divide by."""
 MASKED_SCORE = float(torch.finfo(torch.float32).min)
 """Selection score of an expert whose group was not selected (finite, below any score)."""
-SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "sparsemixer")
+SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "sparsemixer", "sqrtsoftplus")
 GROUP_SCORES: tuple[str, ...] = ("top2sum", "max")
+_GATED = ("sigmoid", "sqrtsoftplus")  # elementwise scores, renormalised with norm_eps
 _RULE_RE = re.compile(
-    r"^(?P<scoring>softmax|sigmoid)(?P<bias>\+bias)?"
+    r"^(?P<scoring>softmax|sigmoid|sqrtsoftplus)(?P<bias>\+bias)?"
     r"(?:_group(?P<topk_groups>\d+)of(?P<groups>\d+)_(?P<group_score>top2sum|max))?"
     r"_topk(?P<normalize>_renormalized)?(?:_eps(?P<norm_eps>[0-9.e+-]+))?"
     r"(?:_x(?P<scale>[0-9.e+-]+))?$"
@@ -81,7 +82,8 @@ class RouterRule:
     """How a family's router turns logits into a ranked selection and weights.
 
     Fields:
-        scoring: ``softmax`` or ``sigmoid`` (how weights derive from logits).
+        scoring: ``softmax``, ``sigmoid`` or ``sqrtsoftplus`` (DeepSeek-V4:
+            ``sqrt(softplus(logit))``, scored like sigmoid) (how weights derive from logits).
         normalize: divide the selected weights by their sum.
         scale: multiply the (normalised) weights by this (``routed_scaling_factor``).
         bias: selection adds a per-expert correction bias to the sigmoid score, or to
@@ -125,7 +127,7 @@ class RouterRule:
             raise RoutingError("a sparsemixer RouterRule has only jitter_eps >= 0 (no "
                                "renormalisation, scale or groups)")
         if self.norm_eps != SIGMOID_NORM_EPS and not (
-                self.scoring == "sigmoid" and self.normalize and 0.0 <= self.norm_eps < 1.0):
+                self.scoring in _GATED and self.normalize and 0.0 <= self.norm_eps < 1.0):
             raise RoutingError("RouterRule.norm_eps is only defined for renormalised sigmoid "
                                "rules, in [0, 1)")
         if self.scoring != "sparsemixer" and self.jitter_eps != 0.0:
@@ -172,6 +174,14 @@ def parse_rule(weight_rule: str) -> RouterRule:
         raise RoutingError(f"weight_rule {weight_rule!r} has a malformed number") from exc
 
 
+def _gate_scores(logits_XE: torch.Tensor, scoring: str) -> torch.Tensor:
+    """Per-expert scores of an elementwise router: ``sigmoid`` or DeepSeek-V4's
+    ``sqrtsoftplus`` (``sqrt(softplus(logit))``, transformers' own op order)."""
+    if scoring == "sqrtsoftplus":
+        return torch.nn.functional.softplus(logits_XE).sqrt()
+    return logits_XE.sigmoid()
+
+
 def _group_mask(scores_XE: torch.Tensor, rule: RouterRule) -> torch.Tensor:
     """True for experts inside the ``topk_groups`` best groups (ties: lower group id)."""
     experts = scores_XE.shape[-1]
@@ -196,7 +206,8 @@ def selection_scores(
     Softmax routers, and sigmoid routers without bias or groups (Llama 4, which ranks
     its raw logits), rank by the logits themselves (returned unchanged: sigmoid is
     monotonic, and unlike it the logits do not saturate). Other sigmoid routers rank by
-    ``sigmoid(logit) + bias`` in float32, bias-corrected softmax routers by
+    ``sigmoid(logit) + bias`` in float32 (``sqrtsoftplus`` likewise), bias-corrected
+    softmax routers by
     ``softmax(logits) + bias`` in float32; with groups, experts outside the selected
     groups get :data:`MASKED_SCORE`. ``bias_XE`` broadcasts against the logits.
     """
@@ -207,7 +218,8 @@ def selection_scores(
         scores = router_logits_XE
     else:
         logits_XE = router_logits_XE.to(torch.float32)
-        scores = logits_XE.sigmoid() if rule.scoring == "sigmoid" else logits_XE.softmax(-1)
+        scores = logits_XE.softmax(-1) if rule.scoring == "softmax" else _gate_scores(
+            logits_XE, rule.scoring)
         if rule.bias:
             if bias_XE is None:
                 raise RoutingError(f"weight_rule {weight_rule!r} needs the routers' correction "
@@ -264,7 +276,7 @@ def topk_weights(
         if rule.normalize:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
     else:
-        weights_TK = torch.gather(logits_TE.sigmoid(), -1, expert_ids_TK)
+        weights_TK = torch.gather(_gate_scores(logits_TE, rule.scoring), -1, expert_ids_TK)
         if rule.normalize:
             weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + rule.norm_eps)
     if rule.scale != 1.0:

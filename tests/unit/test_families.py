@@ -71,6 +71,7 @@ EXPECTED.update({  # replay.families_hybrid
     "granitemoehybrid": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "nemotron_h": ((1, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "minimax_m3_vl_text": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
+    "deepseek_v4": ((1, 2, 3), 16, 4, "sqrtsoftplus+bias_topk_renormalized_x1.5"),
 })
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
@@ -169,7 +170,7 @@ def test_pre_attention_state_is_the_residual_stream_entering_the_layer(
 ) -> None:
     """The captured feature of routed layer l is the model's own hidden_states[l] (the
     input of layer l), also for post-norm families without an input_layernorm; where the
-    stream is several hyper-connection channels [B, T, C, H] (HY-V4), the channels' mix
+    stream is several hyper-connection channels [B, T, C, H] (HY-V4, DeepSeek-V4), the mix
     the layer's attn_hc hands its input_layernorm."""
     teacher = _load(family, family_dirs[family])
     ids_BT = torch.tensor([PREFIX])
@@ -182,7 +183,7 @@ def test_pre_attention_state_is_the_residual_stream_entering_the_layer(
         for slot, index in enumerate(teacher.geometry.routed_layers):
             want = states[index]
             if want.dim() == 4:
-                want = layers[index].attn_hc(want)[1]
+                want = layers[index].attn_hc(want)[-1]
             assert torch.equal(routes.hidden_BTLH[:, :, slot], want), (slot, index)
 
 
@@ -223,7 +224,8 @@ def test_rule_names_round_trip() -> None:
     for rule in (RouterRule(), RouterRule(normalize=False, scale=1.5, groups=8, topk_groups=3,
                                           group_score="max"),
                  RouterRule(scoring="sigmoid", bias=True, groups=4, topk_groups=2, scale=2.5),
-                 RouterRule(scoring="sigmoid", bias=True, norm_eps=1e-6, scale=1.5)):
+                 RouterRule(scoring="sigmoid", bias=True, norm_eps=1e-6, scale=1.5),
+                 RouterRule(scoring="sqrtsoftplus", bias=True, scale=1.5)):
         assert parse_rule(rule.name) == rule
     with pytest.raises(RoutingError, match="weight_rule"):
         parse_rule("sigmoid")
