@@ -322,3 +322,27 @@ def test_axk2_refuses_grouped_routing() -> None:
 
     with pytest.raises(UnsupportedModelError, match="not -inf"):
         adapter_for("axk2").geometry(AXK2Config(n_group=4, topk_group=2))
+
+
+def test_inkling_text_is_refused_everywhere(tmp_path: Path) -> None:
+    """Inkling's gate weighs experts with the shared experts' logits and a learned
+    scale, which a route cannot record: no generator, no adapter, listed as refused."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+    from hebrus_flywheel.replay.cli import teacher_app
+    from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+
+    with pytest.raises(ConfigError, match=r"cannot be a teacher: .*shared experts"):
+        get_family("inkling_text")
+    with pytest.raises(ConfigError, match="cannot be a teacher"):
+        init_teacher(tmp_path / "i", family="inkling_text")
+    assert not (tmp_path / "i").exists()
+    with pytest.raises(UnsupportedModelError, match="global_scale"):
+        adapter_for("inkling_text")
+    listed = CliRunner().invoke(teacher_app, ["families", "--json"])
+    row = json.loads(listed.output)["inkling_text"]
+    assert not row["generate"] and row["summary"].startswith("not a teacher")
+
