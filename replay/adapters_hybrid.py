@@ -55,24 +55,20 @@ class AXK1Adapter(DeepseekV3Adapter):
 
 class AXK2Adapter(DeepseekV32Adapter):
     """A.X-K2: routed where ``mlp_layer_types`` says ``sparse``; ``mlp.gate`` takes float32
-    logits, selects the top-k of sigmoid + ``e_score_correction_bias`` over all experts
-    (``n_group`` None, the A.X-K2-Light layout), weights the sigmoid scores renormalised
-    x ``routed_scaling_factor``; shared expert, gated RMSNorms, DSA attention. Grouped
-    configs are refused: their gate fills the masked groups' scores with 0.0, not -inf,
-    so an expert of a dropped group outranks a kept one whose biased score is negative,
-    which no route rule here models."""
+    logits, selects the top-k of sigmoid + ``e_score_correction_bias`` (over all experts
+    when ``n_group`` is None, the A.X-K2-Light layout; else within the best
+    ``topk_group`` of ``n_group`` groups, the dropped groups' experts scored 0.0, not
+    -inf: the ``_fill0`` rule), weights the sigmoid scores renormalised x
+    ``routed_scaling_factor``; shared expert, gated RMSNorms, DSA attention."""
 
     model_type = "axk2"
 
     def rule(self, config: Any) -> RouterRule:
-        if config.n_group is not None and int(config.n_group) > 1:
-            raise UnsupportedModelError(
-                f"axk2 with n_group={config.n_group}: its grouped gate scores the experts of "
-                "dropped groups 0.0 (not -inf), so they can outrank kept experts with a "
-                "negative biased score; that selection has no route rule here"
-            )
+        groups = int(config.n_group or 1)
         return RouterRule(scoring="sigmoid", bias=True, normalize=bool(config.norm_topk_prob),
-                          scale=float(config.routed_scaling_factor))
+                          scale=float(config.routed_scaling_factor), groups=groups,
+                          topk_groups=int(config.topk_group or 1) if groups > 1 else 1,
+                          group_fill_zero=groups > 1)
 
 
 class GlmMoeDsaAdapter(DeepseekV32Adapter):

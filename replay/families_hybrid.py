@@ -35,12 +35,14 @@ HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
                 "groups, renormalised x2.5), shared expert, MoE output RMSNorm; layer 0 dense"},
     {"name": "axk2", "config_class": "AXK2Config", "fields": {
         **_MLA, "num_key_value_heads": 2, "n_routed_experts": 16, "num_experts_per_tok": 4,
-        "n_shared_experts": 1, "moe_intermediate_size": 16, "intermediate_size": 32,
-        "norm_topk_prob": True, "routed_scaling_factor": 2.5, "gated_norm_rank": 8,
+        "n_group": 4, "topk_group": 2, "n_shared_experts": 1, "moe_intermediate_size": 16,
+        "intermediate_size": 32, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+        "gated_norm_rank": 8,
         "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "index_topk": 2048,
         "index_n_heads": 2, "index_head_dim": 16},
-     "summary": "sigmoid + correction bias, top-4 of 16 (no groups), renormalised x2.5, "
-                "shared expert, gated RMSNorms, DSA attention; layer 0 dense"},
+     "summary": "sigmoid + correction bias, top-4 of 16 in the best 2 of 4 groups (dropped "
+                "groups score 0.0), renormalised x2.5, shared expert, gated RMSNorms, DSA "
+                "attention; layer 0 dense"},
     {"name": "glm_moe_dsa", "config_class": "GlmMoeDsaConfig", "fields": {
         **_MLA, "num_key_value_heads": 2, "n_routed_experts": 32, "num_experts_per_tok": 4,
         "n_group": 4, "topk_group": 2, "n_shared_experts": 1, "moe_intermediate_size": 16,

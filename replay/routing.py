@@ -70,7 +70,8 @@ GROUP_SCORES: tuple[str, ...] = ("top2sum", "max")
 _GATED = ("sigmoid", "sqrtsoftplus")  # elementwise scores, renormalised with norm_eps
 _RULE_RE = re.compile(
     r"^(?P<scoring>softmax|sigmoid|sqrtsoftplus)(?P<bias>\+bias)?"
-    r"(?:_group(?P<topk_groups>\d+)of(?P<groups>\d+)_(?P<group_score>top2sum|max))?"
+    r"(?:_group(?P<topk_groups>\d+)of(?P<groups>\d+)_(?P<group_score>top2sum|max)"
+    r"(?P<fill0>_fill0)?)?"
     r"_topk(?P<normalize>_renormalized)?(?:_eps(?P<norm_eps>[0-9.e+-]+))?"
     r"(?:_x(?P<scale>[0-9.e+-]+))?$"
 )
@@ -91,6 +92,9 @@ class RouterRule:
         groups: expert groups G (1: no grouping).
         topk_groups: groups kept per token g (experts of the others are masked).
         group_score: how a group is scored: sum of its two best scores, or its best.
+        group_fill_zero: experts of the dropped groups score 0.0 instead of
+            :data:`MASKED_SCORE` (A.X-K2's gate), so one can outrank a kept expert whose
+            biased score is negative; named ``_fill0``.
         jitter_eps: the sparsemixer's relative gap ``eps`` (``sparsemixer`` scoring only).
         norm_eps: what a sigmoid renormalisation adds to the sum it divides by (1e-20 in
             DeepSeek-V3, 1e-6 in LFM2-MoE); named in the rule only when not 1e-20.
@@ -103,6 +107,7 @@ class RouterRule:
     groups: int = 1
     topk_groups: int = 1
     group_score: str = "top2sum"
+    group_fill_zero: bool = False
     jitter_eps: float = 0.0
     norm_eps: float = SIGMOID_NORM_EPS
 
@@ -130,6 +135,9 @@ class RouterRule:
                 self.scoring in _GATED and self.normalize and 0.0 <= self.norm_eps < 1.0):
             raise RoutingError("RouterRule.norm_eps is only defined for renormalised sigmoid "
                                "rules, in [0, 1)")
+        if self.group_fill_zero and not (self.groups > 1 and self.scoring in _GATED):
+            raise RoutingError("RouterRule.group_fill_zero is only defined for grouped "
+                               "sigmoid-type rules")
         if self.scoring != "sparsemixer" and self.jitter_eps != 0.0:
             raise RoutingError("RouterRule.jitter_eps is only defined for sparsemixer scoring")
 
@@ -141,6 +149,7 @@ class RouterRule:
         out = self.scoring + ("+bias" if self.bias else "")
         if self.groups > 1:
             out += f"_group{self.topk_groups}of{self.groups}_{self.group_score}"
+            out += "_fill0" if self.group_fill_zero else ""
         out += "_topk" + ("_renormalized" if self.normalize else "")
         out += f"_eps{self.norm_eps!r}" if self.norm_eps != SIGMOID_NORM_EPS else ""
         return out + (f"_x{self.scale!r}" if self.scale != 1.0 else "")
@@ -167,7 +176,7 @@ def parse_rule(weight_rule: str) -> RouterRule:
             scoring=parts["scoring"], bias=bool(parts["bias"]),
             normalize=bool(parts["normalize"]), scale=float(parts["scale"] or 1.0),
             groups=int(parts["groups"] or 1), topk_groups=int(parts["topk_groups"] or 1),
-            group_score=parts["group_score"] or "top2sum",
+            group_score=parts["group_score"] or "top2sum", group_fill_zero=bool(parts["fill0"]),
             norm_eps=float(parts["norm_eps"] or SIGMOID_NORM_EPS),
         )
     except ValueError as exc:
@@ -209,7 +218,8 @@ def selection_scores(
     ``sigmoid(logit) + bias`` in float32 (``sqrtsoftplus`` likewise), bias-corrected
     softmax routers by
     ``softmax(logits) + bias`` in float32; with groups, experts outside the selected
-    groups get :data:`MASKED_SCORE`. ``bias_XE`` broadcasts against the logits.
+    groups get :data:`MASKED_SCORE` (0.0 under ``_fill0``). ``bias_XE`` broadcasts against
+    the logits.
     """
     rule = parse_rule(weight_rule)
     if rule.groups == 1 and not rule.bias:
@@ -226,7 +236,8 @@ def selection_scores(
                                    "bias; load the teacher that recorded it")
             scores = scores + bias_XE.to(torch.float32)
     if rule.groups > 1:
-        scores = scores.masked_fill(~_group_mask(scores, rule), MASKED_SCORE)
+        fill = 0.0 if rule.group_fill_zero else MASKED_SCORE
+        scores = scores.masked_fill(~_group_mask(scores, rule), fill)
     return scores
 
 

@@ -64,7 +64,7 @@ EXPECTED.update({  # replay.families_hybrid
     "granitemoe_swa": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "hy_v4": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
     "axk1": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
-    "axk2": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
+    "axk2": ((1, 2, 3), 16, 4, "sigmoid+bias_group2of4_top2sum_fill0_topk_renormalized_x2.5"),
     "glm_moe_dsa": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "longcat_flash": ((0, 1, 2, 3), 20, 4, "softmax+bias_topk_x2.0"),
     "kimi_linear": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
@@ -313,15 +313,40 @@ def test_cli_lists_families_and_generates_one(tmp_path: Path) -> None:
     assert bad.exit_code != 0 and isinstance(bad.exception, ConfigError)
 
 
-def test_axk2_refuses_grouped_routing() -> None:
-    """A.X-K2's grouped gate fills dropped groups with 0.0 (not -inf): no rule models it."""
+def test_axk2_grouped_gate_scores_dropped_groups_zero() -> None:
+    """A.X-K2's grouped gate fills the dropped groups' scores with 0.0, not -inf: where
+    the kept experts' biased scores are negative, experts of dropped groups are chosen;
+    the _fill0 rule selects what AXK2TopkRouter executes, on such rows too."""
     from transformers import AXK2Config
+    from transformers.models.axk2.modeling_axk2 import AXK2TopkRouter
 
     from hebrus_flywheel.replay.adapters import adapter_for
-    from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 
-    with pytest.raises(UnsupportedModelError, match="not -inf"):
-        adapter_for("axk2").geometry(AXK2Config(n_group=4, topk_group=2))
+    config = AXK2Config(hidden_size=8, n_routed_experts=8, num_experts_per_tok=4, n_group=4,
+                        topk_group=2, routed_scaling_factor=1.0)
+    rule = adapter_for("axk2").geometry(config).weight_rule
+    assert rule == "sigmoid+bias_group2of4_top2sum_fill0_topk_renormalized"
+    assert parse_rule(rule).group_fill_zero
+    gate = AXK2TopkRouter(config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        gate.weight.copy_(torch.randn(8, 8, generator=generator))
+        # groups 1 and 3 kept; expert 6's biased score is negative on about half the rows
+        gate.e_score_correction_bias.copy_(torch.tensor([-2.0, -2.0, 0, 0, -2.0, -2.0, -0.5, 0]))
+    hidden_NH = torch.randn(64, 8, generator=generator)
+    with torch.no_grad():
+        logits, weights, ids = gate(hidden_NH)
+    bias = gate.e_score_correction_bias
+    got_ids, got_weights = topk_with_tie_break(logits, 4, weight_rule=rule, bias_TE=bias)
+    # the dropped groups' experts all score 0.0: where one is chosen, they tie, and the
+    # rule takes the lowest id (the exact gate executes that); torch.topk any of them
+    scores = selection_scores(logits, rule, bias)
+    assert torch.equal(scores.gather(-1, got_ids).sort(-1).values,
+                       scores.gather(-1, ids).sort(-1).values)
+    assert bool((scores.gather(-1, got_ids) == 0.0).any())  # dropped-group experts chosen
+    same = (got_ids.sort(-1).values == ids.sort(-1).values).all(-1)
+    assert bool(same.any())
+    assert torch.allclose(got_weights[same].sort(-1).values, weights[same].sort(-1).values)
 
 
 def test_inkling_text_is_refused_everywhere(tmp_path: Path) -> None:
