@@ -191,8 +191,8 @@ class MiniMaxM3VLTextAdapter(FamilyAdapter):
     ``e_score_correction_bias`` and returns the float32 sigmoid weights renormalised
     (a plain division: adding 1e-20 to a sum of k sigmoids changes no float32 bit). The
     block multiplies the experts' OUTPUT by ``routed_scaling_factor``, so the gate's
-    weights, the label, carry no scale; shared expert. Sparse-attention layers
-    (``minimax_m3_sparse``) have no replay mask rule yet: the tiny preset has none."""
+    weights, the label, carry no scale; shared expert; full and block-sparse
+    (``minimax_m3_sparse``, a block indexer) attention layers."""
 
     model_type = "minimax_m3_vl_text"
     weights_in_logit_dtype = False

@@ -92,9 +92,11 @@ HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
         "head_dim": 32, "num_local_experts": 16, "num_experts_per_tok": 4,
         "intermediate_size": 16, "shared_intermediate_size": 32, "dense_intermediate_size": 32,
         "routed_scaling_factor": 2.0, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
-        "layer_types": ["full_attention"] * 4},
+        "layer_types": ["full_attention", "minimax_m3_sparse"] * 2, "index_n_heads": 2,
+        "index_head_dim": 16, "index_block_size": 8, "index_topk_blocks": 2},
      "summary": "sigmoid + correction bias, top-4 of 16, renormalised (the block scales "
-                "the experts' output x2.0), shared expert, clamped swiglu; layer 0 dense"},
+                "the experts' output x2.0), shared expert, clamped swiglu; layer 0 dense; "
+                "full and block-sparse (indexer, 2 blocks of 8 + local) attention"},
     {"name": "deepseek_v4", "config_class": "DeepseekV4Config", "fields": {
         "head_dim": 32, "q_lora_rank": 32, "n_routed_experts": 16, "num_experts_per_tok": 4,
         "moe_intermediate_size": 16, "routed_scaling_factor": 1.5, "o_groups": 2,

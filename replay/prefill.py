@@ -430,7 +430,9 @@ def attention_masks(
     if layer_types <= {"compressed_sparse_attention", "heavily_compressed_attention"}:
         # DeepSeek-V4 takes ONE sliding-window mask for every layer (a dict's first value)
         return materialised(create_sliding_window_causal_mask)
-    if layer_types == {"full_attention"}:  # e.g. Qwen2-MoE keeps sliding_window=0 unused
+    if layer_types <= {"full_attention", "minimax_m3_sparse"}:
+        # e.g. Qwen2-MoE keeps sliding_window=0 unused; MiniMax-M3 takes ONE causal mask
+        # for its full and sparse (block-indexer) layers (a dict's first value)
         return materialised(create_causal_mask)
     makers = {"full_attention": create_causal_mask,
               "sliding_attention": create_sliding_window_causal_mask,
