@@ -154,6 +154,16 @@ class FamilyAdapter:
         named = {"logits": logits, "weights": weights, "ids": ids}
         return tuple(named[name] for name in self.router_output)
 
+    def router_call_output(self, gate: nn.Module, args: Any, output: Any) -> Any:
+        """What a router call returned, as :meth:`split_router_output` reads it; a forward
+        hook hands the call's ``args`` too (LongCat's router returns no logits, so its
+        adapter recomputes them from the input)."""
+        return output
+
+    def router_weight(self, gate: nn.Module) -> torch.Tensor:
+        """The router's ``[E, H]`` logit weight (redrawn by ``teacher init --family``)."""
+        return cast(torch.Tensor, gate.weight)
+
     def split_router_output(self, output: Any, top_k: int) -> tuple[torch.Tensor, Any, Any]:
         """``(logits, weights or None, ids or None)`` from what the router returned."""
         if not isinstance(output, tuple):

@@ -41,7 +41,9 @@ from torch import nn
 from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
 from hebrus_flywheel.replay.adapters_extra import EXTRA_ADAPTERS
+from hebrus_flywheel.replay.adapters_hybrid import HYBRID_ADAPTERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+from hebrus_flywheel.replay.families_hybrid import REFUSED_FAMILIES
 from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
 
 __all__ = ["ADAPTERS", "DeepseekV3Adapter", "FamilyAdapter", "RouteCapture", "RouterPass",
@@ -125,13 +127,16 @@ ADAPTERS: dict[str, FamilyAdapter] = {
     a.model_type: a
     for a in (Qwen3NextAdapter(), Qwen3MoeAdapter(), Qwen2MoeAdapter(), MixtralAdapter(),
               OlmoeAdapter(), DeepseekV3Adapter(), DeepseekV2Adapter(), Glm4MoeAdapter(),
-              *EXTRA_ADAPTERS)
+              *EXTRA_ADAPTERS, *HYBRID_ADAPTERS)
 }
 
 
 def adapter_for(model_type: str) -> FamilyAdapter:
     """The adapter for a ``config.model_type``; UnsupportedModelError if there is none."""
     adapter = ADAPTERS.get(model_type)
+    if model_type in REFUSED_FAMILIES:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} cannot be a teacher: {REFUSED_FAMILIES[model_type]}")
     if adapter is None:
         raise UnsupportedModelError(
             f"model_type {model_type!r} has no route adapter; supported families are "
@@ -242,9 +247,9 @@ class RouteCapture:
         self._hidden.clear()
 
     def gate_hook(self, slot: int) -> Any:
-        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
             logits, _weights, ids = self.adapter.split_router_output(
-                output, self.geometry.top_k)
+                self.adapter.router_call_output(module, args, output), self.geometry.top_k)
             self._logits[slot] = logits.detach().reshape(-1, self.geometry.expert_count)
             if ids is not None:
                 self._executed[slot] = ids.detach().reshape(-1, self.geometry.top_k)

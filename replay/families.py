@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.families_hybrid import HYBRID_FAMILIES, REFUSED_FAMILIES
 
 SCORE_BIAS_STD = 0.1
 HIDDEN = 64
@@ -226,6 +227,7 @@ FAMILIES: dict[str, FamilySpec] = {
             "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8},
             summary="softmax top-2 of 16, raw weights, router a bare Linear (the block "
                     "selects); layers 1 and 3 sparse; mamba and attention layers"),
+        *(FamilySpec(**spec) for spec in HYBRID_FAMILIES),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"
@@ -233,6 +235,8 @@ DEFAULT_FAMILY = "qwen3_next"
 
 def get_family(name: str) -> FamilySpec:
     """The spec of ``name``; ConfigError naming the choices if there is none."""
+    if name in REFUSED_FAMILIES:
+        raise ConfigError(f"family {name!r} cannot be a teacher: {REFUSED_FAMILIES[name]}")
     if name not in FAMILIES:
         raise ConfigError(
             f"family: no generator for {name!r}; choose one of {sorted(FAMILIES)} "
@@ -256,7 +260,7 @@ def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
         with torch.no_grad():
             for index in adapter.geometry(config).routed_layers:
                 gate = adapter.router(layers[index])
-                cast(torch.Tensor, gate.weight).normal_(0.0, router_std)
+                adapter.router_weight(gate).normal_(0.0, router_std)
                 bias = adapter.layer_bias(layers[index])
                 if bias is not None:
                     bias.normal_(0.0, spec.score_bias_std)

@@ -192,9 +192,12 @@ class AnchorCapture:
     ids: dict[int, torch.Tensor] = field(default_factory=dict)
     weights: dict[int, torch.Tensor] = field(default_factory=dict)
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    call_output: Callable[[nn.Module, Any, Any], Any] | None = None
 
     def gate_hook(self, slot: int) -> Any:
-        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if self.call_output is not None:  # FamilyAdapter.router_call_output
+                output = self.call_output(module, args, output)
             logits, weights, ids = self.split(output)
             flat = logits.reshape(-1, self.expert_count)
             self.logits[slot] = flat.index_select(0, self.rows_N)
@@ -247,7 +250,8 @@ def capture_anchor_rows(teacher: Teacher, rows_N: torch.Tensor) -> Iterator[Anch
     """
     capture = AnchorCapture(rows_N=rows_N, expert_count=teacher.geometry.expert_count,
                             split=partial(teacher.adapter.split_router_output,
-                                          top_k=teacher.geometry.top_k))
+                                          top_k=teacher.geometry.top_k),
+                            call_output=teacher.adapter.router_call_output)
     layers = teacher.adapter.decoder_layers(teacher.model)
     handles = []
     try:

@@ -427,13 +427,19 @@ def attention_masks(
     if not layer_types:  # one mask for every layer; a window only if one is set (> 0)
         sliding = bool(getattr(config, "sliding_window", None))
         return materialised(create_sliding_window_causal_mask if sliding else create_causal_mask)
-    if layer_types == {"full_attention"}:  # e.g. Qwen2-MoE keeps sliding_window=0 unused
+    if layer_types <= {"compressed_sparse_attention", "heavily_compressed_attention"}:
+        # DeepSeek-V4 takes ONE sliding-window mask for every layer (a dict's first value)
+        return materialised(create_sliding_window_causal_mask)
+    if layer_types <= {"full_attention", "minimax_m3_sparse"}:
+        # e.g. Qwen2-MoE keeps sliding_window=0 unused; MiniMax-M3 takes ONE causal mask
+        # for its full and sparse (block-indexer) layers (a dict's first value)
         return materialised(create_causal_mask)
     makers = {"full_attention": create_causal_mask,
               "sliding_attention": create_sliding_window_causal_mask,
               "chunked_attention": create_chunked_causal_mask,  # Llama 4
               "deepseek_sparse_attention": create_causal_mask}  # DeepSeek-V3.2
-    unknown = layer_types - {"linear_attention", "conv", *makers}
+    # Nemotron-H's "moe" and "mlp" blocks are a mixer alone: they take no mask
+    unknown = layer_types - {"linear_attention", "conv", "moe", "mlp", *makers}
     if unknown:
         raise ReplayError(
             f"layer types {sorted(unknown)} have no replay mask rule; extend "

@@ -65,11 +65,13 @@ SIGMOID_NORM_EPS = 1e-20
 """What DeepSeek-style sigmoid routers add to the sum of the top-k weights they divide by."""
 MASKED_SCORE = float(torch.finfo(torch.float32).min)
 """Selection score of an expert whose group was not selected (finite, below any score)."""
-SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "sparsemixer")
+SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "sparsemixer", "sqrtsoftplus")
 GROUP_SCORES: tuple[str, ...] = ("top2sum", "max")
+_GATED = ("sigmoid", "sqrtsoftplus")  # elementwise scores, renormalised with norm_eps
 _RULE_RE = re.compile(
-    r"^(?P<scoring>softmax|sigmoid)(?P<bias>\+bias)?"
-    r"(?:_group(?P<topk_groups>\d+)of(?P<groups>\d+)_(?P<group_score>top2sum|max))?"
+    r"^(?P<scoring>softmax|sigmoid|sqrtsoftplus)(?P<bias>\+bias)?"
+    r"(?:_group(?P<topk_groups>\d+)of(?P<groups>\d+)_(?P<group_score>top2sum|max)"
+    r"(?P<fill0>_fill0)?)?"
     r"_topk(?P<normalize>_renormalized)?(?:_eps(?P<norm_eps>[0-9.e+-]+))?"
     r"(?:_x(?P<scale>[0-9.e+-]+))?$"
 )
@@ -81,7 +83,8 @@ class RouterRule:
     """How a family's router turns logits into a ranked selection and weights.
 
     Fields:
-        scoring: ``softmax`` or ``sigmoid`` (how weights derive from logits).
+        scoring: ``softmax``, ``sigmoid`` or ``sqrtsoftplus`` (DeepSeek-V4:
+            ``sqrt(softplus(logit))``, scored like sigmoid) (how weights derive from logits).
         normalize: divide the selected weights by their sum.
         scale: multiply the (normalised) weights by this (``routed_scaling_factor``).
         bias: selection adds a per-expert correction bias to the sigmoid score, or to
@@ -89,6 +92,9 @@ class RouterRule:
         groups: expert groups G (1: no grouping).
         topk_groups: groups kept per token g (experts of the others are masked).
         group_score: how a group is scored: sum of its two best scores, or its best.
+        group_fill_zero: experts of the dropped groups score 0.0 instead of
+            :data:`MASKED_SCORE` (A.X-K2's gate), so one can outrank a kept expert whose
+            biased score is negative; named ``_fill0``.
         jitter_eps: the sparsemixer's relative gap ``eps`` (``sparsemixer`` scoring only).
         norm_eps: what a sigmoid renormalisation adds to the sum it divides by (1e-20 in
             DeepSeek-V3, 1e-6 in LFM2-MoE); named in the rule only when not 1e-20.
@@ -101,6 +107,7 @@ class RouterRule:
     groups: int = 1
     topk_groups: int = 1
     group_score: str = "top2sum"
+    group_fill_zero: bool = False
     jitter_eps: float = 0.0
     norm_eps: float = SIGMOID_NORM_EPS
 
@@ -125,9 +132,12 @@ class RouterRule:
             raise RoutingError("a sparsemixer RouterRule has only jitter_eps >= 0 (no "
                                "renormalisation, scale or groups)")
         if self.norm_eps != SIGMOID_NORM_EPS and not (
-                self.scoring == "sigmoid" and self.normalize and 0.0 <= self.norm_eps < 1.0):
+                self.scoring in _GATED and self.normalize and 0.0 <= self.norm_eps < 1.0):
             raise RoutingError("RouterRule.norm_eps is only defined for renormalised sigmoid "
                                "rules, in [0, 1)")
+        if self.group_fill_zero and not (self.groups > 1 and self.scoring in _GATED):
+            raise RoutingError("RouterRule.group_fill_zero is only defined for grouped "
+                               "sigmoid-type rules")
         if self.scoring != "sparsemixer" and self.jitter_eps != 0.0:
             raise RoutingError("RouterRule.jitter_eps is only defined for sparsemixer scoring")
 
@@ -139,6 +149,7 @@ class RouterRule:
         out = self.scoring + ("+bias" if self.bias else "")
         if self.groups > 1:
             out += f"_group{self.topk_groups}of{self.groups}_{self.group_score}"
+            out += "_fill0" if self.group_fill_zero else ""
         out += "_topk" + ("_renormalized" if self.normalize else "")
         out += f"_eps{self.norm_eps!r}" if self.norm_eps != SIGMOID_NORM_EPS else ""
         return out + (f"_x{self.scale!r}" if self.scale != 1.0 else "")
@@ -165,11 +176,19 @@ def parse_rule(weight_rule: str) -> RouterRule:
             scoring=parts["scoring"], bias=bool(parts["bias"]),
             normalize=bool(parts["normalize"]), scale=float(parts["scale"] or 1.0),
             groups=int(parts["groups"] or 1), topk_groups=int(parts["topk_groups"] or 1),
-            group_score=parts["group_score"] or "top2sum",
+            group_score=parts["group_score"] or "top2sum", group_fill_zero=bool(parts["fill0"]),
             norm_eps=float(parts["norm_eps"] or SIGMOID_NORM_EPS),
         )
     except ValueError as exc:
         raise RoutingError(f"weight_rule {weight_rule!r} has a malformed number") from exc
+
+
+def _gate_scores(logits_XE: torch.Tensor, scoring: str) -> torch.Tensor:
+    """Per-expert scores of an elementwise router: ``sigmoid`` or DeepSeek-V4's
+    ``sqrtsoftplus`` (``sqrt(softplus(logit))``, transformers' own op order)."""
+    if scoring == "sqrtsoftplus":
+        return torch.nn.functional.softplus(logits_XE).sqrt()
+    return logits_XE.sigmoid()
 
 
 def _group_mask(scores_XE: torch.Tensor, rule: RouterRule) -> torch.Tensor:
@@ -196,9 +215,11 @@ def selection_scores(
     Softmax routers, and sigmoid routers without bias or groups (Llama 4, which ranks
     its raw logits), rank by the logits themselves (returned unchanged: sigmoid is
     monotonic, and unlike it the logits do not saturate). Other sigmoid routers rank by
-    ``sigmoid(logit) + bias`` in float32, bias-corrected softmax routers by
+    ``sigmoid(logit) + bias`` in float32 (``sqrtsoftplus`` likewise), bias-corrected
+    softmax routers by
     ``softmax(logits) + bias`` in float32; with groups, experts outside the selected
-    groups get :data:`MASKED_SCORE`. ``bias_XE`` broadcasts against the logits.
+    groups get :data:`MASKED_SCORE` (0.0 under ``_fill0``). ``bias_XE`` broadcasts against
+    the logits.
     """
     rule = parse_rule(weight_rule)
     if rule.groups == 1 and not rule.bias:
@@ -207,14 +228,16 @@ def selection_scores(
         scores = router_logits_XE
     else:
         logits_XE = router_logits_XE.to(torch.float32)
-        scores = logits_XE.sigmoid() if rule.scoring == "sigmoid" else logits_XE.softmax(-1)
+        scores = logits_XE.softmax(-1) if rule.scoring == "softmax" else _gate_scores(
+            logits_XE, rule.scoring)
         if rule.bias:
             if bias_XE is None:
                 raise RoutingError(f"weight_rule {weight_rule!r} needs the routers' correction "
                                    "bias; load the teacher that recorded it")
             scores = scores + bias_XE.to(torch.float32)
     if rule.groups > 1:
-        scores = scores.masked_fill(~_group_mask(scores, rule), MASKED_SCORE)
+        fill = 0.0 if rule.group_fill_zero else MASKED_SCORE
+        scores = scores.masked_fill(~_group_mask(scores, rule), fill)
     return scores
 
 
@@ -264,7 +287,7 @@ def topk_weights(
         if rule.normalize:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
     else:
-        weights_TK = torch.gather(logits_TE.sigmoid(), -1, expert_ids_TK)
+        weights_TK = torch.gather(_gate_scores(logits_TE, rule.scoring), -1, expert_ids_TK)
         if rule.normalize:
             weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + rule.norm_eps)
     if rule.scale != 1.0:

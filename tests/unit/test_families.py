@@ -60,11 +60,24 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "exaone_moe": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "jamba": ((1, 3), 16, 2, "softmax_topk"),
 }
+EXPECTED.update({  # replay.families_hybrid
+    "granitemoe_swa": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "hy_v4": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
+    "axk1": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "axk2": ((1, 2, 3), 16, 4, "sigmoid+bias_group2of4_top2sum_fill0_topk_renormalized_x2.5"),
+    "glm_moe_dsa": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "longcat_flash": ((0, 1, 2, 3), 20, 4, "softmax+bias_topk_x2.0"),
+    "kimi_linear": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "granitemoehybrid": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "nemotron_h": ((1, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "minimax_m3_vl_text": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
+    "deepseek_v4": ((1, 2, 3), 16, 4, "sqrtsoftplus+bias_topk_renormalized_x1.5"),
+})
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
 # gates sum their top-k in torch.topk(sorted=False) order, so they agree only to rounding
 BITWISE_WEIGHTS = {"lfm2_moe", "phimoe", "ernie4_5_moe", "llama4_text", "mixtral", "minimax",
-                   "qwen3_moe"}
+                   "qwen3_moe", "longcat_flash"}
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +129,9 @@ def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[
             logits = gate(hidden_NH)
             ids, weights = layer.feed_forward.route_tokens_to_experts(hidden_NH, logits)
             return logits, weights, ids
-        return teacher.adapter.split_router_output(gate(hidden_NH, *extra),
-                                                   teacher.geometry.top_k)
+        output = teacher.adapter.router_call_output(gate, (hidden_NH, *extra),
+                                                    gate(hidden_NH, *extra))
+        return teacher.adapter.split_router_output(output, teacher.geometry.top_k)
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
@@ -155,16 +169,22 @@ def test_pre_attention_state_is_the_residual_stream_entering_the_layer(
     family: str, family_dirs: dict[str, Path]
 ) -> None:
     """The captured feature of routed layer l is the model's own hidden_states[l] (the
-    input of layer l), also for post-norm families without an input_layernorm."""
+    input of layer l), also for post-norm families without an input_layernorm; where the
+    stream is several hyper-connection channels [B, T, C, H] (HY-V4, DeepSeek-V4), the mix
+    the layer's attn_hc hands its input_layernorm."""
     teacher = _load(family, family_dirs[family])
     ids_BT = torch.tensor([PREFIX])
     routes = teacher.forward_routes(ids_BT, capture_hidden=True)
+    layers = teacher.adapter.decoder_layers(teacher.model)
     with torch.inference_mode():
         states = teacher.model(input_ids=ids_BT, use_cache=False,
                                output_hidden_states=True).hidden_states
-    assert routes.hidden_BTLH is not None
-    for slot, index in enumerate(teacher.geometry.routed_layers):
-        assert torch.equal(routes.hidden_BTLH[:, :, slot], states[index]), (slot, index)
+        assert routes.hidden_BTLH is not None
+        for slot, index in enumerate(teacher.geometry.routed_layers):
+            want = states[index]
+            if want.dim() == 4:
+                want = layers[index].attn_hc(want)[-1]
+            assert torch.equal(routes.hidden_BTLH[:, :, slot], want), (slot, index)
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
@@ -204,7 +224,8 @@ def test_rule_names_round_trip() -> None:
     for rule in (RouterRule(), RouterRule(normalize=False, scale=1.5, groups=8, topk_groups=3,
                                           group_score="max"),
                  RouterRule(scoring="sigmoid", bias=True, groups=4, topk_groups=2, scale=2.5),
-                 RouterRule(scoring="sigmoid", bias=True, norm_eps=1e-6, scale=1.5)):
+                 RouterRule(scoring="sigmoid", bias=True, norm_eps=1e-6, scale=1.5),
+                 RouterRule(scoring="sqrtsoftplus", bias=True, scale=1.5)):
         assert parse_rule(rule.name) == rule
     with pytest.raises(RoutingError, match="weight_rule"):
         parse_rule("sigmoid")
@@ -290,3 +311,63 @@ def test_cli_lists_families_and_generates_one(tmp_path: Path) -> None:
     bad = CliRunner().invoke(teacher_app, ["init", "--family", "nope", "--out",
                                            str(tmp_path / "n")])
     assert bad.exit_code != 0 and isinstance(bad.exception, ConfigError)
+
+
+def test_axk2_grouped_gate_scores_dropped_groups_zero() -> None:
+    """A.X-K2's grouped gate fills the dropped groups' scores with 0.0, not -inf: where
+    the kept experts' biased scores are negative, experts of dropped groups are chosen;
+    the _fill0 rule selects what AXK2TopkRouter executes, on such rows too."""
+    from transformers import AXK2Config
+    from transformers.models.axk2.modeling_axk2 import AXK2TopkRouter
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+
+    config = AXK2Config(hidden_size=8, n_routed_experts=8, num_experts_per_tok=4, n_group=4,
+                        topk_group=2, routed_scaling_factor=1.0)
+    rule = adapter_for("axk2").geometry(config).weight_rule
+    assert rule == "sigmoid+bias_group2of4_top2sum_fill0_topk_renormalized"
+    assert parse_rule(rule).group_fill_zero
+    gate = AXK2TopkRouter(config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        gate.weight.copy_(torch.randn(8, 8, generator=generator))
+        # groups 1 and 3 kept; expert 6's biased score is negative on about half the rows
+        gate.e_score_correction_bias.copy_(torch.tensor([-2.0, -2.0, 0, 0, -2.0, -2.0, -0.5, 0]))
+    hidden_NH = torch.randn(64, 8, generator=generator)
+    with torch.no_grad():
+        logits, weights, ids = gate(hidden_NH)
+    bias = gate.e_score_correction_bias
+    got_ids, got_weights = topk_with_tie_break(logits, 4, weight_rule=rule, bias_TE=bias)
+    # the dropped groups' experts all score 0.0: where one is chosen, they tie, and the
+    # rule takes the lowest id (the exact gate executes that); torch.topk any of them
+    scores = selection_scores(logits, rule, bias)
+    assert torch.equal(scores.gather(-1, got_ids).sort(-1).values,
+                       scores.gather(-1, ids).sort(-1).values)
+    assert bool((scores.gather(-1, got_ids) == 0.0).any())  # dropped-group experts chosen
+    same = (got_ids.sort(-1).values == ids.sort(-1).values).all(-1)
+    assert bool(same.any())
+    assert torch.allclose(got_weights[same].sort(-1).values, weights[same].sort(-1).values)
+
+
+def test_inkling_text_is_refused_everywhere(tmp_path: Path) -> None:
+    """Inkling's gate weighs experts with the shared experts' logits and a learned
+    scale, which a route cannot record: no generator, no adapter, listed as refused."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+    from hebrus_flywheel.replay.cli import teacher_app
+    from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+
+    with pytest.raises(ConfigError, match=r"cannot be a teacher: .*shared experts"):
+        get_family("inkling_text")
+    with pytest.raises(ConfigError, match="cannot be a teacher"):
+        init_teacher(tmp_path / "i", family="inkling_text")
+    assert not (tmp_path / "i").exists()
+    with pytest.raises(UnsupportedModelError, match="global_scale"):
+        adapter_for("inkling_text")
+    listed = CliRunner().invoke(teacher_app, ["families", "--json"])
+    row = json.loads(listed.output)["inkling_text"]
+    assert not row["generate"] and row["summary"].startswith("not a teacher")
+
