@@ -105,16 +105,18 @@ def router_weights(teacher: Any) -> RouterWeights:
     reads an un-normalised stream)."""
     from hebrus_flywheel.train.router_input import router_input_gains
 
-    layers = teacher.adapter.decoder_layers(teacher.model)
-    routers = []
+    adapter, layers = teacher.adapter, teacher.adapter.decoder_layers(teacher.model)
+    weights = []
     for index in teacher.geometry.routed_layers:
-        weight = getattr(teacher.adapter.router(layers[index]), "weight", None)
+        try:
+            weight = adapter.router_weight(adapter.router(layers[index]))
+        except AttributeError:
+            weight = None
         if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
             raise BaselineError(f"the router of layer {index} has no (E, H) weight matrix")
-        routers.append(weight.detach().float().cpu().numpy())
-    width, dtype = routers[0].shape[1], teacher.adapter.router(
-        layers[teacher.geometry.routed_layers[0]]).weight.dtype
-    gains = router_input_gains(teacher, width, dtype)
+        weights.append(weight.detach())
+    routers = [w.float().cpu().numpy() for w in weights]
+    gains = router_input_gains(teacher, routers[0].shape[1], weights[0].dtype)
     return RouterWeights(router_LEH=np.stack(routers), norm_gain_LH=np.stack(gains),
                          source=str(teacher.path))
 
