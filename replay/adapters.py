@@ -41,6 +41,7 @@ from torch import nn
 from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
 from hebrus_flywheel.replay.adapters_extra import EXTRA_ADAPTERS
+from hebrus_flywheel.replay.adapters_more import MORE_ADAPTERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
 
@@ -125,7 +126,7 @@ ADAPTERS: dict[str, FamilyAdapter] = {
     a.model_type: a
     for a in (Qwen3NextAdapter(), Qwen3MoeAdapter(), Qwen2MoeAdapter(), MixtralAdapter(),
               OlmoeAdapter(), DeepseekV3Adapter(), DeepseekV2Adapter(), Glm4MoeAdapter(),
-              *EXTRA_ADAPTERS)
+              *EXTRA_ADAPTERS, *MORE_ADAPTERS)
 }
 
 

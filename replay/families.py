@@ -23,6 +23,7 @@ from typing import Any, cast
 import torch
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.families_more import MORE_FAMILIES
 
 SCORE_BIAS_STD = 0.1
 HIDDEN = 64
@@ -226,6 +227,7 @@ FAMILIES: dict[str, FamilySpec] = {
             "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8},
             summary="softmax top-2 of 16, raw weights, router a bare Linear (the block "
                     "selects); layers 1 and 3 sparse; mamba and attention layers"),
+        *(FamilySpec(**row) for row in MORE_FAMILIES),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

@@ -59,6 +59,8 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "hy_v3": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
     "exaone_moe": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "jamba": ((1, 3), 16, 2, "softmax_topk"),
+    # replay.families_more
+    "cohere2_moe": ((1, 2, 3), 16, 4, "softmax_topk_renormalized"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style

@@ -1,0 +1,21 @@
+"""Tiny-checkpoint rows of the MoE families added by :mod:`replay.adapters_more` (issue 16).
+
+Each row holds the keyword arguments of one :class:`replay.families.FamilySpec`; plain
+dicts, so that :mod:`replay.families` (which builds and registers them in ``FAMILIES``)
+and this module import each other in one direction only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MORE_FAMILIES: tuple[dict[str, Any], ...] = (
+    {"name": "cohere2_moe", "config_class": "Cohere2MoeConfig", "fields": {
+        "head_dim": 32, "num_experts": 16, "num_experts_per_tok": 4, "intermediate_size": 16,
+        "num_shared_experts": 1, "shared_expert_combination_strategy": "average",
+        "expert_selection_fn": "softmax", "prefix_dense_intermediate_size": 32,
+        "sliding_window": 16, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+     "summary": "softmax over the top-4 of 16 logits, weights in the hidden dtype, shared "
+                "expert averaged in; parallel attention + MoE block; layer 0 dense"},
+)
