@@ -129,9 +129,13 @@ class FamilyAdapter:
 
         return DynamicCache(config=cast(Any, model).config)
 
+    def router_weight(self, gate: nn.Module) -> Any:
+        """The router's ``[E, H]`` weight (a router may wrap its Linear, e.g. AFMoE's)."""
+        return getattr(gate, "weight", None)
+
     def gate_logits(self, gate: nn.Module, hidden_NH: torch.Tensor) -> torch.Tensor:
         """The router logits ``[N, E]`` exactly as the family's gate computes them."""
-        weight = cast(torch.Tensor, gate.weight)
+        weight = cast(torch.Tensor, self.router_weight(gate))
         bias = cast(torch.Tensor, gate.bias) if self.logit_bias else None
         if self.logits_in_float32:
             hidden_NH, weight = hidden_NH.to(torch.float32), weight.to(torch.float32)
@@ -173,7 +177,7 @@ class FamilyAdapter:
 
     def check_gate(self, gate: nn.Module, geometry: RouteGeometry) -> str | None:
         """Why ``gate`` cannot be replaced by the exact-routing forward, or None."""
-        weight = getattr(gate, "weight", None)
+        weight = self.router_weight(gate)
         bias = getattr(gate, "bias", None)
         if not isinstance(weight, torch.Tensor) or \
                 tuple(weight.shape) != (geometry.expert_count, geometry.hidden_size):

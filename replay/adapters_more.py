@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch import nn
+
 from hebrus_flywheel.replay.adapter_base import FamilyAdapter
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule
@@ -41,6 +44,34 @@ class Cohere2MoeAdapter(FamilyAdapter):
             "rule; supported are 'softmax' and 'sigmoid'")
 
 
+class AfmoeAdapter(FamilyAdapter):
+    """AFMoE: layers from ``num_dense_layers`` on routed by ``mlp.router``, whose inner
+    ``gate`` Linear gives model-dtype logits upcast to float32; selection by sigmoid +
+    the block's ``expert_bias`` (handed to the router as an argument), weights the
+    sigmoid scores renormalised (``+ 1e-20``) times ``route_scale``; shared experts
+    always run; pre/post norms around attention and the MoE block."""
+
+    model_type = "afmoe"
+    intermediate_field = "moe_intermediate_size"
+    router_path = ("mlp", "router")
+    logits_upcast = True
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(range(int(config.num_dense_layers or 0), int(config.num_hidden_layers)))
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="sigmoid", bias=True, normalize=True,
+                          scale=float(config.route_scale))
+
+    def router_weight(self, gate: nn.Module) -> Any:
+        return getattr(getattr(gate, "gate", None), "weight", None)
+
+    def layer_bias(self, layer: nn.Module) -> torch.Tensor | None:
+        """The MoE block's ``expert_bias`` (the block passes it to the router)."""
+        bias = getattr(getattr(layer, "mlp", None), "expert_bias", None)
+        return bias if isinstance(bias, torch.Tensor) else None
+
+
 MORE_ADAPTERS: tuple[FamilyAdapter, ...] = (
-    Cohere2MoeAdapter(),
+    Cohere2MoeAdapter(), AfmoeAdapter(),
 )

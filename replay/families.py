@@ -258,7 +258,7 @@ def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
         with torch.no_grad():
             for index in adapter.geometry(config).routed_layers:
                 gate = adapter.router(layers[index])
-                cast(torch.Tensor, gate.weight).normal_(0.0, router_std)
+                cast(torch.Tensor, adapter.router_weight(gate)).normal_(0.0, router_std)
                 bias = adapter.layer_bias(layers[index])
                 if bias is not None:
                     bias.normal_(0.0, spec.score_bias_std)

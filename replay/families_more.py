@@ -18,4 +18,10 @@ MORE_FAMILIES: tuple[dict[str, Any], ...] = (
         "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
      "summary": "softmax over the top-4 of 16 logits, weights in the hidden dtype, shared "
                 "expert averaged in; parallel attention + MoE block; layer 0 dense"},
+    {"name": "afmoe", "config_class": "AfmoeConfig", "fields": {
+        "head_dim": 32, "num_experts": 16, "num_experts_per_tok": 4, "num_shared_experts": 1,
+        "moe_intermediate_size": 16, "intermediate_size": 32, "num_dense_layers": 1,
+        "route_scale": 2.5, "sliding_window": 16, "global_attn_every_n_layers": 2},
+     "summary": "float32 sigmoid + expert bias, top-4 of 16, renormalised x2.5, shared "
+                "expert; layer 0 dense (num_dense_layers); sliding/full attention"},
 )

@@ -61,6 +61,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "jamba": ((1, 3), 16, 2, "softmax_topk"),
     # replay.families_more
     "cohere2_moe": ((1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "afmoe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
@@ -112,12 +113,15 @@ def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[
     layer = teacher.adapter.decoder_layers(teacher.model)[teacher.geometry.routed_layers[0]]
     gate = teacher.adapter.router(layer)
     # LFM2-MoE's and HY-V3's blocks hand their bias to the gate as an argument
-    extra = (teacher.adapter.layer_bias(layer),) if family in ("lfm2_moe", "hy_v3") else ()
+    extra = (teacher.adapter.layer_bias(layer),) if family in ("lfm2_moe", "hy_v3",
+                                                                "afmoe") else ()
     with torch.no_grad():
         if family == "jamba":  # a bare Linear router; its block selects
             logits = gate(hidden_NH)
             ids, weights = layer.feed_forward.route_tokens_to_experts(hidden_NH, logits)
             return logits, weights, ids
+        if family == "afmoe":  # its router takes [B, T, H] only
+            hidden_NH = hidden_NH[None]
         return teacher.adapter.split_router_output(gate(hidden_NH, *extra),
                                                    teacher.geometry.top_k)
 
