@@ -48,6 +48,7 @@ class FamilyAdapter:
     model_type: ClassVar[str] = ""
     expert_count_field: ClassVar[str] = "num_experts"
     intermediate_field: ClassVar[str] = "intermediate_size"
+    top_k_field: ClassVar[str] = "num_experts_per_tok"
     weights_in_logit_dtype: ClassVar[bool] = True
     weights_in_hidden_dtype: ClassVar[bool] = False
     logits_in_float32: ClassVar[bool] = False
@@ -72,7 +73,7 @@ class FamilyAdapter:
             layer_count=int(config.num_hidden_layers),
             routed_layers=self.routed_layers(config),
             expert_count=int(getattr(config, self.expert_count_field)),
-            top_k=int(config.num_experts_per_tok),
+            top_k=int(getattr(config, self.top_k_field)),
             weight_rule=self.weight_rule(config),
             hidden_size=int(config.hidden_size),
             routed_intermediate_size=int(getattr(config, self.intermediate_field)),
@@ -169,6 +170,10 @@ class FamilyAdapter:
         """A module called as ``(hidden, ids, weights)`` whose ids are the executed ones,
         where the router does not return them (None: the router does)."""
         return None
+
+    def executed_ids(self, module: nn.Module, args: Any) -> torch.Tensor:
+        """The ids in a call of :meth:`executed_ids_module` (its second argument)."""
+        return cast(torch.Tensor, args[1])
 
     def install_exact_gate(self, layer: nn.Module, gate: nn.Module, forward: Any,
                            geometry: RouteGeometry) -> None:

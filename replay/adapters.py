@@ -255,8 +255,9 @@ class RouteCapture:
     def experts_pre_hook(self, slot: int) -> Any:
         """Records the ids an experts module is called with (``(hidden, ids, weights)``),
         for families whose router returns logits only (Jamba)."""
-        def hook(_module: nn.Module, args: Any) -> None:
-            self._executed[slot] = args[1].detach().reshape(-1, self.geometry.top_k)
+        def hook(module: nn.Module, args: Any) -> None:
+            ids = self.adapter.executed_ids(module, args)
+            self._executed[slot] = ids.detach().reshape(-1, self.geometry.top_k)
 
         return hook
 

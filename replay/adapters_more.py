@@ -7,14 +7,14 @@ installed transformers; :mod:`replay.adapters` registers them in ``ADAPTERS``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from hebrus_flywheel.replay.adapter_base import FamilyAdapter
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
-from hebrus_flywheel.replay.routing import RouterRule
+from hebrus_flywheel.replay.routing import RouterRule, topk_with_tie_break
 
 
 def _sparse_layers(config: Any) -> tuple[int, ...]:
@@ -72,6 +72,44 @@ class AfmoeAdapter(FamilyAdapter):
         return bias if isinstance(bias, torch.Tensor) else None
 
 
+class AriaTextAdapter(FamilyAdapter):
+    """Aria (text): every layer routed; ``mlp.router`` is a bare ``nn.Linear`` (its output
+    is the logits) and the experts' own ``route_tokens_to_experts`` takes the top-k
+    logits and weighs them by the softmax over those (the renormalised softmax) in the
+    logits' dtype. Exact routing replaces that experts method; the executed ids are what
+    it returns for the logits the experts are called with. Shared experts always run."""
+
+    model_type = "aria_text"
+    expert_count_field = "moe_num_experts"
+    top_k_field = "moe_topk"
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", normalize=True)
+
+    def find_router(self, layer: nn.Module) -> nn.Module | None:
+        router = getattr(getattr(layer, "mlp", None), "router", None)
+        return router if isinstance(router, nn.Linear) else None
+
+    def executed_ids_module(self, layer: nn.Module) -> nn.Module | None:
+        """The experts, called as ``(hidden, router_logits)``."""
+        experts = getattr(getattr(layer, "mlp", None), "experts", None)
+        return experts if isinstance(experts, nn.Module) else None
+
+    def executed_ids(self, module: nn.Module, args: Any) -> torch.Tensor:
+        """The ids the experts' own (possibly replaced) selection gives their logits."""
+        return cast(torch.Tensor, cast(Any, module).route_tokens_to_experts(args[1])[0])
+
+    def install_exact_gate(self, layer: nn.Module, gate: nn.Module, forward: Any,
+                           geometry: Any) -> None:
+        """Replace the experts' ``route_tokens_to_experts`` with the declared rule."""
+        def route(router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            ids_NK, weights_NK = topk_with_tie_break(router_logits, geometry.top_k,
+                                                     weight_rule=geometry.weight_rule)
+            return ids_NK, weights_NK.to(router_logits.dtype)
+
+        cast(Any, layer).mlp.experts.route_tokens_to_experts = route
+
+
 MORE_ADAPTERS: tuple[FamilyAdapter, ...] = (
-    Cohere2MoeAdapter(), AfmoeAdapter(),
+    Cohere2MoeAdapter(), AfmoeAdapter(), AriaTextAdapter(),
 )

@@ -24,4 +24,9 @@ MORE_FAMILIES: tuple[dict[str, Any], ...] = (
         "route_scale": 2.5, "sliding_window": 16, "global_attn_every_n_layers": 2},
      "summary": "float32 sigmoid + expert bias, top-4 of 16, renormalised x2.5, shared "
                 "expert; layer 0 dense (num_dense_layers); sliding/full attention"},
+    {"name": "aria_text", "config_class": "AriaTextConfig", "fields": {
+        "head_dim": 32, "moe_num_experts": 16, "moe_topk": 4, "moe_num_shared_experts": 1,
+        "intermediate_size": 16},
+     "summary": "softmax over the top-4 of 16 logits, router a bare Linear (the experts "
+                "select), shared experts, every layer sparse"},
 )

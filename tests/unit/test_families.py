@@ -62,6 +62,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     # replay.families_more
     "cohere2_moe": ((1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "afmoe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
+    "aria_text": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
@@ -119,6 +120,10 @@ def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[
         if family == "jamba":  # a bare Linear router; its block selects
             logits = gate(hidden_NH)
             ids, weights = layer.feed_forward.route_tokens_to_experts(hidden_NH, logits)
+            return logits, weights, ids
+        if family == "aria_text":  # a bare Linear router; its experts select
+            logits = gate(hidden_NH)
+            ids, weights = layer.mlp.experts.route_tokens_to_experts(logits)
             return logits, weights, ids
         if family == "afmoe":  # its router takes [B, T, H] only
             hidden_NH = hidden_NH[None]
