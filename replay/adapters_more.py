@@ -110,6 +110,25 @@ class AriaTextAdapter(FamilyAdapter):
         cast(Any, layer).mlp.experts.route_tokens_to_experts = route
 
 
+class MiniMaxM2Adapter(FamilyAdapter):
+    """MiniMax-M2: every layer routed by ``mlp.gate``: logits in the weight's dtype,
+    selection by their float32 sigmoid + the block's ``e_score_correction_bias`` (handed
+    to the gate as an argument), weights the sigmoid scores renormalised with no epsilon
+    (``_eps0.0``), kept in float32; q/k-normed attention."""
+
+    model_type = "minimax_m2"
+    expert_count_field = "num_local_experts"
+    weights_in_logit_dtype = False
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="sigmoid", bias=True, normalize=True, norm_eps=0.0)
+
+    def layer_bias(self, layer: nn.Module) -> torch.Tensor | None:
+        """The MoE block's ``e_score_correction_bias`` (the block passes it to the gate)."""
+        bias = getattr(getattr(layer, "mlp", None), "e_score_correction_bias", None)
+        return bias if isinstance(bias, torch.Tensor) else None
+
+
 MORE_ADAPTERS: tuple[FamilyAdapter, ...] = (
-    Cohere2MoeAdapter(), AfmoeAdapter(), AriaTextAdapter(),
+    Cohere2MoeAdapter(), AfmoeAdapter(), AriaTextAdapter(), MiniMaxM2Adapter(),
 )

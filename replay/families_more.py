@@ -29,4 +29,9 @@ MORE_FAMILIES: tuple[dict[str, Any], ...] = (
         "intermediate_size": 16},
      "summary": "softmax over the top-4 of 16 logits, router a bare Linear (the experts "
                 "select), shared experts, every layer sparse"},
+    {"name": "minimax_m2", "config_class": "MiniMaxM2Config", "fields": {
+        "head_dim": 32, "num_local_experts": 16, "num_experts_per_tok": 4,
+        "intermediate_size": 16},
+     "summary": "float32 sigmoid + correction bias, top-4 of 16, renormalised (no "
+                "epsilon), every layer sparse, q/k-normed attention"},
 )

@@ -63,6 +63,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "cohere2_moe": ((1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "afmoe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
     "aria_text": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "minimax_m2": ((0, 1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_eps0.0"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
@@ -115,7 +116,7 @@ def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[
     gate = teacher.adapter.router(layer)
     # LFM2-MoE's and HY-V3's blocks hand their bias to the gate as an argument
     extra = (teacher.adapter.layer_bias(layer),) if family in ("lfm2_moe", "hy_v3",
-                                                                "afmoe") else ()
+                                                                "afmoe", "minimax_m2") else ()
     with torch.no_grad():
         if family == "jamba":  # a bare Linear router; its block selects
             logits = gate(hidden_NH)
