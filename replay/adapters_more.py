@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from hebrus_flywheel.replay.adapter_base import FamilyAdapter
+from hebrus_flywheel.replay.adapters_extra import DeepseekV32Adapter
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule, topk_with_tie_break
 
@@ -129,6 +130,16 @@ class MiniMaxM2Adapter(FamilyAdapter):
         return bias if isinstance(bias, torch.Tensor) else None
 
 
+class MiMoV2FlashAdapter(DeepseekV32Adapter):
+    """MiMo-V2-Flash: DeepSeek-V3's router (``mlp.gate``, float32 sigmoid + correction
+    bias, top-k in the best ``topk_group`` of ``n_group`` groups, renormalised if
+    ``norm_topk_prob``, x ``routed_scaling_factor``) on the layers ``mlp_layer_types``
+    marks ``sparse``, no shared experts; sliding/full attention with partial rotary."""
+
+    model_type = "mimo_v2_flash"
+
+
 MORE_ADAPTERS: tuple[FamilyAdapter, ...] = (
     Cohere2MoeAdapter(), AfmoeAdapter(), AriaTextAdapter(), MiniMaxM2Adapter(),
+    MiMoV2FlashAdapter(),
 )

@@ -34,4 +34,14 @@ MORE_FAMILIES: tuple[dict[str, Any], ...] = (
         "intermediate_size": 16},
      "summary": "float32 sigmoid + correction bias, top-4 of 16, renormalised (no "
                 "epsilon), every layer sparse, q/k-normed attention"},
+    {"name": "mimo_v2_flash", "config_class": "MiMoV2FlashConfig", "fields": {
+        "head_dim": 48, "v_head_dim": 32, "n_routed_experts": 32, "num_experts_per_tok": 4,
+        "n_group": 4, "topk_group": 2, "moe_intermediate_size": 16, "intermediate_size": 32,
+        "norm_topk_prob": True, "routed_scaling_factor": 2.5, "sliding_window": 16,
+        "layer_types": ["full_attention", "sliding_attention", "sliding_attention",
+                        "full_attention"],
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]}, "attention": "eager",
+     "summary": "sigmoid + correction bias, top-4 of 32 in the best 2 of 4 groups, "
+                "renormalised x2.5, no shared expert; layer 0 dense; sliding/full "
+                "attention with partial rotary and attention sinks; eager attention"},
 )
