@@ -12,7 +12,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from hebrus_flywheel.replay.adapter_base import FamilyAdapter
+from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
 from hebrus_flywheel.replay.adapters_extra import DeepseekV32Adapter
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule, topk_with_tie_break
@@ -139,7 +139,18 @@ class MiMoV2FlashAdapter(DeepseekV32Adapter):
     model_type = "mimo_v2_flash"
 
 
+class SolarOpenAdapter(DeepseekV3Adapter):
+    """Solar-Open: DeepSeek-V3's router (``mlp.gate``, float32 sigmoid + correction bias,
+    grouped top-k, renormalised if ``norm_topk_prob``, x ``routed_scaling_factor``) on
+    every layer (no dense layers), shared experts always run."""
+
+    model_type = "solar_open"
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(range(int(config.num_hidden_layers)))
+
+
 MORE_ADAPTERS: tuple[FamilyAdapter, ...] = (
     Cohere2MoeAdapter(), AfmoeAdapter(), AriaTextAdapter(), MiniMaxM2Adapter(),
-    MiMoV2FlashAdapter(),
+    MiMoV2FlashAdapter(), SolarOpenAdapter(),
 )

@@ -44,4 +44,10 @@ MORE_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "sigmoid + correction bias, top-4 of 32 in the best 2 of 4 groups, "
                 "renormalised x2.5, no shared expert; layer 0 dense; sliding/full "
                 "attention with partial rotary and attention sinks; eager attention"},
+    {"name": "solar_open", "config_class": "SolarOpenConfig", "fields": {
+        "head_dim": 32, "n_routed_experts": 32, "num_experts_per_tok": 4, "n_group": 4,
+        "topk_group": 2, "n_shared_experts": 1, "moe_intermediate_size": 16,
+        "norm_topk_prob": True, "routed_scaling_factor": 2.5},
+     "summary": "sigmoid + correction bias, top-4 of 32 in the best 2 of 4 groups, "
+                "renormalised x2.5, shared expert; every layer sparse"},
 )
