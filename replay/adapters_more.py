@@ -150,7 +150,33 @@ class SolarOpenAdapter(DeepseekV3Adapter):
         return tuple(range(int(config.num_hidden_layers)))
 
 
+class LagunaAdapter(FamilyAdapter):
+    """Laguna: routed where ``mlp_layer_types`` says ``sparse``; ``mlp.gate`` upcasts
+    its model-dtype logits to float32 and soft-caps them (``tanh(x / c) * c`` when
+    ``moe_router_logit_softcapping`` c > 0; the returned, recorded logits are the capped
+    ones); selection by their sigmoid + the gate's ``e_score_correction_bias``, weights
+    the sigmoid scores renormalised with no epsilon, cast to the hidden dtype. The block
+    multiplies the routed sum by ``moe_routed_scaling_factor`` (not part of the
+    weights the router hands the experts); shared experts always run."""
+
+    model_type = "laguna"
+    intermediate_field = "moe_intermediate_size"
+    logits_upcast = True
+    weights_in_hidden_dtype = True
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return _sparse_layers(config)
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="sigmoid", bias=True, normalize=True, norm_eps=0.0)
+
+    def gate_logits(self, gate: nn.Module, hidden_NH: torch.Tensor) -> torch.Tensor:
+        logits_NE = super().gate_logits(gate, hidden_NH)
+        cap = float(cast(Any, gate).router_logit_softcapping)
+        return torch.tanh(logits_NE / cap) * cap if cap > 0.0 else logits_NE
+
+
 MORE_ADAPTERS: tuple[FamilyAdapter, ...] = (
     Cohere2MoeAdapter(), AfmoeAdapter(), AriaTextAdapter(), MiniMaxM2Adapter(),
-    MiMoV2FlashAdapter(), SolarOpenAdapter(),
+    MiMoV2FlashAdapter(), SolarOpenAdapter(), LagunaAdapter(),
 )

@@ -50,4 +50,13 @@ MORE_FAMILIES: tuple[dict[str, Any], ...] = (
         "norm_topk_prob": True, "routed_scaling_factor": 2.5},
      "summary": "sigmoid + correction bias, top-4 of 32 in the best 2 of 4 groups, "
                 "renormalised x2.5, shared expert; every layer sparse"},
+    {"name": "laguna", "config_class": "LagunaConfig", "fields": {
+        "head_dim": 32, "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 16, "intermediate_size": 32,
+        "moe_router_logit_softcapping": 5.0, "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+     "summary": "soft-capped float32 logits, sigmoid + correction bias, top-4 of 16, "
+                "renormalised (no epsilon), shared expert; layer 0 dense; gated "
+                "sliding/full attention"},
 )
