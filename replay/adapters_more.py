@@ -176,7 +176,19 @@ class LagunaAdapter(FamilyAdapter):
         return torch.tanh(logits_NE / cap) * cap if cap > 0.0 else logits_NE
 
 
+class MellumAdapter(FamilyAdapter):
+    """Mellum: Qwen3-MoE's router (``mlp.gate``: softmax over all experts in float32,
+    top-k, renormalised if ``norm_topk_prob``, weights in the logits' dtype) on the
+    layers ``mlp_layer_types`` marks ``sparse``; sliding/full attention."""
+
+    model_type = "mellum"
+    intermediate_field = "moe_intermediate_size"
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return _sparse_layers(config)
+
+
 MORE_ADAPTERS: tuple[FamilyAdapter, ...] = (
     Cohere2MoeAdapter(), AfmoeAdapter(), AriaTextAdapter(), MiniMaxM2Adapter(),
-    MiMoV2FlashAdapter(), SolarOpenAdapter(), LagunaAdapter(),
+    MiMoV2FlashAdapter(), SolarOpenAdapter(), LagunaAdapter(), MellumAdapter(),
 )

@@ -59,4 +59,11 @@ MORE_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "soft-capped float32 logits, sigmoid + correction bias, top-4 of 16, "
                 "renormalised (no epsilon), shared expert; layer 0 dense; gated "
                 "sliding/full attention"},
+    {"name": "mellum", "config_class": "MellumConfig", "fields": {
+        "head_dim": 32, "num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 16,
+        "intermediate_size": 32, "norm_topk_prob": True, "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+     "summary": "softmax top-4 of 32, renormalised; layer 0 dense (mlp_layer_types); "
+                "sliding/full attention"},
 )
