@@ -188,7 +188,30 @@ class MellumAdapter(FamilyAdapter):
         return _sparse_layers(config)
 
 
+class Qwen4ExpTextAdapter(FamilyAdapter):
+    """Qwen4-Exp (text): every layer routed by ``mlp.gate`` (softmax over all experts in
+    float32, top-k, renormalised if ``norm_topk_prob``, weights in the logits' dtype); a
+    sigmoid-gated shared expert always runs. Its layers have no ``input_layernorm``: the
+    residual stream is ``hc_count`` hyper-connection streams (``hc_count x hidden`` wide),
+    which ``attn_hyper_connection`` mixes into the one ``hidden``-wide input of the
+    layer's attention; that input is the pre-attention state (the feature contract is
+    ``hidden`` wide). The QSA indexer selects ``indexer_budget`` keys per query."""
+
+    model_type = "qwen4_exp_text"
+    intermediate_field = "moe_intermediate_size"
+
+    def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
+        """The layer's attention (full or gated delta-net): a pre-hook on it sees the
+        mixed ``hidden``-wide input as its first positional argument."""
+        for name in ("self_attn", "linear_attn"):
+            module = getattr(layer, name, None)
+            if isinstance(module, nn.Module):
+                return module
+        raise UnsupportedModelError("a qwen4_exp_text layer has no self_attn or linear_attn")
+
+
 MORE_ADAPTERS: tuple[FamilyAdapter, ...] = (
     Cohere2MoeAdapter(), AfmoeAdapter(), AriaTextAdapter(), MiniMaxM2Adapter(),
     MiMoV2FlashAdapter(), SolarOpenAdapter(), LagunaAdapter(), MellumAdapter(),
+    Qwen4ExpTextAdapter(),
 )

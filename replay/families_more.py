@@ -66,4 +66,15 @@ MORE_FAMILIES: tuple[dict[str, Any], ...] = (
         "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
      "summary": "softmax top-4 of 32, renormalised; layer 0 dense (mlp_layer_types); "
                 "sliding/full attention"},
+    {"name": "qwen4_exp_text", "config_class": "Qwen4ExpTextConfig", "fields": {
+        "head_dim": 32, "num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 16, "linear_num_key_heads": 2,
+        "linear_num_value_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4, "hc_count": 2, "hc_lowrank": 16, "indexer_n_heads": 2,
+        "indexer_kv_heads": 1, "indexer_head_dim": 32, "indexer_budget": 2048,
+        "indexer_compress_ratio": 4,
+        "layer_types": ["linear_attention", "qwen_sparse_attention"] * 2},
+     "summary": "softmax top-4 of 32, renormalised, sigmoid-gated shared expert, every "
+                "layer sparse; 2 hyper-connection streams; gated delta-net and full "
+                "attention layers alternate"},
 )

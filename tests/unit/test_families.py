@@ -69,6 +69,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "solar_open": ((0, 1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "laguna": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_eps0.0"),
     "mellum": ((1, 2, 3), 32, 4, "softmax_topk_renormalized"),
+    "qwen4_exp_text": ((0, 1, 2, 3), 32, 4, "softmax_topk_renormalized"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
@@ -180,8 +181,13 @@ def test_pre_attention_state_is_the_residual_stream_entering_the_layer(
         states = teacher.model(input_ids=ids_BT, use_cache=False,
                                output_hidden_states=True).hidden_states
     assert routes.hidden_BTLH is not None
+    layers = teacher.adapter.decoder_layers(teacher.model)
     for slot, index in enumerate(teacher.geometry.routed_layers):
-        assert torch.equal(routes.hidden_BTLH[:, :, slot], states[index]), (slot, index)
+        want = states[index]
+        if family == "qwen4_exp_text":  # hyper-connection streams, mixed into attention's input
+            with torch.inference_mode():
+                want = layers[index].attn_hyper_connection(want)[0]
+        assert torch.equal(routes.hidden_BTLH[:, :, slot], want), (slot, index)
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
