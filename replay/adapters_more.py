@@ -210,8 +210,52 @@ class Qwen4ExpTextAdapter(FamilyAdapter):
         raise UnsupportedModelError("a qwen4_exp_text layer has no self_attn or linear_attn")
 
 
+class JetMoeAdapter(FamilyAdapter):
+    """JetMoE: every layer's MLP routed by ``mlp.router``, whose inner ``layer`` Linear
+    gives model-dtype logits upcast to float32; top-k by logit, weights the softmax
+    over the top-k logits (the renormalised softmax) in the hidden dtype. The router
+    returns its choice grouped by expert, ``(index_sorted_experts, batch_index,
+    batch_gates, expert_size, logits)``: the adapter packs and unpacks that form. The
+    attention's mixture of heads (``self_attention.experts``) routes too, top-k of its
+    own router; that choice is not part of the route label (one router per layer)."""
+
+    model_type = "jetmoe"
+    expert_count_field = "num_local_experts"
+    router_path = ("mlp", "router")
+    logits_upcast = True
+    weights_in_hidden_dtype = True
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", normalize=True)
+
+    def router_weight(self, gate: nn.Module) -> Any:
+        return getattr(getattr(gate, "layer", None), "weight", None)
+
+    def pack_router_output(self, logits: torch.Tensor, weights: torch.Tensor,
+                           ids: torch.Tensor) -> tuple[Any, ...]:
+        """The router's expert-grouped form, computed as its own forward does."""
+        top_k = ids.shape[-1]
+        flat_ids = ids.reshape(-1)
+        expert_size = torch.bincount(flat_ids, minlength=logits.shape[-1]).tolist()
+        _, index_sorted = flat_ids.sort(0)
+        batch_index = index_sorted.div(top_k, rounding_mode="trunc")
+        return index_sorted, batch_index, weights.reshape(-1)[index_sorted], expert_size, logits
+
+    def split_router_output(self, output: Any, top_k: int) -> tuple[torch.Tensor, Any, Any]:
+        """``(logits, weights, ids)`` per token in the router's top-k order."""
+        index_sorted, _, batch_gates, expert_size, logits = output
+        experts = torch.arange(logits.shape[-1], device=logits.device)
+        sorted_ids = torch.repeat_interleave(experts, torch.tensor(expert_size,
+                                                                   device=logits.device))
+        ids = torch.empty_like(index_sorted)
+        ids[index_sorted] = sorted_ids
+        weights = torch.empty_like(batch_gates)
+        weights[index_sorted] = batch_gates
+        return logits, weights.reshape(-1, top_k), ids.reshape(-1, top_k)
+
+
 MORE_ADAPTERS: tuple[FamilyAdapter, ...] = (
     Cohere2MoeAdapter(), AfmoeAdapter(), AriaTextAdapter(), MiniMaxM2Adapter(),
     MiMoV2FlashAdapter(), SolarOpenAdapter(), LagunaAdapter(), MellumAdapter(),
-    Qwen4ExpTextAdapter(),
+    Qwen4ExpTextAdapter(), JetMoeAdapter(),
 )

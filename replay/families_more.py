@@ -77,4 +77,10 @@ MORE_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "softmax top-4 of 32, renormalised, sigmoid-gated shared expert, every "
                 "layer sparse; 2 hyper-connection streams; gated delta-net and full "
                 "attention layers alternate"},
+    {"name": "jetmoe", "config_class": "JetMoeConfig", "fields": {
+        "head_dim": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "intermediate_size": 16},
+     "summary": "softmax over the top-2 of 8 float32 logits, router returns its choice "
+                "grouped by expert, every layer sparse; mixture-of-heads attention (its "
+                "own top-2 routing is not labelled)"},
 )

@@ -70,6 +70,7 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "laguna": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_eps0.0"),
     "mellum": ((1, 2, 3), 32, 4, "softmax_topk_renormalized"),
     "qwen4_exp_text": ((0, 1, 2, 3), 32, 4, "softmax_topk_renormalized"),
+    "jetmoe": ((0, 1, 2, 3), 8, 2, "softmax_topk_renormalized"),
 }
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
