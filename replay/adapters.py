@@ -43,6 +43,7 @@ from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
 from hebrus_flywheel.replay.adapters_extra import EXTRA_ADAPTERS
 from hebrus_flywheel.replay.adapters_more import MORE_ADAPTERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+from hebrus_flywheel.replay.families_more import REFUSED_FAMILIES
 from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
 
 __all__ = ["ADAPTERS", "DeepseekV3Adapter", "FamilyAdapter", "RouteCapture", "RouterPass",
@@ -133,6 +134,9 @@ ADAPTERS: dict[str, FamilyAdapter] = {
 def adapter_for(model_type: str) -> FamilyAdapter:
     """The adapter for a ``config.model_type``; UnsupportedModelError if there is none."""
     adapter = ADAPTERS.get(model_type)
+    if model_type in REFUSED_FAMILIES:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} cannot be a teacher: {REFUSED_FAMILIES[model_type]}")
     if adapter is None:
         raise UnsupportedModelError(
             f"model_type {model_type!r} has no route adapter; supported families are "

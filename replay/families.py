@@ -23,7 +23,7 @@ from typing import Any, cast
 import torch
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.replay.families_more import MORE_FAMILIES
+from hebrus_flywheel.replay.families_more import MORE_FAMILIES, REFUSED_FAMILIES
 
 SCORE_BIAS_STD = 0.1
 HIDDEN = 64
@@ -235,6 +235,8 @@ DEFAULT_FAMILY = "qwen3_next"
 
 def get_family(name: str) -> FamilySpec:
     """The spec of ``name``; ConfigError naming the choices if there is none."""
+    if name in REFUSED_FAMILIES:
+        raise ConfigError(f"family: {name!r} cannot be a teacher: {REFUSED_FAMILIES[name]}")
     if name not in FAMILIES:
         raise ConfigError(
             f"family: no generator for {name!r}; choose one of {sorted(FAMILIES)} "

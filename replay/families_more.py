@@ -84,3 +84,14 @@ MORE_FAMILIES: tuple[dict[str, Any], ...] = (
                 "grouped by expert, every layer sparse; mixture-of-heads attention (its "
                 "own top-2 routing is not labelled)"},
 )
+
+REFUSED_FAMILIES: dict[str, str] = {
+    "doge": "in the installed transformers (5.17) DogeCDMoE returns (hidden_states, "
+            "router_logits) and DogeDecoderLayer hands that tuple to dropout, so a MoE Doge "
+            "(is_moe=True) cannot run a forward; and its product-key router views the "
+            "[tokens, 2 x keys] logits as [2, tokens, keys], so a token's experts depend on "
+            "its neighbours in the pass and one-token decode routes differently from "
+            "prefill (12 of 12 tokens measured), which no route label can make exact",
+}
+"""Transformers MoE families that cannot be teachers, with the reason ``teacher init``
+and :func:`replay.adapters.adapter_for` give."""

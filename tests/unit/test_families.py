@@ -314,3 +314,26 @@ def test_cli_lists_families_and_generates_one(tmp_path: Path) -> None:
     bad = CliRunner().invoke(teacher_app, ["init", "--family", "nope", "--out",
                                            str(tmp_path / "n")])
     assert bad.exit_code != 0 and isinstance(bad.exception, ConfigError)
+
+
+def test_a_family_that_cannot_be_a_teacher_is_refused_with_the_reason(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+    from hebrus_flywheel.replay.cli import teacher_app
+    from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+
+    with pytest.raises(ConfigError, match=r"'doge' cannot be a teacher: .*decode routes"):
+        get_family("doge")
+    with pytest.raises(UnsupportedModelError, match="'doge' cannot be a teacher"):
+        adapter_for("doge")
+    made = CliRunner().invoke(teacher_app, ["init", "--family", "doge", "--out",
+                                            str(tmp_path / "d")])
+    assert made.exit_code != 0 and isinstance(made.exception, ConfigError)
+    assert "cannot be a teacher" in str(made.exception)
+    assert not (tmp_path / "d" / "config.json").exists()
+    listed = json.loads(CliRunner().invoke(teacher_app, ["families", "--json"]).output)
+    assert listed["doge"]["refused"] and not listed["doge"]["generate"]
+
