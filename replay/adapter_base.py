@@ -48,6 +48,7 @@ class FamilyAdapter:
     model_type: ClassVar[str] = ""
     expert_count_field: ClassVar[str] = "num_experts"
     intermediate_field: ClassVar[str] = "intermediate_size"
+    top_k_field: ClassVar[str] = "num_experts_per_tok"
     weights_in_logit_dtype: ClassVar[bool] = True
     weights_in_hidden_dtype: ClassVar[bool] = False
     logits_in_float32: ClassVar[bool] = False
@@ -72,7 +73,7 @@ class FamilyAdapter:
             layer_count=int(config.num_hidden_layers),
             routed_layers=self.routed_layers(config),
             expert_count=int(getattr(config, self.expert_count_field)),
-            top_k=int(config.num_experts_per_tok),
+            top_k=int(getattr(config, self.top_k_field)),
             weight_rule=self.weight_rule(config),
             hidden_size=int(config.hidden_size),
             routed_intermediate_size=int(getattr(config, self.intermediate_field)),
@@ -129,9 +130,15 @@ class FamilyAdapter:
 
         return DynamicCache(config=cast(Any, model).config)
 
+    def router_weight(self, gate: nn.Module) -> Any:
+        """The router's ``[E, H]`` logit weight, None if it has none (a router may wrap its
+        Linear, e.g. AFMoE's; LongCat's keeps a bare parameter); ``teacher init --family``
+        redraws it."""
+        return getattr(gate, "weight", None)
+
     def gate_logits(self, gate: nn.Module, hidden_NH: torch.Tensor) -> torch.Tensor:
         """The router logits ``[N, E]`` exactly as the family's gate computes them."""
-        weight = cast(torch.Tensor, gate.weight)
+        weight = cast(torch.Tensor, self.router_weight(gate))
         bias = cast(torch.Tensor, gate.bias) if self.logit_bias else None
         if self.logits_in_float32:
             hidden_NH, weight = hidden_NH.to(torch.float32), weight.to(torch.float32)
@@ -160,10 +167,6 @@ class FamilyAdapter:
         adapter recomputes them from the input)."""
         return output
 
-    def router_weight(self, gate: nn.Module) -> torch.Tensor:
-        """The router's ``[E, H]`` logit weight (redrawn by ``teacher init --family``)."""
-        return cast(torch.Tensor, gate.weight)
-
     def split_router_output(self, output: Any, top_k: int) -> tuple[torch.Tensor, Any, Any]:
         """``(logits, weights or None, ids or None)`` from what the router returned."""
         if not isinstance(output, tuple):
@@ -176,6 +179,10 @@ class FamilyAdapter:
         where the router does not return them (None: the router does)."""
         return None
 
+    def executed_ids(self, module: nn.Module, args: Any) -> torch.Tensor:
+        """The ids in a call of :meth:`executed_ids_module` (its second argument)."""
+        return cast(torch.Tensor, args[1])
+
     def install_exact_gate(self, layer: nn.Module, gate: nn.Module, forward: Any,
                            geometry: RouteGeometry) -> None:
         """Make ``gate`` run ``forward`` (the exact-routing gate) in place of its own."""
@@ -183,7 +190,7 @@ class FamilyAdapter:
 
     def check_gate(self, gate: nn.Module, geometry: RouteGeometry) -> str | None:
         """Why ``gate`` cannot be replaced by the exact-routing forward, or None."""
-        weight = getattr(gate, "weight", None)
+        weight = self.router_weight(gate)
         bias = getattr(gate, "bias", None)
         if not isinstance(weight, torch.Tensor) or \
                 tuple(weight.shape) != (geometry.expert_count, geometry.hidden_size):

@@ -42,8 +42,9 @@ from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
 from hebrus_flywheel.replay.adapters_extra import EXTRA_ADAPTERS
 from hebrus_flywheel.replay.adapters_hybrid import HYBRID_ADAPTERS
+from hebrus_flywheel.replay.adapters_more import MORE_ADAPTERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
-from hebrus_flywheel.replay.families_hybrid import REFUSED_FAMILIES
+from hebrus_flywheel.replay.refused import REFUSED_FAMILIES
 from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
 
 __all__ = ["ADAPTERS", "DeepseekV3Adapter", "FamilyAdapter", "RouteCapture", "RouterPass",
@@ -127,7 +128,7 @@ ADAPTERS: dict[str, FamilyAdapter] = {
     a.model_type: a
     for a in (Qwen3NextAdapter(), Qwen3MoeAdapter(), Qwen2MoeAdapter(), MixtralAdapter(),
               OlmoeAdapter(), DeepseekV3Adapter(), DeepseekV2Adapter(), Glm4MoeAdapter(),
-              *EXTRA_ADAPTERS, *HYBRID_ADAPTERS)
+              *EXTRA_ADAPTERS, *HYBRID_ADAPTERS, *MORE_ADAPTERS)
 }
 
 
@@ -259,8 +260,9 @@ class RouteCapture:
     def experts_pre_hook(self, slot: int) -> Any:
         """Records the ids an experts module is called with (``(hidden, ids, weights)``),
         for families whose router returns logits only (Jamba)."""
-        def hook(_module: nn.Module, args: Any) -> None:
-            self._executed[slot] = args[1].detach().reshape(-1, self.geometry.top_k)
+        def hook(module: nn.Module, args: Any) -> None:
+            ids = self.adapter.executed_ids(module, args)
+            self._executed[slot] = ids.detach().reshape(-1, self.geometry.top_k)
 
         return hook
 

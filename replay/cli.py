@@ -53,13 +53,13 @@ def families_command(
     """List the MoE families that load as teachers and that `teacher init` can generate."""
     from hebrus_flywheel.replay.adapters import ADAPTERS
     from hebrus_flywheel.replay.families import FAMILIES
-    from hebrus_flywheel.replay.families_hybrid import REFUSED_FAMILIES
+    from hebrus_flywheel.replay.refused import REFUSED_FAMILIES
 
     rows = {name: {"generate": name in FAMILIES,
                    "summary": FAMILIES[name].summary if name in FAMILIES else ""}
             for name in sorted(ADAPTERS)}
-    for name, why in sorted(REFUSED_FAMILIES.items()):  # MoE types that are not teachers
-        rows[name] = {"generate": False, "summary": f"not a teacher: {why}"}
+    for name, why in sorted(REFUSED_FAMILIES.items()):  # listed with the reason, not loadable
+        rows[name] = {"generate": False, "refused": True, "summary": f"not a teacher: {why}"}
     rows = dict(sorted(rows.items()))
     if as_json:
         typer.echo(json.dumps(rows, indent=2, sort_keys=True))

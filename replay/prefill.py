@@ -437,7 +437,8 @@ def attention_masks(
     makers = {"full_attention": create_causal_mask,
               "sliding_attention": create_sliding_window_causal_mask,
               "chunked_attention": create_chunked_causal_mask,  # Llama 4
-              "deepseek_sparse_attention": create_causal_mask}  # DeepSeek-V3.2
+              "deepseek_sparse_attention": create_causal_mask,  # DeepSeek-V3.2
+              "qwen_sparse_attention": create_causal_mask}  # Qwen4-Exp (QSA indexer)
     # Nemotron-H's "moe" and "mlp" blocks are a mixer alone: they take no mask
     unknown = layer_types - {"linear_attention", "conv", "moe", "mlp", *makers}
     if unknown:

@@ -59,6 +59,18 @@ EXPECTED = {  # routed layers, experts, k, weight rule
     "hy_v3": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
     "exaone_moe": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
     "jamba": ((1, 3), 16, 2, "softmax_topk"),
+    # replay.families_more
+    "cohere2_moe": ((1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "afmoe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_x2.5"),
+    "aria_text": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "minimax_m2": ((0, 1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_eps0.0"),
+    "mimo_v2_flash": ((1, 2, 3), 32, 4,
+                      "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "solar_open": ((0, 1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "laguna": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_eps0.0"),
+    "mellum": ((1, 2, 3), 32, 4, "softmax_topk_renormalized"),
+    "qwen4_exp_text": ((0, 1, 2, 3), 32, 4, "softmax_topk_renormalized"),
+    "jetmoe": ((0, 1, 2, 3), 8, 2, "softmax_topk_renormalized"),
 }
 EXPECTED.update({  # replay.families_hybrid
     "granitemoe_swa": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
@@ -123,12 +135,19 @@ def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[
     layer = teacher.adapter.decoder_layers(teacher.model)[teacher.geometry.routed_layers[0]]
     gate = teacher.adapter.router(layer)
     # LFM2-MoE's and HY-V3's blocks hand their bias to the gate as an argument
-    extra = (teacher.adapter.layer_bias(layer),) if family in ("lfm2_moe", "hy_v3") else ()
+    extra = (teacher.adapter.layer_bias(layer),) if family in ("lfm2_moe", "hy_v3",
+                                                                "afmoe", "minimax_m2") else ()
     with torch.no_grad():
         if family == "jamba":  # a bare Linear router; its block selects
             logits = gate(hidden_NH)
             ids, weights = layer.feed_forward.route_tokens_to_experts(hidden_NH, logits)
             return logits, weights, ids
+        if family == "aria_text":  # a bare Linear router; its experts select
+            logits = gate(hidden_NH)
+            ids, weights = layer.mlp.experts.route_tokens_to_experts(logits)
+            return logits, weights, ids
+        if family == "afmoe":  # its router takes [B, T, H] only
+            hidden_NH = hidden_NH[None]
         output = teacher.adapter.router_call_output(gate, (hidden_NH, *extra),
                                                     gate(hidden_NH, *extra))
         return teacher.adapter.split_router_output(output, teacher.geometry.top_k)
@@ -184,6 +203,8 @@ def test_pre_attention_state_is_the_residual_stream_entering_the_layer(
             want = states[index]
             if want.dim() == 4:
                 want = layers[index].attn_hc(want)[-1]
+            elif family == "qwen4_exp_text":  # hyper-connection streams mixed into its input
+                want = layers[index].attn_hyper_connection(want)[0]
             assert torch.equal(routes.hidden_BTLH[:, :, slot], want), (slot, index)
 
 
@@ -371,3 +392,24 @@ def test_inkling_text_is_refused_everywhere(tmp_path: Path) -> None:
     row = json.loads(listed.output)["inkling_text"]
     assert not row["generate"] and row["summary"].startswith("not a teacher")
 
+
+def test_doge_is_refused_with_the_reason(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+    from hebrus_flywheel.replay.cli import teacher_app
+    from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+
+    with pytest.raises(ConfigError, match=r"'doge' cannot be a teacher: .*decode routes"):
+        get_family("doge")
+    with pytest.raises(UnsupportedModelError, match="'doge' cannot be a teacher"):
+        adapter_for("doge")
+    made = CliRunner().invoke(teacher_app, ["init", "--family", "doge", "--out",
+                                            str(tmp_path / "d")])
+    assert made.exit_code != 0 and isinstance(made.exception, ConfigError)
+    assert "cannot be a teacher" in str(made.exception)
+    assert not (tmp_path / "d" / "config.json").exists()
+    listed = json.loads(CliRunner().invoke(teacher_app, ["families", "--json"]).output)
+    assert listed["doge"]["refused"] and not listed["doge"]["generate"]
