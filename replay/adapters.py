@@ -40,6 +40,7 @@ from torch import nn
 
 from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
+from hebrus_flywheel.replay.adapters_c import C_ADAPTERS
 from hebrus_flywheel.replay.adapters_extra import EXTRA_ADAPTERS
 from hebrus_flywheel.replay.adapters_hybrid import HYBRID_ADAPTERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
@@ -127,7 +128,7 @@ ADAPTERS: dict[str, FamilyAdapter] = {
     a.model_type: a
     for a in (Qwen3NextAdapter(), Qwen3MoeAdapter(), Qwen2MoeAdapter(), MixtralAdapter(),
               OlmoeAdapter(), DeepseekV3Adapter(), DeepseekV2Adapter(), Glm4MoeAdapter(),
-              *EXTRA_ADAPTERS, *HYBRID_ADAPTERS)
+              *EXTRA_ADAPTERS, *HYBRID_ADAPTERS, *C_ADAPTERS)
 }
 
 

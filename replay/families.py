@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.families_c import C_FAMILIES
 from hebrus_flywheel.replay.families_hybrid import HYBRID_FAMILIES, REFUSED_FAMILIES
 
 SCORE_BIAS_STD = 0.1
@@ -228,6 +229,7 @@ FAMILIES: dict[str, FamilySpec] = {
             summary="softmax top-2 of 16, raw weights, router a bare Linear (the block "
                     "selects); layers 1 and 3 sparse; mamba and attention layers"),
         *(FamilySpec(**spec) for spec in HYBRID_FAMILIES),
+        *(FamilySpec(**spec) for spec in C_FAMILIES),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

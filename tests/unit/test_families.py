@@ -73,11 +73,14 @@ EXPECTED.update({  # replay.families_hybrid
     "minimax_m3_vl_text": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
     "deepseek_v4": ((1, 2, 3), 16, 4, "sqrtsoftplus+bias_topk_renormalized_x1.5"),
 })
+EXPECTED.update({  # replay.families_c
+    "dbrx": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+})
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
 # gates sum their top-k in torch.topk(sorted=False) order, so they agree only to rounding
 BITWISE_WEIGHTS = {"lfm2_moe", "phimoe", "ernie4_5_moe", "llama4_text", "mixtral", "minimax",
-                   "qwen3_moe", "longcat_flash"}
+                   "qwen3_moe", "longcat_flash", "dbrx"}
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +131,10 @@ def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[
         if family == "jamba":  # a bare Linear router; its block selects
             logits = gate(hidden_NH)
             ids, weights = layer.feed_forward.route_tokens_to_experts(hidden_NH, logits)
+            return logits, weights, ids
+        if family == "dbrx":  # the router returns logits; its block selects
+            logits = gate(hidden_NH)
+            weights, ids = layer.ffn.route_tokens_to_experts(logits)
             return logits, weights, ids
         output = teacher.adapter.router_call_output(gate, (hidden_NH, *extra),
                                                     gate(hidden_NH, *extra))
