@@ -102,4 +102,51 @@ class DbrxAdapter(FamilyAdapter):
         ffn.route_tokens_to_experts = route
 
 
-C_ADAPTERS: tuple[FamilyAdapter, ...] = (DbrxAdapter(),)
+class HunYuanMoEV1Adapter(FamilyAdapter):
+    """Hunyuan-A13B (HunYuan-MoE-V1): every layer routed by ``mlp.gate``, whose ``wg``
+    Linear is kept in float32 (the input is upcast when it is: float32 logits; else
+    logits in the weight's dtype); float32 softmax, top-``moe_topk``, renormalised by
+    the sum, cast to the logits' dtype; a dense shared MLP always runs. Per-layer
+    ``num_experts``/``moe_topk`` lists are accepted only when every layer agrees."""
+
+    model_type = "hunyuan_v1_moe"
+
+    @staticmethod
+    def _one(config: Any, name: str) -> int:
+        value = getattr(config, name)
+        values = set(value) if isinstance(value, (list, tuple)) else {value}
+        if len(values) != 1:
+            raise UnsupportedModelError(
+                f"hunyuan_v1_moe {name} differs per layer ({value!r}); a route geometry has "
+                "one expert count and one top-k")
+        return int(values.pop())
+
+    def geometry(self, config: Any) -> RouteGeometry:
+        return RouteGeometry(
+            family=self.model_type, layer_count=int(config.num_hidden_layers),
+            routed_layers=self.routed_layers(config),
+            expert_count=self._one(config, "num_experts"), top_k=self._one(config, "moe_topk"),
+            weight_rule=self.weight_rule(config), hidden_size=int(config.hidden_size),
+            routed_intermediate_size=int(config.intermediate_size),
+        )
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", normalize=True)
+
+    def router_weight(self, gate: nn.Module) -> torch.Tensor:
+        return cast(torch.Tensor, cast(Any, gate).wg.weight)
+
+    def gate_logits(self, gate: nn.Module, hidden_NH: torch.Tensor) -> torch.Tensor:
+        weight = self.router_weight(gate)
+        if weight.dtype == torch.float32:
+            hidden_NH = hidden_NH.float()
+        return F.linear(hidden_NH, weight)
+
+    def check_gate(self, gate: nn.Module, geometry: RouteGeometry) -> str | None:
+        wg = getattr(gate, "wg", None)
+        if type(wg) is not nn.Linear or wg.bias is not None:
+            return "has no bias-free wg Linear"
+        return super().check_gate(wg, geometry)
+
+
+C_ADAPTERS: tuple[FamilyAdapter, ...] = (DbrxAdapter(), HunYuanMoEV1Adapter())

@@ -17,4 +17,8 @@ C_FAMILIES: tuple[dict[str, Any], ...] = (
                        "moe_normalize_expert_weights": 1.0}},
      "summary": "softmax top-4 of 16 (router returns logits; the block selects), "
                 "weights divided by their 1-norm (renormalised); every block sparse"},
+    {"name": "hunyuan_v1_moe", "config_class": "HunYuanMoEV1Config", "fields": {
+        "head_dim": 32, "num_experts": 16, "moe_topk": 4, "intermediate_size": 16},
+     "summary": "float32 router (wg kept in float32), softmax top-4 of 16, renormalised, "
+                "dense shared MLP; every layer sparse"},
 )

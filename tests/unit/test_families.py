@@ -75,6 +75,7 @@ EXPECTED.update({  # replay.families_hybrid
 })
 EXPECTED.update({  # replay.families_c
     "dbrx": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "hunyuan_v1_moe": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
 })
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
