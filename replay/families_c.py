@@ -22,3 +22,13 @@ C_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "float32 router (wg kept in float32), softmax top-4 of 16, renormalised, "
                 "dense shared MLP; every layer sparse"},
 )
+
+C_REFUSED: dict[str, str] = {
+    "gemma4_text": (
+        "with enable_moe_block its router (layer.router) renormalises the top-k softmax "
+        "weights and then multiplies each by a learned per_expert_scale parameter; a route "
+        "records the logits and a weight rule named from the config, so the weights the "
+        "model executed cannot be reproduced from it (without enable_moe_block the model "
+        "is dense)"),
+}
+"""Merged into :data:`replay.families_hybrid.REFUSED_FAMILIES`."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hebrus_flywheel.replay.families_c import C_REFUSED
+
 _MLA = {"kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
         "v_head_dim": 16}
 HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
@@ -118,4 +120,5 @@ REFUSED_FAMILIES: dict[str, str] = {
 }
 """MoE model types of the installed transformers that are NOT teachers, and why:
 ``teacher init --family``, ``adapter_for`` and ``teacher families`` say so."""
+REFUSED_FAMILIES.update(C_REFUSED)
 

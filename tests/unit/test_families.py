@@ -379,3 +379,26 @@ def test_inkling_text_is_refused_everywhere(tmp_path: Path) -> None:
     row = json.loads(listed.output)["inkling_text"]
     assert not row["generate"] and row["summary"].startswith("not a teacher")
 
+
+def test_gemma4_text_is_refused_everywhere(tmp_path: Path) -> None:
+    """Gemma 4's MoE router scales each renormalised weight by a learned per-expert
+    parameter, which a route cannot record: no generator, no adapter, listed as refused."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+    from hebrus_flywheel.replay.cli import teacher_app
+    from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+
+    with pytest.raises(ConfigError, match=r"cannot be a teacher: .*per_expert_scale"):
+        get_family("gemma4_text")
+    with pytest.raises(ConfigError, match="cannot be a teacher"):
+        init_teacher(tmp_path / "g", family="gemma4_text")
+    assert not (tmp_path / "g").exists()
+    with pytest.raises(UnsupportedModelError, match="per_expert_scale"):
+        adapter_for("gemma4_text")
+    listed = CliRunner().invoke(teacher_app, ["families", "--json"])
+    row = json.loads(listed.output)["gemma4_text"]
+    assert not row["generate"] and row["summary"].startswith("not a teacher")
+
