@@ -149,4 +149,21 @@ class HunYuanMoEV1Adapter(FamilyAdapter):
         return super().check_gate(wg, geometry)
 
 
+COMPOSITE_TEXT_FAMILIES: dict[str, str] = {
+    "llama4": "llama4_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
+}
+"""Composite (vision-language) ``model_type``s whose ``AutoModelForCausalLM`` class is the
+text family's causal LM: transformers builds it from ``config.get_text_config()`` and
+loads the language model's weights (vision weights unused), so a real checkpoint's
+``config.json`` of that type routes exactly as the text family (:func:`text_config`)."""
+
+
+def text_config(config: Any) -> Any:
+    """The config the causal LM is built from: a composite config's text config."""
+    if getattr(config, "model_type", None) in COMPOSITE_TEXT_FAMILIES:
+        return config.get_text_config()
+    return config
+
+
 C_ADAPTERS: tuple[FamilyAdapter, ...] = (DbrxAdapter(), HunYuanMoEV1Adapter())

@@ -402,3 +402,59 @@ def test_gemma4_text_is_refused_everywhere(tmp_path: Path) -> None:
     row = json.loads(listed.output)["gemma4_text"]
     assert not row["generate"] and row["summary"].startswith("not a teacher")
 
+
+COMPOSITES = {  # composite model_type: (text family, composite config class, tiny vision)
+    "llama4": ("llama4_text", "Llama4Config", {
+        "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 32,
+        "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+        "vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32,
+        "intermediate_layers_indices": [0]}),
+    "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeConfig", {
+        "depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
+        "out_hidden_size": 64}),
+}
+
+
+@pytest.mark.parametrize("composite", sorted(COMPOSITES))
+def test_composite_checkpoint_routes_as_its_text_family(
+    composite: str, family_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """A vision-language checkpoint (composite config.json, language-model weights under
+    the composite model's keys) loads as the text family's causal LM: the text family's
+    adapter and geometry, and the same routes as the text checkpoint with its weights."""
+    import json
+
+    import transformers
+    from transformers import AutoModelForImageTextToText
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+    from hebrus_flywheel.replay.teacher import read_geometry
+
+    family, config_class, vision = COMPOSITES[composite]
+    text = _load(family, family_dirs[family])
+    config = getattr(transformers, config_class)(
+        text_config=text.model.config.to_dict(), vision_config=vision)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        full = AutoModelForImageTextToText.from_config(config)
+    # the language model's weights under the composite's keys (model.language_model.* or
+    # language_model.model.*); the vision tower keeps its random init
+    text_sd = text.model.state_dict()
+    moved = {key: text_sd[key.replace("language_model.", "")] for key in full.state_dict()
+             if "language_model." in key or key == "lm_head.weight"}
+    assert len(moved) == len(text_sd)
+    full.load_state_dict(moved, strict=False)
+    full.save_pretrained(tmp_path / composite)
+    assert json.loads((tmp_path / composite / "config.json").read_text())["model_type"] == \
+        composite
+    assert adapter_for(composite) is adapter_for(family)
+    assert read_geometry(tmp_path / composite) == text.geometry
+    teacher = load_teacher(tmp_path / composite)
+    assert teacher.geometry == text.geometry
+    assert type(teacher.model) is type(text.model)
+    ids_BT = torch.tensor([PREFIX])
+    want, got = text.forward_routes(ids_BT), teacher.forward_routes(ids_BT)
+    assert torch.equal(want.router_logits_BTLE, got.router_logits_BTLE)
+    assert want.executed_ids_BTLK is not None and got.executed_ids_BTLK is not None
+    assert torch.equal(want.executed_ids_BTLK, got.executed_ids_BTLK)
+
