@@ -40,6 +40,7 @@ from torch import nn
 
 from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
+from hebrus_flywheel.replay.adapters_c import C_ADAPTERS, COMPOSITE_TEXT_FAMILIES
 from hebrus_flywheel.replay.adapters_extra import EXTRA_ADAPTERS
 from hebrus_flywheel.replay.adapters_hybrid import HYBRID_ADAPTERS
 from hebrus_flywheel.replay.adapters_more import MORE_ADAPTERS
@@ -128,13 +129,14 @@ ADAPTERS: dict[str, FamilyAdapter] = {
     a.model_type: a
     for a in (Qwen3NextAdapter(), Qwen3MoeAdapter(), Qwen2MoeAdapter(), MixtralAdapter(),
               OlmoeAdapter(), DeepseekV3Adapter(), DeepseekV2Adapter(), Glm4MoeAdapter(),
-              *EXTRA_ADAPTERS, *HYBRID_ADAPTERS, *MORE_ADAPTERS)
+              *EXTRA_ADAPTERS, *HYBRID_ADAPTERS, *MORE_ADAPTERS, *C_ADAPTERS)
 }
 
 
 def adapter_for(model_type: str) -> FamilyAdapter:
-    """The adapter for a ``config.model_type``; UnsupportedModelError if there is none."""
-    adapter = ADAPTERS.get(model_type)
+    """The adapter for a ``config.model_type`` (a composite type's text family, see
+    :data:`replay.adapters_c.COMPOSITE_TEXT_FAMILIES`); UnsupportedModelError if none."""
+    adapter = ADAPTERS.get(COMPOSITE_TEXT_FAMILIES.get(model_type, model_type))
     if model_type in REFUSED_FAMILIES:
         raise UnsupportedModelError(
             f"model_type {model_type!r} cannot be a teacher: {REFUSED_FAMILIES[model_type]}")

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.families_c import C_FAMILIES
 from hebrus_flywheel.replay.families_hybrid import HYBRID_FAMILIES
 from hebrus_flywheel.replay.families_more import MORE_FAMILIES
 from hebrus_flywheel.replay.refused import REFUSED_FAMILIES
@@ -231,6 +232,7 @@ FAMILIES: dict[str, FamilySpec] = {
                     "selects); layers 1 and 3 sparse; mamba and attention layers"),
         *(FamilySpec(**spec) for spec in HYBRID_FAMILIES),
         *(FamilySpec(**row) for row in MORE_FAMILIES),
+        *(FamilySpec(**spec) for spec in C_FAMILIES),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

@@ -3,8 +3,9 @@ reason (each family module keeps its own; every reader takes this one mapping)."
 
 from __future__ import annotations
 
+from hebrus_flywheel.replay.families_c import C_REFUSED as _C
 from hebrus_flywheel.replay.families_hybrid import REFUSED_FAMILIES as _HYBRID
 from hebrus_flywheel.replay.families_more import REFUSED_FAMILIES as _MORE
 
-REFUSED_FAMILIES: dict[str, str] = {**_HYBRID, **_MORE}
+REFUSED_FAMILIES: dict[str, str] = {**_HYBRID, **_MORE, **_C}
 """``model_type`` → why it cannot be a teacher (``teacher families`` lists it)."""

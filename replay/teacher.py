@@ -56,6 +56,7 @@ from hebrus_flywheel.replay.adapters import (
     install_exact_routing,
     score_bias_LE,
 )
+from hebrus_flywheel.replay.adapters_c import text_config
 from hebrus_flywheel.replay.checkpoint import (
     INDEX_FILE,
     CheckpointStorage,
@@ -402,7 +403,7 @@ def read_manifest(directory: str | Path) -> dict[str, Any] | None:
 def read_geometry(directory: str | Path) -> RouteGeometry:
     """The route geometry of a checkpoint from its ``config.json`` alone (no weights)."""
     config = _read_config(Path(directory))
-    return adapter_for(config.model_type).geometry(config)
+    return adapter_for(config.model_type).geometry(text_config(config))
 
 
 def default_weight_encoding(directory: str | Path) -> str:

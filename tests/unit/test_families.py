@@ -85,11 +85,15 @@ EXPECTED.update({  # replay.families_hybrid
     "minimax_m3_vl_text": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
     "deepseek_v4": ((1, 2, 3), 16, 4, "sqrtsoftplus+bias_topk_renormalized_x1.5"),
 })
+EXPECTED.update({  # replay.families_c
+    "dbrx": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "hunyuan_v1_moe": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+})
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
 # gates sum their top-k in torch.topk(sorted=False) order, so they agree only to rounding
 BITWISE_WEIGHTS = {"lfm2_moe", "phimoe", "ernie4_5_moe", "llama4_text", "mixtral", "minimax",
-                   "qwen3_moe", "longcat_flash"}
+                   "qwen3_moe", "longcat_flash", "dbrx"}
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +152,10 @@ def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[
             return logits, weights, ids
         if family == "afmoe":  # its router takes [B, T, H] only
             hidden_NH = hidden_NH[None]
+        if family == "dbrx":  # the router returns logits; its block selects
+            logits = gate(hidden_NH)
+            weights, ids = layer.ffn.route_tokens_to_experts(logits)
+            return logits, weights, ids
         output = teacher.adapter.router_call_output(gate, (hidden_NH, *extra),
                                                     gate(hidden_NH, *extra))
         return teacher.adapter.split_router_output(output, teacher.geometry.top_k)
@@ -413,3 +421,83 @@ def test_doge_is_refused_with_the_reason(tmp_path: Path) -> None:
     assert not (tmp_path / "d" / "config.json").exists()
     listed = json.loads(CliRunner().invoke(teacher_app, ["families", "--json"]).output)
     assert listed["doge"]["refused"] and not listed["doge"]["generate"]
+
+
+def test_gemma4_text_is_refused_everywhere(tmp_path: Path) -> None:
+    """Gemma 4's MoE router scales each renormalised weight by a learned per-expert
+    parameter, which a route cannot record: no generator, no adapter, listed as refused."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+    from hebrus_flywheel.replay.cli import teacher_app
+    from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+
+    with pytest.raises(ConfigError, match=r"cannot be a teacher: .*per_expert_scale"):
+        get_family("gemma4_text")
+    with pytest.raises(ConfigError, match="cannot be a teacher"):
+        init_teacher(tmp_path / "g", family="gemma4_text")
+    assert not (tmp_path / "g").exists()
+    with pytest.raises(UnsupportedModelError, match="per_expert_scale"):
+        adapter_for("gemma4_text")
+    listed = CliRunner().invoke(teacher_app, ["families", "--json"])
+    row = json.loads(listed.output)["gemma4_text"]
+    assert not row["generate"] and row["summary"].startswith("not a teacher")
+
+
+COMPOSITES = {  # composite model_type: (text family, composite config class, tiny vision)
+    "llama4": ("llama4_text", "Llama4Config", {
+        "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 32,
+        "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+        "vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32,
+        "intermediate_layers_indices": [0]}),
+    "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeConfig", {
+        "depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
+        "out_hidden_size": 64}),
+}
+
+
+@pytest.mark.parametrize("composite", sorted(COMPOSITES))
+def test_composite_checkpoint_routes_as_its_text_family(
+    composite: str, family_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """A vision-language checkpoint (composite config.json, language-model weights under
+    the composite model's keys) loads as the text family's causal LM: the text family's
+    adapter and geometry, and the same routes as the text checkpoint with its weights."""
+    import json
+
+    import transformers
+    from transformers import AutoModelForImageTextToText
+
+    from hebrus_flywheel.replay.adapters import adapter_for
+    from hebrus_flywheel.replay.teacher import read_geometry
+
+    family, config_class, vision = COMPOSITES[composite]
+    text = _load(family, family_dirs[family])
+    config = getattr(transformers, config_class)(
+        text_config=text.model.config.to_dict(), vision_config=vision)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        full = AutoModelForImageTextToText.from_config(config)
+    # the language model's weights under the composite's keys (model.language_model.* or
+    # language_model.model.*); the vision tower keeps its random init
+    text_sd = text.model.state_dict()
+    moved = {key: text_sd[key.replace("language_model.", "")] for key in full.state_dict()
+             if "language_model." in key or key == "lm_head.weight"}
+    assert len(moved) == len(text_sd)
+    full.load_state_dict(moved, strict=False)
+    full.save_pretrained(tmp_path / composite)
+    assert json.loads((tmp_path / composite / "config.json").read_text())["model_type"] == \
+        composite
+    assert adapter_for(composite) is adapter_for(family)
+    assert read_geometry(tmp_path / composite) == text.geometry
+    teacher = load_teacher(tmp_path / composite)
+    assert teacher.geometry == text.geometry
+    assert type(teacher.model) is type(text.model)
+    ids_BT = torch.tensor([PREFIX])
+    want, got = text.forward_routes(ids_BT), teacher.forward_routes(ids_BT)
+    assert torch.equal(want.router_logits_BTLE, got.router_logits_BTLE)
+    assert want.executed_ids_BTLK is not None and got.executed_ids_BTLK is not None
+    assert torch.equal(want.executed_ids_BTLK, got.executed_ids_BTLK)
+

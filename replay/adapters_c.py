@@ -1,0 +1,169 @@
+"""Route adapters of further MoE families of the installed transformers (issue 16, part 3).
+
+Same contract as :mod:`replay.adapters_hybrid`: each class names where its family's router
+sits, what it returns and in which order, and the rule it executes, read from the
+family's ``modeling_*.py``; :mod:`replay.adapters` registers ``C_ADAPTERS``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hebrus_flywheel.core.geometry import RouteGeometry
+from hebrus_flywheel.replay.adapter_base import FamilyAdapter
+from hebrus_flywheel.replay.exceptions import UnsupportedModelError
+from hebrus_flywheel.replay.routing import RouterRule
+
+
+class DbrxAdapter(FamilyAdapter):
+    """DBRX: every block routed; ``ffn.router`` (a module holding the ``layer`` Linear)
+    returns the model-dtype logits only, and the block's ``route_tokens_to_experts``
+    takes the softmax (logit dtype), its top-k, and divides the top-k weights by their
+    ``moe_normalize_expert_weights``-norm (1: the sum, i.e. renormalised; None: raw).
+    Geometry lives in ``ffn_config``; blocks at ``transformer.blocks``, each starting
+    with ``norm_attn_norm.norm_1``. Exact routing replaces the block method."""
+
+    model_type = "dbrx"
+    router_path = ("ffn", "router")
+
+    def geometry(self, config: Any) -> RouteGeometry:
+        ffn = config.ffn_config
+        return RouteGeometry(
+            family=self.model_type, layer_count=int(config.n_layers),
+            routed_layers=self.routed_layers(config), expert_count=int(ffn.moe_num_experts),
+            top_k=int(ffn.moe_top_k), weight_rule=self.weight_rule(config),
+            hidden_size=int(config.d_model), routed_intermediate_size=int(ffn.ffn_hidden_size),
+        )
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(range(int(config.n_layers)))
+
+    def rule(self, config: Any) -> RouterRule:
+        norm = config.ffn_config.moe_normalize_expert_weights
+        if norm is not None and float(norm) != 1.0:
+            raise UnsupportedModelError(
+                f"dbrx moe_normalize_expert_weights {norm!r} (a p-norm other than 1) has no "
+                "route rule; supported are 1.0 (renormalised) and None (raw softmax)")
+        return RouterRule(scoring="softmax", normalize=norm is not None)
+
+    def decoder_layers(self, model: nn.Module) -> nn.ModuleList:
+        blocks = getattr(getattr(model, "transformer", model), "blocks", None)
+        if not isinstance(blocks, nn.ModuleList):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} has no transformer.blocks ModuleList; the dbrx "
+                "adapter expects a DbrxForCausalLM checkpoint")
+        return blocks
+
+    def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
+        norm = getattr(getattr(layer, "norm_attn_norm", None), "norm_1", None)
+        if not isinstance(norm, nn.Module):
+            raise UnsupportedModelError("a dbrx block has no norm_attn_norm.norm_1")
+        return norm
+
+    def router_weight(self, gate: nn.Module) -> torch.Tensor:
+        return cast(torch.Tensor, cast(Any, gate).layer.weight)
+
+    def gate_logits(self, gate: nn.Module, hidden_NH: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_NH, self.router_weight(gate))
+
+    def check_gate(self, gate: nn.Module, geometry: RouteGeometry) -> str | None:
+        layer = getattr(gate, "layer", None)
+        if type(layer) is not nn.Linear or layer.bias is not None:
+            return "has no bias-free layer Linear"
+        return super().check_gate(gate, geometry)  # router_weight reads gate.layer
+
+    def executed_ids_module(self, layer: nn.Module) -> nn.Module | None:
+        """The block's experts, called with the ids the block selected."""
+        experts = getattr(getattr(layer, "ffn", None), "experts", None)
+        return experts if isinstance(experts, nn.Module) else None
+
+    def install_exact_gate(self, layer: nn.Module, gate: nn.Module, forward: Any,
+                           geometry: RouteGeometry) -> None:
+        """Replace the block's ``route_tokens_to_experts``: the same softmax and p-norm
+        division, the declared tie-break for the top-k."""
+        from hebrus_flywheel.replay.routing import topk_with_tie_break
+
+        ffn = cast(Any, layer).ffn
+
+        def route(router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            probs = F.softmax(router_logits, dim=1, dtype=router_logits.dtype)
+            ids_NK, _ = topk_with_tie_break(router_logits, geometry.top_k,
+                                            weight_rule=geometry.weight_rule)
+            top = probs.gather(-1, ids_NK)
+            norm = ffn.moe_normalize_expert_weights
+            if norm is not None:
+                top = top / torch.norm(top, p=norm, dim=-1, keepdim=True)
+            return top, ids_NK
+
+        ffn.route_tokens_to_experts = route
+
+
+class HunYuanMoEV1Adapter(FamilyAdapter):
+    """Hunyuan-A13B (HunYuan-MoE-V1): every layer routed by ``mlp.gate``, whose ``wg``
+    Linear is kept in float32 (the input is upcast when it is: float32 logits; else
+    logits in the weight's dtype); float32 softmax, top-``moe_topk``, renormalised by
+    the sum, cast to the logits' dtype; a dense shared MLP always runs. Per-layer
+    ``num_experts``/``moe_topk`` lists are accepted only when every layer agrees."""
+
+    model_type = "hunyuan_v1_moe"
+
+    @staticmethod
+    def _one(config: Any, name: str) -> int:
+        value = getattr(config, name)
+        values = set(value) if isinstance(value, (list, tuple)) else {value}
+        if len(values) != 1:
+            raise UnsupportedModelError(
+                f"hunyuan_v1_moe {name} differs per layer ({value!r}); a route geometry has "
+                "one expert count and one top-k")
+        return int(values.pop())
+
+    def geometry(self, config: Any) -> RouteGeometry:
+        return RouteGeometry(
+            family=self.model_type, layer_count=int(config.num_hidden_layers),
+            routed_layers=self.routed_layers(config),
+            expert_count=self._one(config, "num_experts"), top_k=self._one(config, "moe_topk"),
+            weight_rule=self.weight_rule(config), hidden_size=int(config.hidden_size),
+            routed_intermediate_size=int(config.intermediate_size),
+        )
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", normalize=True)
+
+    def router_weight(self, gate: nn.Module) -> torch.Tensor:
+        return cast(torch.Tensor, cast(Any, gate).wg.weight)
+
+    def gate_logits(self, gate: nn.Module, hidden_NH: torch.Tensor) -> torch.Tensor:
+        weight = self.router_weight(gate)
+        if weight.dtype == torch.float32:
+            hidden_NH = hidden_NH.float()
+        return F.linear(hidden_NH, weight)
+
+    def check_gate(self, gate: nn.Module, geometry: RouteGeometry) -> str | None:
+        wg = getattr(gate, "wg", None)
+        if type(wg) is not nn.Linear or wg.bias is not None:
+            return "has no bias-free wg Linear"
+        return super().check_gate(gate, geometry)  # router_weight reads gate.wg
+
+
+COMPOSITE_TEXT_FAMILIES: dict[str, str] = {
+    "llama4": "llama4_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
+}
+"""Composite (vision-language) ``model_type``s whose ``AutoModelForCausalLM`` class is the
+text family's causal LM: transformers builds it from ``config.get_text_config()`` and
+loads the language model's weights (vision weights unused), so a real checkpoint's
+``config.json`` of that type routes exactly as the text family (:func:`text_config`)."""
+
+
+def text_config(config: Any) -> Any:
+    """The config the causal LM is built from: a composite config's text config."""
+    if getattr(config, "model_type", None) in COMPOSITE_TEXT_FAMILIES:
+        return config.get_text_config()
+    return config
+
+
+C_ADAPTERS: tuple[FamilyAdapter, ...] = (DbrxAdapter(), HunYuanMoEV1Adapter())

@@ -1,0 +1,34 @@
+"""Tiny presets of the families of :mod:`replay.adapters_c` (``teacher init --family``).
+
+Plain keyword sets of :class:`replay.families.FamilySpec`, merged into ``FAMILIES`` by
+:mod:`replay.families` as :mod:`replay.families_hybrid`'s are. Widths follow its
+``_COMMON`` toy geometry (hidden 64, 4 layers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+C_FAMILIES: tuple[dict[str, Any], ...] = (
+    {"name": "dbrx", "config_class": "DbrxConfig", "fields": {
+        "d_model": 64, "n_heads": 2, "attn_config": {"kv_n_heads": 1, "rope_theta": 10000.0,
+                                                      "clip_qkv": 8.0},
+        "ffn_config": {"moe_num_experts": 16, "moe_top_k": 4, "ffn_hidden_size": 16,
+                       "moe_normalize_expert_weights": 1.0}},
+     "summary": "softmax top-4 of 16 (router returns logits; the block selects), "
+                "weights divided by their 1-norm (renormalised); every block sparse"},
+    {"name": "hunyuan_v1_moe", "config_class": "HunYuanMoEV1Config", "fields": {
+        "head_dim": 32, "num_experts": 16, "moe_topk": 4, "intermediate_size": 16},
+     "summary": "float32 router (wg kept in float32), softmax top-4 of 16, renormalised, "
+                "dense shared MLP; every layer sparse"},
+)
+
+C_REFUSED: dict[str, str] = {
+    "gemma4_text": (
+        "with enable_moe_block its router (layer.router) renormalises the top-k softmax "
+        "weights and then multiplies each by a learned per_expert_scale parameter; a route "
+        "records the logits and a weight rule named from the config, so the weights the "
+        "model executed cannot be reproduced from it (without enable_moe_block the model "
+        "is dense)"),
+}
+"""Merged into :data:`replay.families_hybrid.REFUSED_FAMILIES`."""
