@@ -55,6 +55,9 @@ class FamilyAdapter:
     logits_upcast: ClassVar[bool] = False
     logit_bias: ClassVar[bool] = False
     router_path: ClassVar[tuple[str, ...]] = ("mlp", "gate")
+    pre_attention_norm_path: ClassVar[tuple[str, ...]] = ("input_layernorm",)
+    """Attribute path from a decoder layer to the norm its attention reads (whose input
+    is the captured pre-attention feature)."""
     router_output: ClassVar[tuple[str, ...]] = ROUTER_OUTPUT
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
@@ -119,9 +122,12 @@ class FamilyAdapter:
         return self.score_bias(self.router(layer))
 
     def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
-        norm = getattr(layer, "input_layernorm", None)
+        norm: Any = layer
+        for name in self.pre_attention_norm_path:
+            norm = getattr(norm, name, None)
         if not isinstance(norm, nn.Module):
-            raise UnsupportedModelError(f"a {self.model_type} layer has no input_layernorm")
+            raise UnsupportedModelError(f"a {self.model_type} layer has no "
+                                        f"{'.'.join(self.pre_attention_norm_path)}")
         return norm
 
     def new_cache(self, model: nn.Module) -> Any:

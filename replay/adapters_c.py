@@ -29,6 +29,7 @@ class DbrxAdapter(FamilyAdapter):
 
     model_type = "dbrx"
     router_path = ("ffn", "router")
+    pre_attention_norm_path = ("norm_attn_norm", "norm_1")
 
     def geometry(self, config: Any) -> RouteGeometry:
         ffn = config.ffn_config
@@ -57,12 +58,6 @@ class DbrxAdapter(FamilyAdapter):
                 f"{type(model).__name__} has no transformer.blocks ModuleList; the dbrx "
                 "adapter expects a DbrxForCausalLM checkpoint")
         return blocks
-
-    def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
-        norm = getattr(getattr(layer, "norm_attn_norm", None), "norm_1", None)
-        if not isinstance(norm, nn.Module):
-            raise UnsupportedModelError("a dbrx block has no norm_attn_norm.norm_1")
-        return norm
 
     def router_weight(self, gate: nn.Module) -> torch.Tensor:
         return cast(torch.Tensor, cast(Any, gate).layer.weight)

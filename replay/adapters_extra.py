@@ -217,6 +217,7 @@ class Lfm2MoeAdapter(FamilyAdapter):
     model_type = "lfm2_moe"
     intermediate_field = "moe_intermediate_size"
     router_path = ("feed_forward", "gate")
+    pre_attention_norm_path = ("operator_norm",)
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
         return tuple(range(int(config.num_dense_layers), int(config.num_hidden_layers)))
@@ -231,12 +232,6 @@ class Lfm2MoeAdapter(FamilyAdapter):
         """The MoE block's ``expert_bias`` buffer (the block passes it to the gate)."""
         bias = getattr(getattr(layer, "feed_forward", None), "expert_bias", None)
         return bias if isinstance(bias, torch.Tensor) else None
-
-    def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
-        norm = getattr(layer, "operator_norm", None)
-        if not isinstance(norm, nn.Module):
-            raise UnsupportedModelError("an lfm2_moe layer has no operator_norm")
-        return norm
 
 
 class HYV3Adapter(FamilyAdapter):

@@ -174,15 +174,10 @@ class NemotronHAdapter(DeepseekV3Adapter):
 
     model_type = "nemotron_h"
     router_path = ("mixer", "gate")
+    pre_attention_norm_path = ("norm",)
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
         return tuple(i for i, kind in enumerate(config.layers_block_type) if kind == "moe")
-
-    def pre_attention_norm(self, layer: nn.Module) -> nn.Module:
-        norm = getattr(layer, "norm", None)
-        if not isinstance(norm, nn.Module):
-            raise UnsupportedModelError("a nemotron_h block has no norm")
-        return norm
 
 
 class MiniMaxM3VLTextAdapter(FamilyAdapter):
