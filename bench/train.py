@@ -128,13 +128,15 @@ def parse() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def gate_arrays(planted: Any) -> tuple[Any, Any, Any]:
+def gate_arrays(planted: Any) -> Any:
     """The planted router, the lift of the stored features and the gain."""
     import numpy as np
 
+    from hebrus_flywheel.train.predictors import GateArrays
+
     lift = np.linalg.pinv(planted.projection.matrix_HD.astype(np.float64))
-    return (planted.router_LEH.astype(np.float32), lift.astype(np.float32),
-            planted.gain_LH.astype(np.float32))
+    return GateArrays(planted.router_LEH.astype(np.float32), lift.astype(np.float32),
+                      planted.gain_LH.astype(np.float32))
 
 
 def main() -> None:

@@ -142,10 +142,15 @@ class FamilyAdapter:
         redraws it."""
         return getattr(gate, "weight", None)
 
+    def router_logit_bias(self, gate: nn.Module) -> torch.Tensor | None:
+        """The router's ``[E]`` logit bias (added inside its linear, so part of the logits,
+        unlike :meth:`score_bias`), None if its linear has none."""
+        return cast(torch.Tensor, gate.bias) if self.logit_bias else None
+
     def gate_logits(self, gate: nn.Module, hidden_NH: torch.Tensor) -> torch.Tensor:
         """The router logits ``[N, E]`` exactly as the family's gate computes them."""
         weight = cast(torch.Tensor, self.router_weight(gate))
-        bias = cast(torch.Tensor, gate.bias) if self.logit_bias else None
+        bias = self.router_logit_bias(gate)
         if self.logits_in_float32:
             hidden_NH, weight = hidden_NH.to(torch.float32), weight.to(torch.float32)
             bias = None if bias is None else bias.to(torch.float32)

@@ -135,12 +135,16 @@ class NativeGateBaseline:
     ``reduction_HD`` features must be full-width (H) hidden states; with it they are
     the capture plane's reduced features (``feature = hidden @ reduction_HD``, any D,
     including D == H) and are lifted with its pseudo-inverse. ``norm_weight_LH``
-    optionally applies the RMSNorm gain that precedes the router (the ``1/rms`` factor
-    is dropped: a positive scale does not change a row's ranking).
+    optionally applies the RMSNorm gain that precedes the router, ``bias_LE`` the logit
+    bias of routers whose linear has one (GPT-OSS). Without a bias the ``1/rms`` factor is
+    dropped (a positive scale does not change a row's ranking); with one the scale
+    decides how much the bias counts, so the hidden state is RMS-normalised as the
+    router's input is.
     """
 
     def __init__(self, router_weight_LEH: Any, *, fill: FrequencyTable | None = None,
-                 reduction_HD: Any = None, norm_weight_LH: Any = None) -> None:
+                 reduction_HD: Any = None, norm_weight_LH: Any = None,
+                 bias_LE: Any = None) -> None:
         self.router_LEH = as_numpy(router_weight_LEH).astype(np.float64)
         if self.router_LEH.ndim != 3:
             raise BaselineError("router weights must be (L, E, H): one gate matrix per layer")
@@ -152,17 +156,25 @@ class NativeGateBaseline:
                                                                    "norm_weight_LH")
         if self.norm_LH is not None and self.norm_LH.shape[1] != H:
             raise BaselineError(f"norm_weight_LH must be (L, {H}), got {self.norm_LH.shape}")
+        self.bias_LE = None if bias_LE is None else _matrix(bias_LE, L, "bias_LE")
+        if self.bias_LE is not None and self.bias_LE.shape[1] != self.router_LEH.shape[1]:
+            raise BaselineError(f"bias_LE must be (L, {self.router_LEH.shape[1]}), got "
+                                f"{self.bias_LE.shape}")
 
     def scores(self, feature_BX: Any, layer_B: Any) -> np.ndarray:
         """Router-of-``layer_B`` scores ``(B, E)`` of full-width or reduced features."""
         hidden_BH = self._hidden(as_numpy(feature_BX).astype(np.float64))  # (B, H)
         layers_B = _layers(layer_B, hidden_BH.shape[0], self.router_LEH.shape[0])
+        if self.bias_LE is not None:
+            hidden_BH = hidden_BH / np.sqrt((hidden_BH**2).mean(axis=1, keepdims=True) + 1e-6)
         if self.norm_LH is not None:
             hidden_BH = hidden_BH * self.norm_LH[layers_B]  # (B, H)
         logits_BE = np.empty((hidden_BH.shape[0], self.router_LEH.shape[1]))  # (B, E)
         for layer in np.unique(layers_B):  # one matmul per layer, no (B, E, H) gather
             rows = layers_B == layer
             logits_BE[rows] = hidden_BH[rows] @ self.router_LEH[layer].T
+            if self.bias_LE is not None:
+                logits_BE[rows] += self.bias_LE[layer]
         fill_BE = np.zeros_like(logits_BE) if self.fill is None else self.fill.fill(layers_B)
         return ranked_scores(logits_BE, fill_BE)
 

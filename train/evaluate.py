@@ -92,33 +92,47 @@ class EvaluateConfig:
 
 @dataclass(frozen=True, eq=False)
 class RouterWeights:
-    """The teacher's gates ``(L, E, H)`` and the RMSNorm gain ``(L, H)`` before them."""
+    """The teacher's gates ``(L, E, H)``, the RMSNorm gain ``(L, H)`` before them and the
+    gates' logit biases ``(L, E)`` (None where the routers' linears have none)."""
 
     router_LEH: np.ndarray
     norm_gain_LH: np.ndarray | None
     source: str
+    bias_LE: np.ndarray | None = None
 
 
 def router_weights(teacher: Any) -> RouterWeights:
-    """Every routed layer's gate matrix and the gain of the norm that feeds it
-    (:mod:`train.router_input`: found by running the teacher, ones where the router
-    reads an un-normalised stream)."""
+    """Every routed layer's gate matrix, its logit bias (GPT-OSS) and the gain of the norm
+    that feeds it (:mod:`train.router_input`: found by running the teacher, ones where the
+    router reads an un-normalised stream)."""
     from hebrus_flywheel.train.router_input import router_input_gains
 
     adapter, layers = teacher.adapter, teacher.adapter.decoder_layers(teacher.model)
-    weights = []
+    weights, biases = [], []
     for index in teacher.geometry.routed_layers:
         try:
-            weight = adapter.router_weight(adapter.router(layers[index]))
+            gate = adapter.router(layers[index])
+            weight, bias = adapter.router_weight(gate), adapter.router_logit_bias(gate)
         except AttributeError:
-            weight = None
+            weight, bias = None, None
         if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
             raise BaselineError(f"the router of layer {index} has no (E, H) weight matrix")
         weights.append(weight.detach())
+        biases.append(None if bias is None else bias.detach().float().cpu().numpy())
     routers = [w.float().cpu().numpy() for w in weights]
     gains = router_input_gains(teacher, routers[0].shape[1], weights[0].dtype)
     return RouterWeights(router_LEH=np.stack(routers), norm_gain_LH=np.stack(gains),
-                         source=str(teacher.path))
+                         source=str(teacher.path), bias_LE=_stacked_biases(biases))
+
+
+def _stacked_biases(biases: list[np.ndarray | None]) -> np.ndarray | None:
+    """``(L, E)`` logit biases, None when no router has one (a family either has a bias in
+    every router's linear or in none)."""
+    if all(b is None for b in biases):
+        return None
+    if any(b is None for b in biases):
+        raise BaselineError("some routed layers' routers have a logit bias and some do not")
+    return np.stack([b for b in biases if b is not None])
 
 
 def teacher_router(teacher_dir: Path, snapshot: Snapshot) -> RouterWeights:
@@ -171,7 +185,8 @@ class NativeGate:
                                 f"reduced ({D} != {H}); the native gate cannot lift them")
         self.baseline = NativeGateBaseline(router.router_LEH, fill=fill,
                                            reduction_HD=reduction_HD,
-                                           norm_weight_LH=router.norm_gain_LH)
+                                           norm_weight_LH=router.norm_gain_LH,
+                                           bias_LE=router.bias_LE)
 
     def scores(self, feature_BD: torch.Tensor, layer_B: torch.Tensor) -> np.ndarray:
         """Router scores ``(B, E)`` of the lifted features."""

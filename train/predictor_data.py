@@ -94,15 +94,18 @@ def load_rows(snapshot: Snapshot, split: str, *, batch_size: int = 65536) -> Row
 
 @dataclass(frozen=True, eq=False)
 class GateWeights:
-    """The teacher's routers ``(L, E, H)``, RMSNorm gains and the feature lift."""
+    """The teacher's routers ``(L, E, H)``, RMSNorm gains, the feature lift and the
+    routers' logit biases ``(L, E)`` (None where their linears have none)."""
 
     router_LEH: np.ndarray
     norm_gain_LH: np.ndarray | None
     lift_DH: np.ndarray | None
+    bias_LE: np.ndarray | None = None
 
     def logits(self, feature_ND: np.ndarray, layer_N: np.ndarray) -> np.ndarray:
         return gate_logits(feature_ND, layer_N, router_LEH=self.router_LEH,
-                           lift_DH=self.lift_DH, norm_gain_LH=self.norm_gain_LH)
+                           lift_DH=self.lift_DH, norm_gain_LH=self.norm_gain_LH,
+                           bias_LE=self.bias_LE)
 
 
 class Controls:
@@ -155,4 +158,4 @@ def load_gate(teacher_dir: Any, snapshot: Snapshot) -> GateWeights:
     if contract is not None:
         lift = np.linalg.pinv(check_contract(contract).matrix_HD.astype(np.float64))
     return GateWeights(router_LEH=router.router_LEH.astype(np.float64),
-                       norm_gain_LH=router.norm_gain_LH, lift_DH=lift)
+                       norm_gain_LH=router.norm_gain_LH, lift_DH=lift, bias_LE=router.bias_LE)

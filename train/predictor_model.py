@@ -38,6 +38,7 @@ from hebrus_flywheel.train.predictors import (
     PlattCalibration,
     Predictor,
     PredictorSpec,
+    zero_bias_if_absent,
 )
 
 MODEL_KIND = "route_predictor"
@@ -105,25 +106,29 @@ class GatePrior(nn.Module):
     router_LEH: torch.Tensor
     lift_DH: torch.Tensor
     gain_LH: torch.Tensor
+    bias_LE: torch.Tensor
 
     def __init__(self, config: PredictorConfig, gate: GateArrays | None) -> None:
         super().__init__()
         L, E, D, H = (config.layer_count, config.expert_count, config.feature_dim,
                       config.hidden_dim)
-        router, lift, gain = gate if gate is not None else (None, None, None)
-        if router is not None and tuple(router.shape) != (L, E, H):
-            raise ConfigError(f"the teacher's routers are {tuple(router.shape)}, the model "
-                              f"needs {(L, E, H)}; pass the snapshot's own teacher")
-        self.register_buffer("router_LEH", torch.zeros(L, E, H) if router is None
-                             else torch.as_tensor(router).float())
-        self.register_buffer("lift_DH", torch.eye(D, H) if lift is None
-                             else torch.as_tensor(lift).float())
-        self.register_buffer("gain_LH", torch.ones(L, H) if gain is None
-                             else torch.as_tensor(gain).float())
+        gate = gate if gate is not None else GateArrays(np.zeros((L, E, H), np.float32),
+                                                        None, None)
+        if tuple(gate.router_LEH.shape) != (L, E, H):
+            raise ConfigError(f"the teacher's routers are {tuple(gate.router_LEH.shape)}, the "
+                              f"model needs {(L, E, H)}; pass the snapshot's own teacher")
+        self.register_buffer("router_LEH", torch.as_tensor(gate.router_LEH).float())
+        self.register_buffer("lift_DH", torch.eye(D, H) if gate.lift_DH is None
+                             else torch.as_tensor(gate.lift_DH).float())
+        self.register_buffer("gain_LH", torch.ones(L, H) if gate.gain_LH is None
+                             else torch.as_tensor(gate.gain_LH).float())
+        self.register_buffer("bias_LE", torch.zeros(L, E) if gate.bias_LE is None
+                             else torch.as_tensor(gate.bias_LE).float())
+        self.register_load_state_dict_pre_hook(zero_bias_if_absent)
 
     def arrays(self) -> GateArrays:
-        return (self.router_LEH.cpu().numpy(), self.lift_DH.cpu().numpy(),
-                self.gain_LH.cpu().numpy())
+        return GateArrays(self.router_LEH.cpu().numpy(), self.lift_DH.cpu().numpy(),
+                          self.gain_LH.cpu().numpy(), self.bias_LE.cpu().numpy())
 
     def forward(self, feature_BD: torch.Tensor, target_B: torch.Tensor) -> torch.Tensor:
         h_BH = feature_BD.float() @ self.lift_DH
@@ -132,7 +137,7 @@ class GatePrior(nn.Module):
         out_BE = h_BH.new_empty(h_BH.shape[0], self.router_LEH.shape[1])
         for layer in torch.unique(target_B).tolist():
             rows = target_B == layer
-            out_BE[rows] = h_BH[rows] @ self.router_LEH[layer].T
+            out_BE[rows] = h_BH[rows] @ self.router_LEH[layer].T + self.bias_LE[layer]
         return out_BE
 
 
@@ -216,8 +221,8 @@ class RoutePredictor(nn.Module):
             return None
         L, E, D, H = (config.layer_count, config.expert_count, config.feature_dim,
                       config.hidden_dim)
-        return (np.zeros((L, E, H), np.float32), np.zeros((D, H), np.float32),
-                np.ones((L, H), np.float32))
+        return GateArrays(np.zeros((L, E, H), np.float32), np.zeros((D, H), np.float32),
+                          np.ones((L, H), np.float32), np.zeros((L, E), np.float32))
 
     def _check_inputs(self, feature_BD: torch.Tensor, layer_B: torch.Tensor) -> None:
         D, L = self.config.feature_dim, self.config.layer_count

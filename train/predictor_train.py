@@ -65,16 +65,20 @@ def fit_heads(model: RoutePredictor, config: TrainConfig, snapshot: Any,
     return fitted
 
 
+def _float64(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else np.asarray(array, np.float64)
+
+
 def fit_checkpoint(trainer: Any, gate: GateWeights | None) -> tuple[dict[str, Any],
                                                                    list[dict[str, Any]]]:
     """Train ``trainer.model`` (a RoutePredictor) by the recipe and save it (rank 0).
     Returns (lineage, the own-layer head's validation history)."""
     model: RoutePredictor = trainer.model
     if gate is None and model.gate is not None:  # the checkpoint's own buffers
-        router, lift, gain = model.gate.arrays()
-        gate = GateWeights(router_LEH=np.asarray(router, np.float64),
-                           norm_gain_LH=None if gain is None else np.asarray(gain, np.float64),
-                           lift_DH=None if lift is None else np.asarray(lift, np.float64))
+        buffers = model.gate.arrays()
+        gate = GateWeights(router_LEH=np.asarray(buffers.router_LEH, np.float64),
+                           norm_gain_LH=_float64(buffers.gain_LH),
+                           lift_DH=_float64(buffers.lift_DH), bias_LE=_float64(buffers.bias_LE))
     fitted = fit_heads(model, trainer.config, trainer.snapshot, gate,
                        resumed=trainer.parent is not None)
     own = fitted[model.config.offsets.index((0, 0))]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -37,8 +38,18 @@ from hebrus_flywheel.train.isotonic import fit_knots, held_out_gain, interpolate
 from hebrus_flywheel.train.models import RouteSidecar, SidecarConfig
 
 ARCHITECTURES = ("per_layer_mlp", "shared_lowrank", "gate_adapter")
-GateArrays = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
-"""(router ``(L, E, H)``, feature lift ``(D, H)`` or None, RMSNorm gain ``(L, H)`` or None)."""
+
+
+class GateArrays(NamedTuple):
+    """The teacher's routers as a predictor's buffers."""
+
+    router_LEH: np.ndarray
+    lift_DH: np.ndarray | None
+    """The feature lift ``(D, H)``; None: features are the hidden states."""
+    gain_LH: np.ndarray | None
+    """The RMSNorm gain before each router; None: ones."""
+    bias_LE: np.ndarray | None = None
+    """The routers' logit biases (GPT-OSS); None: their linears have none."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +128,15 @@ class SharedLowRank(nn.Module):
         return self.sidecar(feature_BD, layer_B)[:, 0]
 
 
+def zero_bias_if_absent(module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                        *args: Any) -> None:
+    """Load hook: a state saved before the gate buffers carried the routers' logit bias
+    was computed without one, i.e. with zeros, so it loads with zeros."""
+    del args
+    bias = cast(torch.Tensor, module.bias_LE)
+    state_dict.setdefault(prefix + "bias_LE", torch.zeros_like(bias))
+
+
 class GateAdapter(nn.Module):
     """The native router of the target layer on an adapted state:
     ``router_t(gain_t * rms_norm(lift(x) + x @ delta_l))``, ``delta`` per source layer
@@ -125,17 +145,20 @@ class GateAdapter(nn.Module):
 
     def __init__(self, gate: GateArrays, *, feature_dim: int, target_offset: int) -> None:
         super().__init__()
-        router, lift, gain = gate
-        L, _, H = router.shape
+        L, E, H = gate.router_LEH.shape
         self.offset = target_offset
         self.router_LEH: torch.Tensor
         self.lift_DH: torch.Tensor
         self.gain_LH: torch.Tensor
-        self.register_buffer("router_LEH", torch.from_numpy(router).float())
-        self.register_buffer("lift_DH", torch.eye(feature_dim, H) if lift is None
-                             else torch.from_numpy(lift).float())
-        self.register_buffer("gain_LH", torch.ones(L, H) if gain is None
-                             else torch.from_numpy(gain).float())
+        self.bias_LE: torch.Tensor
+        self.register_buffer("router_LEH", torch.from_numpy(gate.router_LEH).float())
+        self.register_buffer("lift_DH", torch.eye(feature_dim, H) if gate.lift_DH is None
+                             else torch.from_numpy(gate.lift_DH).float())
+        self.register_buffer("gain_LH", torch.ones(L, H) if gate.gain_LH is None
+                             else torch.from_numpy(gate.gain_LH).float())
+        self.register_buffer("bias_LE", torch.zeros(L, E) if gate.bias_LE is None
+                             else torch.from_numpy(gate.bias_LE).float())
+        self.register_load_state_dict_pre_hook(zero_bias_if_absent)
         self.delta_LDH = nn.Parameter(torch.zeros(L, feature_dim, H))
 
     def forward(self, feature_BD: torch.Tensor, layer_B: torch.Tensor) -> torch.Tensor:
@@ -146,7 +169,8 @@ class GateAdapter(nn.Module):
             h_BH = x_BD @ self.lift_DH + x_BD @ self.delta_LDH[layer]
             h_BH = h_BH * torch.rsqrt(h_BH.pow(2).mean(dim=1, keepdim=True) + 1e-6)
             target = layer + self.offset
-            out_BE[rows] = (h_BH * self.gain_LH[target]) @ self.router_LEH[target].T
+            out_BE[rows] = ((h_BH * self.gain_LH[target]) @ self.router_LEH[target].T
+                            + self.bias_LE[target])
         return out_BE
 
 
@@ -299,9 +323,11 @@ def pair_ece(prob_BC: torch.Tensor, member_BC: torch.Tensor, bins: int = 10) -> 
 
 
 def gate_logits(feature_BD: np.ndarray, layer_B: np.ndarray, *, router_LEH: np.ndarray,
-                lift_DH: np.ndarray | None, norm_gain_LH: np.ndarray | None) -> np.ndarray:
-    """The native router of ``layer_B`` on RMS-normalised lifted features: ``(B, E)``
-    float32 logits at the router's own scale (the prior of the residual predictors)."""
+                lift_DH: np.ndarray | None, norm_gain_LH: np.ndarray | None,
+                bias_LE: np.ndarray | None = None) -> np.ndarray:
+    """The native router of ``layer_B`` (with its logit bias, if any) on RMS-normalised
+    lifted features: ``(B, E)`` float32 logits at the router's own scale (the prior of
+    the residual predictors)."""
     hidden_BH = feature_BD.astype(np.float64)
     if lift_DH is not None:
         hidden_BH = hidden_BH @ lift_DH
@@ -313,4 +339,6 @@ def gate_logits(feature_BD: np.ndarray, layer_B: np.ndarray, *, router_LEH: np.n
     for layer in np.unique(layer_B):
         rows = layer_B == layer
         out_BE[rows] = hidden_BH[rows] @ router_LEH[layer].T
+        if bias_LE is not None:
+            out_BE[rows] += bias_LE[layer]
     return out_BE

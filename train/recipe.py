@@ -44,6 +44,7 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.train.losses import LossConfig, SidecarLoss
 from hebrus_flywheel.train.predictor_data import GateWeights, Rows
 from hebrus_flywheel.train.predictors import (
+    GateArrays,
     PlattCalibration,
     Predictor,
     PredictorSpec,
@@ -262,7 +263,8 @@ def fit_predictor(spec: PredictorSpec, train: Inputs | Rows, validation: Inputs 
     val_in = validation if isinstance(validation, tuple) else spec_inputs(validation, spec, gate)
     best = BestStates(val_in, recipe.select_on)
     torch.manual_seed(recipe.seed)
-    arrays = None if gate is None else (gate.router_LEH, gate.lift_DH, gate.norm_gain_LH)
+    arrays = None if gate is None else GateArrays(gate.router_LEH, gate.lift_DH,
+                                                  gate.norm_gain_LH, gate.bias_LE)
     model = Predictor(spec, feature_dim=train_in[0].feature_ND.shape[1],
                       layer_count=layer_count, expert_count=expert_count, gate=arrays)
     if initial is not None:

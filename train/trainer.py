@@ -122,8 +122,9 @@ def gate_arrays(gate: GateWeights, snapshot: Snapshot) -> GateArrays:
     D = int(snapshot.geometry["feature_dim"])
     lift = np.eye(D, H) if gate.lift_DH is None else gate.lift_DH
     gain = np.ones((L, H)) if gate.norm_gain_LH is None else gate.norm_gain_LH
-    return (gate.router_LEH.astype(np.float32), lift.astype(np.float32),
-            gain.astype(np.float32))
+    bias = None if gate.bias_LE is None else gate.bias_LE.astype(np.float32)
+    return GateArrays(gate.router_LEH.astype(np.float32), lift.astype(np.float32),
+                      gain.astype(np.float32), bias)
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:

@@ -12,6 +12,7 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.train.predictor_bench import BenchConfig, goal_summary, train_one
 from hebrus_flywheel.train.predictor_data import GateWeights, Rows
 from hebrus_flywheel.train.predictors import (
+    GateArrays,
     PerLayerMLP,
     PlattCalibration,
     Predictor,
@@ -129,7 +130,7 @@ def test_gate_adapter_starts_at_the_native_gate() -> None:
     layer = np.array([0, 0, 0, 1, 1, 0])
     spec = PredictorSpec(architecture="gate_adapter", width=4)
     model = Predictor(spec, feature_dim=D, layer_count=L, expert_count=E,
-                      gate=(router, None, gain))
+                      gate=GateArrays(router, None, gain))
     with torch.no_grad():
         scores = model(torch.from_numpy(feature), torch.from_numpy(layer)).numpy()
     expected = gate_logits(feature, layer, router_LEH=router, lift_DH=None,
@@ -174,3 +175,34 @@ def test_boundary_calibration_wins_when_rows_differ_in_score_offset() -> None:
         return float(-(member * probs.log() + (1 - member) * (1 - probs).log()).mean())
 
     assert bce(chosen) < bce(raw) - 0.02  # sharper: it tells members from misses
+
+
+def test_the_gate_carries_the_routers_logit_bias_and_older_states_load_without_it() -> None:
+    """GPT-OSS's routers add a bias inside their linear: the gate adapter and the gate
+    prior of a RoutePredictor add it too (both equal gate_logits with the bias), and a
+    state saved before the gate carried a bias (trained with none) loads with zeros."""
+    from hebrus_flywheel.train.predictor_model import PredictorConfig, RoutePredictor
+
+    rng = np.random.default_rng(3)
+    router, bias = rng.normal(size=(L, E, D)), rng.normal(size=(L, E)) * 3.0
+    feature = rng.normal(size=(6, D)).astype(np.float32)
+    layer = np.array([0, 1, 1, 0, 1, 0])
+    plain = gate_logits(feature, layer, router_LEH=router, lift_DH=None, norm_gain_LH=None)
+    biased = gate_logits(feature, layer, router_LEH=router, lift_DH=None, norm_gain_LH=None,
+                         bias_LE=bias)
+    np.testing.assert_allclose(biased, plain + bias[layer], rtol=1e-5)
+    arrays = GateArrays(router.astype(np.float32), None, None, bias.astype(np.float32))
+    adapter = Predictor(PredictorSpec(architecture="gate_adapter", width=4), feature_dim=D,
+                        layer_count=L, expert_count=E, gate=arrays)
+    config = PredictorConfig(architecture="per_layer_mlp", gate_prior=True, width=8,
+                             feature_dim=D, layer_count=L, expert_count=E, hidden_dim=D)
+    prior = RoutePredictor(config, arrays).gate
+    assert prior is not None
+    with torch.no_grad():
+        x, layer_B = torch.from_numpy(feature), torch.from_numpy(layer)
+        np.testing.assert_allclose(adapter(x, layer_B).numpy(), biased, atol=1e-3)
+        np.testing.assert_allclose(prior(x, layer_B).numpy(), biased, atol=1e-3)
+    for module in (adapter.net, prior):
+        older = {k: v for k, v in module.state_dict().items() if k != "bias_LE"}
+        module.load_state_dict(older)  # strict: the hook supplies the absent bias
+        assert not module.bias_LE.any()

@@ -39,3 +39,45 @@ def test_the_gain_is_that_of_the_norm_feeding_the_router(tmp_path: Path, family:
         want = (np.ones(gains.shape[1]) if name is None
                 else layers[index].get_submodule(name).weight.detach().float().numpy())
         np.testing.assert_allclose(gains[slot], want, rtol=1e-4, err_msg=f"layer {index}")
+
+
+def test_gpt_oss_native_gate_carries_the_router_logit_bias(tmp_path: Path) -> None:
+    """GPT-OSS's router linear has a bias: the native gate applied to the stream the
+    router reads ranks experts exactly as the router does, and drops the bias nowhere
+    (with the bias left out, the ranking differs)."""
+    from hebrus_flywheel.train.baselines import NativeGateBaseline
+
+    init_teacher(tmp_path / "gpt_oss", family="gpt_oss", seed=0)
+    teacher = load_teacher(tmp_path / "gpt_oss")
+    adapter, layers = teacher.adapter, teacher.adapter.decoder_layers(teacher.model)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():  # a real model's residual scale, where the norms' eps is noise
+        teacher.model.get_input_embeddings().weight.mul_(50.0)
+    for index in teacher.geometry.routed_layers:
+        gate = adapter.router(layers[index])
+        with torch.no_grad():  # a bias as large as the logits, so leaving it out shows
+            gate.bias.copy_(torch.randn(gate.bias.shape, generator=generator) * 2.0)
+    router = router_weights(teacher)
+    assert router.bias_LE is not None and router.bias_LE.shape == router.router_LEH.shape[:2]
+    streams, logits = [], []
+    for index in teacher.geometry.routed_layers:
+
+        def record(module: torch.nn.Module, args: tuple[torch.Tensor], out: torch.Tensor,
+                   gate: torch.nn.Module = adapter.router(layers[index])) -> None:
+            streams.append(args[0].reshape(-1, args[0].shape[-1]).float())
+            logits.append(adapter.gate_logits(gate, out.reshape(-1, out.shape[-1])))
+
+        layers[index].post_attention_layernorm.register_forward_hook(record)
+    with torch.no_grad():
+        teacher.model(torch.arange(3, 27).reshape(2, 12))
+    k = teacher.geometry.top_k
+    for slot, (stream, logit) in enumerate(zip(streams, logits, strict=True)):
+        layer = np.full(len(stream), slot)
+        want = torch.topk(logit.float(), k).indices.sort(dim=1).values.numpy()
+        with_bias = NativeGateBaseline(router.router_LEH, norm_weight_LH=router.norm_gain_LH,
+                                       bias_LE=router.bias_LE).scores(stream.numpy(), layer)
+        without = NativeGateBaseline(router.router_LEH, norm_weight_LH=router.norm_gain_LH
+                                     ).scores(stream.numpy(), layer)
+        top = np.sort(np.argsort(-with_bias, axis=1)[:, :k], axis=1)
+        np.testing.assert_array_equal(top, want, err_msg=f"slot {slot}")
+        assert (np.sort(np.argsort(-without, axis=1)[:, :k], axis=1) != want).any()

@@ -30,7 +30,7 @@ from hebrus_flywheel.train.exceptions import CheckpointError
 from hebrus_flywheel.train.isotonic import KNOTS
 from hebrus_flywheel.train.predictor_data import GateWeights
 from hebrus_flywheel.train.predictor_model import PredictorConfig, RoutePredictor
-from hebrus_flywheel.train.predictors import PlattCalibration, PredictorSpec
+from hebrus_flywheel.train.predictors import GateArrays, PlattCalibration, PredictorSpec
 from hebrus_flywheel.train.trainer import Trainer, make_optimizer, train
 from tests.support.planted import (
     PlantedConfig,
@@ -58,11 +58,11 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlantedSnapshot]
     make_writable(root)
 
 
-def gate_of(planted: PlantedSnapshot) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def gate_of(planted: PlantedSnapshot) -> GateArrays:
     """The planted router, the lift of the stored features and the gain (teacher's role)."""
     lift = np.linalg.pinv(planted.projection.matrix_HD.astype(np.float64))
-    return (planted.router_LEH.astype(np.float32), lift.astype(np.float32),
-            planted.gain_LH.astype(np.float32))
+    return GateArrays(planted.router_LEH.astype(np.float32), lift.astype(np.float32),
+                      planted.gain_LH.astype(np.float32))
 
 
 def router_of(planted: PlantedSnapshot) -> RouterWeights:
