@@ -67,8 +67,11 @@ SEALING_REASONS: dict[str, str] = {
 }
 """Reason codes of the opener (added to the stream processors' quarantine codes)."""
 
-METADATA_ONLY_REASONS = frozenset({"unsealed_capture", "owner_erased"})
-"""Reasons whose quarantine records keep no value bytes (only ids, sizes, digests)."""
+METADATA_ONLY_REASONS = frozenset({"owner_erased"})
+"""Reasons whose quarantine records keep no value bytes (only ids, sizes, digests) although
+their schema seals its content: an erased owner's sealed bytes can never be opened again.
+(An ``unsealed_capture`` record is metadata-only already: ``streams.quarantine.bound``
+keeps content only of sealed schemas.)"""
 
 
 class SealingError(Exception):

@@ -534,6 +534,7 @@ class CaptureStage:
             emit.value.update(value=b"", value_truncated=True, reference_only=True,
                               source_headers=[])
         return emit
+
     def _consented(self, record: Mapping[str, Any]) -> bool:
         if self.capture_consent is None:
             return True
