@@ -126,18 +126,27 @@ def committed_observations(probe: kafka.LagProbe, topic: str) -> tuple[int, int]
             sum(ends[tp][1] - ends[tp][0] for tp in mine))
 
 
-def worker_observations(log_path: Path) -> int:
-    """Token-observations the worker applied so far (``assemble/applied_observations`` of
-    its last counters line): a chunk record carries many, so offsets do not count them."""
+def last_logged(log_path: Path, marker: str) -> dict[str, Any]:
+    """The JSON of the worker log's last ``marker`` line ({} before the first)."""
     last = None
     with open(log_path, errors="replace") as log:
         for line in log:
-            if "streams counters " in line:
+            if marker in line:
                 last = line
-    if last is None:
-        return 0
-    counts = json.loads(last.split("streams counters ", 1)[1])
+    return {} if last is None else dict(json.loads(last.split(marker, 1)[1]))
+
+
+def worker_observations(log_path: Path) -> int:
+    """Token-observations the worker applied so far (``assemble/applied_observations`` of
+    its last counters line): a chunk record carries many, so offsets do not count them."""
+    counts = last_logged(log_path, "streams counters ")
     return int(counts.get("assemble/applied_observations", 0))
+
+
+def memory_mib(log_path: Path) -> dict[str, float]:
+    """The worker's last memory gauges (state_store.memory_gauges), bytes in MiB."""
+    return {name.replace("_bytes", "_mib"): round(value / MIB, 1) if name.endswith("_bytes")
+            else value for name, value in last_logged(log_path, "streams memory ").items()}
 
 
 def slope_mib_per_million(samples: list[tuple[int, int]]) -> float:
@@ -180,7 +189,7 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
             samples.append((applied, rss))
             emit("rss_sample_mib", rss / MIB, t_s=round(time.monotonic() - started, 1),
                  observations_applied=applied, records_committed=processed,
-                 records_published=end)
+                 records_published=end, **memory_mib(worker.log_path))
             # every record published is committed and every observation applied (end
             # and processed count records: a chunk carries many observations)
             if done.is_set() and processed >= end and applied >= total:
@@ -200,7 +209,12 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
     warm = [s for s in samples if s[0] >= args.warmup_fraction * pushed]
     if len(warm) < 3:
         raise SystemExit(f"only {len(warm)} samples after warm-up: run longer")
+    late = [s for s in samples if s[0] >= 0.5 * pushed]
     emit("rss_growth_mib_per_million_obs", slope_mib_per_million(warm), goal="<= 5",
+         # the same slope over the second half: whether growth after the warm-up is a
+         # fill that ends (RocksDB's cache, the C heap's free lists) or keeps going
+         second_half_mib_per_million_obs=round(slope_mib_per_million(late), 3)
+         if len(late) >= 3 else None,
          observations=pushed, observations_planned=total, owners_planned=args.owners,
          tokens_per_thread=tokens, event_step_ms=step_ms,
          samples_after_warmup=len(warm), warmup_fraction=args.warmup_fraction,

@@ -5,6 +5,7 @@ the Kafka storage tool, the Go toolchain) whose failure becomes the caller's err
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import subprocess
 from collections.abc import Mapping
@@ -52,3 +53,24 @@ def exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _exit)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def malloc_gauges() -> dict[str, int]:
+    """The C heap of this process as glibc's ``mallinfo2`` sees it, in bytes: what is
+    allocated (small chunks plus mmapped blocks) and what is free but kept in the arenas
+    (fragmentation: resident, not in use). Empty where the C library has no mallinfo2."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return {"malloc_in_use_bytes": int(info.uordblks + info.hblkhd),
+            "malloc_free_bytes": int(info.fordblks)}
+

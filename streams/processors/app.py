@@ -77,7 +77,11 @@ from hebrus_flywheel.streams.processors.runs import start_run
 from hebrus_flywheel.streams.processors.seek import seek_uncommitted_to_start
 from hebrus_flywheel.streams.processors.state_codec import StateValue, refuse_bad_changelog
 from hebrus_flywheel.streams.processors.state_seal import seal_table
-from hebrus_flywheel.streams.processors.state_store import ROCKSDB_OPTIONS, STORE_URL
+from hebrus_flywheel.streams.processors.state_store import (
+    ROCKSDB_OPTIONS,
+    STORE_URL,
+    memory_gauges,
+)
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
 from hebrus_flywheel.streams.processors.window import WindowStage, window_key
 from hebrus_flywheel.streams.processors.window_seal import encode_window
@@ -475,6 +479,7 @@ class StreamsWorker:
 
     async def _log_stats(self) -> None:
         log.info("streams counters %s", json.dumps(self.counters.as_dict()))
+        log.info("streams memory %s", json.dumps(memory_gauges()))
 
     async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
         # Hold the flow until faust has sought the stream partitions back to their

@@ -26,6 +26,7 @@ written after what the RocksDB files hold, not the whole changelog.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from faust.stores import STORES
 from faust.stores.rocksdb import RocksDBOptions
 from faust.stores.rocksdb import Store as RocksDBStore
 
+from hebrus_flywheel.core.processes import malloc_gauges
 from hebrus_flywheel.streams.owner_seal import Erased, SealOpenError
 from hebrus_flywheel.streams.processors.crash import crash
 from hebrus_flywheel.streams.processors.state_codec import SealedState, StateDecodeError
@@ -75,6 +77,23 @@ def _process_memory() -> tuple[Any, Any]:
             PROCESS_ROCKSDB_BYTES // 2, False, cache)
         _shared = (cache, manager)
     return _shared
+
+
+def memory_gauges() -> dict[str, int]:
+    """Where the worker's memory is, in bytes: RocksDB's shared block cache (memtables
+    charged to it included) and pinned part, the memtables alone, the Python heap's
+    allocated blocks (a count) and the C heap in use and free
+    (:func:`core.processes.malloc_gauges`: RocksDB's and large Python objects'
+    allocations). Logged with the counters; ``bench/soak.py`` prints them with each RSS
+    sample, so growth can be told apart (a cache filling to its bound, the Python heap,
+    or free memory the allocator keeps: fragmentation)."""
+    gauges = {"python_allocated_blocks": sys.getallocatedblocks(), **malloc_gauges()}
+    if _shared is not None:
+        cache, manager = _shared
+        gauges.update(rocksdb_cache_bytes=int(cache.get_usage()),
+                      rocksdb_pinned_bytes=int(cache.get_pinned_usage()),
+                      rocksdb_memtable_bytes=int(manager.get_usage()))
+    return gauges
 
 
 class ProcessBoundedOptions(RocksDBOptions):

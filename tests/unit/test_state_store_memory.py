@@ -37,3 +37,24 @@ def test_every_database_charges_one_process_cache(tmp_path: Path) -> None:
     finally:
         for db in dbs:
             db.close()
+
+
+def test_memory_gauges_see_the_rocksdb_cache_and_the_c_heap(tmp_path: Path) -> None:
+    """The gauges the worker logs (and bench/soak.py prints with its RSS samples) read
+    the process cache, the memtables and the C heap, so a soak can tell them apart."""
+    from hebrus_flywheel.core.processes import malloc_gauges
+
+    db = _options().open(tmp_path / "gauged")
+    try:
+        for i in range(2000):
+            db[f"k{i}".encode()] = bytes(200)
+        gauges = state_store.memory_gauges()
+        assert gauges["rocksdb_memtable_bytes"] > 0
+        assert gauges["rocksdb_cache_bytes"] >= gauges["rocksdb_memtable_bytes"]
+        assert gauges["python_allocated_blocks"] > 0
+    finally:
+        db.close()
+    before = malloc_gauges()["malloc_in_use_bytes"]
+    block = bytearray(64 * 1024 * 1024)  # a C-heap allocation (mmapped at this size)
+    assert malloc_gauges()["malloc_in_use_bytes"] - before >= len(block)
+    del block
