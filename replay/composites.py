@@ -1,0 +1,106 @@
+"""Vision-language MoE checkpoints as text teachers: the composite's own text causal LM.
+
+A composite checkpoint (``config.json`` of a vision-language ``model_type`` such as
+``qwen3_vl_moe``) whose type has no ``AutoModelForCausalLM`` class is loaded with its
+transformers ``*ForConditionalGeneration`` class (``AutoModelForImageTextToText``), so the
+family's own checkpoint handling (key layout, expert-weight conversions) loads the
+weights; :class:`TextCausalLM` then keeps only its language model
+(``model.language_model``) and ``lm_head``, and drops the vision tower.
+
+Why this and not the composite's forward: on text-only input every one of these
+composites embeds the ids with the language model's own ``embed_tokens``, runs the
+language model, and applies ``lm_head`` (tested per family against the composite's own
+forward, with and without a cache). Their multimodal RoPE gives every text token the
+same temporal, height and width position, which IS the 1D position the language model
+derives from plain ``[B, T]`` position ids, so the explicit ``first_token_ordinal +
+index`` positions of prefill replay and the cached positions of decode are the ones the
+composite itself uses. Reading the language model directly keeps every reader of
+``teacher.model`` (``model.model.layers``, ``model.config`` = the text config with its
+``layer_types``, ``vocab_size``, ``max_position_embeddings``) the same as for a
+``*ForCausalLM`` teacher, and the vision weights' memory is freed after loading.
+
+``COMPOSITE_TEXT_TEACHERS`` maps each such composite ``model_type`` to the route
+adapter of its text part (an existing family's where the text decoder is that family's
+code); :mod:`replay.adapters_c` merges it into ``COMPOSITE_TEXT_FAMILIES``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+COMPOSITE_TEXT_TEACHERS: dict[str, str] = {}
+"""Composite ``model_type`` without a causal-LM class -> the ``model_type`` of the route
+adapter its language model uses (its text config's family)."""
+
+
+class TextCausalLM(nn.Module):
+    """The language model and ``lm_head`` of a loaded composite, called as a causal LM.
+
+    ``model`` is the composite's text model (``.layers``, ``.config``), ``config`` its
+    text config and ``generation_config`` the composite's (its eos ids).
+    """
+
+    def __init__(self, composite: Any) -> None:
+        super().__init__()
+        self.model = composite.model.language_model
+        self.lm_head = composite.lm_head
+        self.config = self.model.config
+        self.generation_config = composite.generation_config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def forward(self, input_ids: torch.Tensor, *, logits_to_keep: int = 0,
+                **kwargs: Any) -> Any:
+        """The composite's text-only forward: language model, then ``lm_head`` on the
+        last ``logits_to_keep`` positions (all for 0), as its ``*ForConditionalGeneration``
+        computes it."""
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        outputs = self.model(input_ids=input_ids, **kwargs)
+        hidden_BTH = outputs.last_hidden_state
+        logits_BTV = self.lm_head(hidden_BTH[:, -logits_to_keep:, :])
+        return CausalLMOutputWithPast(logits=logits_BTV, past_key_values=outputs.past_key_values,
+                                      hidden_states=outputs.hidden_states)
+
+
+def is_composite_text_teacher(model_type: str) -> bool:
+    return model_type in COMPOSITE_TEXT_TEACHERS
+
+
+def composite_model_class(config: Any) -> Any:
+    """The ``*ForConditionalGeneration`` class transformers builds for ``config``."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+
+    return MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING[type(config)]
+
+
+def load_text_causal_lm(path: str, **from_pretrained: Any) -> TextCausalLM:
+    """Load the composite checkpoint in ``path`` with its own class, keep its text LM."""
+    from transformers import AutoModelForImageTextToText
+
+    composite = AutoModelForImageTextToText.from_pretrained(path, **from_pretrained)
+    return TextCausalLM(composite)
+
+
+def composite_from_config(config: Any) -> Any:
+    """A randomly initialised composite of ``config`` (``teacher init --family``)."""
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_config(config)
+
+
+def text_model(model: Any) -> Any:
+    """The causal LM to read routes from: a composite's :class:`TextCausalLM`, else
+    ``model`` itself."""
+    if is_composite_text_teacher(getattr(model.config, "model_type", "")):
+        return TextCausalLM(model)
+    return model
