@@ -44,6 +44,7 @@ from hebrus_flywheel.replay.adapters_c import C_ADAPTERS, COMPOSITE_TEXT_FAMILIE
 from hebrus_flywheel.replay.adapters_extra import EXTRA_ADAPTERS
 from hebrus_flywheel.replay.adapters_hybrid import HYBRID_ADAPTERS
 from hebrus_flywheel.replay.adapters_more import MORE_ADAPTERS
+from hebrus_flywheel.replay.adapters_vl import VL_ADAPTERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.refused import REFUSED_FAMILIES
 from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
@@ -129,7 +130,8 @@ ADAPTERS: dict[str, FamilyAdapter] = {
     a.model_type: a
     for a in (Qwen3NextAdapter(), Qwen3MoeAdapter(), Qwen2MoeAdapter(), MixtralAdapter(),
               OlmoeAdapter(), DeepseekV3Adapter(), DeepseekV2Adapter(), Glm4MoeAdapter(),
-              *EXTRA_ADAPTERS, *HYBRID_ADAPTERS, *MORE_ADAPTERS, *C_ADAPTERS)
+              *EXTRA_ADAPTERS, *HYBRID_ADAPTERS, *MORE_ADAPTERS, *C_ADAPTERS,
+              *VL_ADAPTERS)
 }
 
 

@@ -31,7 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
-COMPOSITE_TEXT_TEACHERS: dict[str, str] = {}
+COMPOSITE_TEXT_TEACHERS: dict[str, str] = {
+    "qwen3_vl_moe": "qwen3_vl_moe_text",
+}
 """Composite ``model_type`` without a causal-LM class -> the ``model_type`` of the route
 adapter its language model uses (its text config's family)."""
 

@@ -26,6 +26,7 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.replay.families_c import C_FAMILIES
 from hebrus_flywheel.replay.families_hybrid import HYBRID_FAMILIES
 from hebrus_flywheel.replay.families_more import MORE_FAMILIES
+from hebrus_flywheel.replay.families_vl import VL_FAMILIES
 from hebrus_flywheel.replay.refused import REFUSED_FAMILIES
 
 SCORE_BIAS_STD = 0.1
@@ -241,6 +242,7 @@ FAMILIES: dict[str, FamilySpec] = {
         *(FamilySpec(**spec) for spec in HYBRID_FAMILIES),
         *(FamilySpec(**row) for row in MORE_FAMILIES),
         *(FamilySpec(**spec) for spec in C_FAMILIES),
+        *(FamilySpec(**row) for row in VL_FAMILIES),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"

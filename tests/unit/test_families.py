@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.adapters import adapter_for
 from hebrus_flywheel.replay.decode import DecodeRuntime, SamplingConfig
 from hebrus_flywheel.replay.exceptions import RoutingError
 from hebrus_flywheel.replay.families import FAMILIES, get_family
@@ -89,6 +90,9 @@ EXPECTED.update({  # replay.families_c
     "dbrx": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "hunyuan_v1_moe": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
 })
+EXPECTED.update({  # replay.families_vl: composites, routed as their text family
+    "qwen3_vl_moe": ((1, 2, 3), 32, 4, "softmax_topk_renormalized"),
+})
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
 # gates sum their top-k in torch.topk(sorted=False) order, so they agree only to rounding
@@ -118,7 +122,9 @@ def test_family_geometry_and_routed_layer_map(family: str, family_dirs: dict[str
     assert (g.routed_layers, g.expert_count, g.top_k, g.weight_rule) == EXPECTED[family]
     identity = build_runtime_identity(teacher)
     assert identity["routed_layers"] == list(g.routed_layers)
-    assert identity["layer_count"] == 4 and identity["model_family"] == family
+    # a composite's routes are its text family's (replay.composites)
+    assert identity["layer_count"] == 4
+    assert identity["model_family"] == g.family == adapter_for(family).model_type
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))

@@ -1,0 +1,25 @@
+"""Tiny presets of the vision-language composites of :mod:`replay.composites`.
+
+Plain keyword sets of :class:`replay.families.FamilySpec`, merged into ``FAMILIES`` by
+:mod:`replay.families`. ``fields`` make the composite's ``text_config`` at
+:mod:`replay.families`' toy widths (hidden 64, 4 layers); ``sub_configs`` hold a
+one-block vision tower (its weights are saved and dropped on load). Each multimodal
+RoPE section sums to half the head dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+VL_FAMILIES: tuple[dict[str, Any], ...] = (
+    {"name": "qwen3_vl_moe", "config_class": "Qwen3VLMoeConfig", "fields": {
+        "head_dim": 32, "num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 16,
+        "intermediate_size": 32, "decoder_sparse_step": 1, "mlp_only_layers": [0],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "mrope_section": [8, 4, 4], "mrope_interleaved": True}},
+     "sub_configs": {"vision_config": {
+         "depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
+         "out_hidden_size": 64, "deepstack_visual_indexes": [0]}},
+     "summary": "composite: softmax top-4 of 32, always renormalised; layer 0 dense "
+                "(mlp_only_layers); interleaved multimodal RoPE (text: 1D positions)"},
+)
