@@ -22,4 +22,16 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
          "out_hidden_size": 64, "deepstack_visual_indexes": [0]}},
      "summary": "composite: softmax top-4 of 32, always renormalised; layer 0 dense "
                 "(mlp_only_layers); interleaved multimodal RoPE (text: 1D positions)"},
+    {"name": "glm4v_moe", "config_class": "Glm4vMoeConfig", "fields": {
+        "head_dim": 32, "n_routed_experts": 16, "num_experts_per_tok": 4, "n_group": 1,
+        "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1,
+        "moe_intermediate_size": 16, "intermediate_size": 32, "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "mrope_section": [4, 2, 2], "partial_rotary_factor": 0.5}},
+     "sub_configs": {"vision_config": {
+         "depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
+         "out_hidden_size": 64}},
+     "summary": "composite: GLM-4-MoE's router (sigmoid + correction bias, top-4 of 16, "
+                "renormalised), shared expert; layer 0 dense; multimodal partial RoPE"},
 )

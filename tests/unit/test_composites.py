@@ -13,41 +13,31 @@ from typing import Any
 import pytest
 import torch
 
-from hebrus_flywheel.replay.composites import TextCausalLM
+from hebrus_flywheel.replay.composites import COMPOSITE_TEXT_TEACHERS, TextCausalLM
+from hebrus_flywheel.replay.families import FAMILIES
 
-_TEXT: dict[str, Any] = {
-    "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 2,
-    "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 512, "tie_word_embeddings": False,
-}
-TINY_COMPOSITES = {  # composite config class: (text fields, tiny vision)
-    "Qwen3VLMoeConfig": ({
-        "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 16,
-        "intermediate_size": 32, "mlp_only_layers": [0],
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                            "mrope_section": [8, 4, 4], "mrope_interleaved": True}},
-        {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
-         "out_hidden_size": 64, "deepstack_visual_indexes": [0]}),
-}
+COMPOSITES = sorted(name for name, spec in FAMILIES.items() if spec.sub_configs)
 
 
-def tiny_composite(config_class: str) -> Any:
-    """A random composite model of ``config_class`` with tiny text and vision parts."""
-    import transformers
-    from transformers import AutoModelForImageTextToText
+def tiny_composite(family: str) -> Any:
+    """A random composite model of the tiny preset of ``family`` (its vision tower too)."""
+    from hebrus_flywheel.replay.composites import composite_from_config
 
-    text, vision = TINY_COMPOSITES[config_class]
-    config = getattr(transformers, config_class)(text_config={**_TEXT, **text},
-                                                 vision_config=vision)
+    config = FAMILIES[family].config(vocab_size=512, eos_id=1, pad_id=0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return AutoModelForImageTextToText.from_config(config).eval()
+        return composite_from_config(config).eval()
 
 
-@pytest.mark.parametrize("config_class", sorted(TINY_COMPOSITES))
-def test_text_causal_lm_computes_what_the_composite_does_on_text(config_class: str) -> None:
+def test_every_composite_text_teacher_has_a_tiny_preset() -> None:
+    assert set(COMPOSITES) == set(COMPOSITE_TEXT_TEACHERS)
+
+
+@pytest.mark.parametrize("family", COMPOSITES)
+def test_text_causal_lm_computes_what_the_composite_does_on_text(family: str) -> None:
     from transformers import DynamicCache
 
-    composite = tiny_composite(config_class)
+    composite = tiny_composite(family)
     text = TextCausalLM(composite)
     assert text.config is composite.config.get_text_config()
     ids_BT = torch.randint(2, 500, (1, 20), generator=torch.Generator().manual_seed(1))
