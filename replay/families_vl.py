@@ -34,4 +34,14 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
          "out_hidden_size": 64}},
      "summary": "composite: GLM-4-MoE's router (sigmoid + correction bias, top-4 of 16, "
                 "renormalised), shared expert; layer 0 dense; multimodal partial RoPE"},
+    {"name": "aria", "config_class": "AriaConfig", "fields": {
+        "model_type": "aria_text",  # AriaConfig builds a text config only from a typed dict
+        "head_dim": 32, "moe_num_experts": 16, "moe_topk": 4, "moe_num_shared_experts": 1,
+        "intermediate_size": 16},
+     "sub_configs": {"vision_config": {
+         "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+         "projector_patch_to_query_dict": {4: 2}},
+     "summary": "composite: Aria's text model (softmax over the top-4 of 16 logits, router "
+                "a bare Linear, shared experts, every layer sparse)"},
 )

@@ -93,6 +93,7 @@ EXPECTED.update({  # replay.families_c
 EXPECTED.update({  # replay.families_vl: composites, routed as their text family
     "qwen3_vl_moe": ((1, 2, 3), 32, 4, "softmax_topk_renormalized"),
     "glm4v_moe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
+    "aria": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
 })
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
@@ -143,6 +144,7 @@ def test_rule_selects_what_the_native_gate_executed(
 
 def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[Any, ...]:
     """``(logits, weights, ids)`` of the first routed layer's selection for ``hidden_NH``."""
+    family = teacher.geometry.family  # a composite's gate is its text family's
     layer = teacher.adapter.decoder_layers(teacher.model)[teacher.geometry.routed_layers[0]]
     gate = teacher.adapter.router(layer)
     # LFM2-MoE's and HY-V3's blocks hand their bias to the gate as an argument
