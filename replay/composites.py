@@ -35,6 +35,7 @@ COMPOSITE_TEXT_TEACHERS: dict[str, str] = {
     "qwen3_vl_moe": "qwen3_vl_moe_text",
     "glm4v_moe": "glm4_moe",  # the same router and MoE block as GLM-4-MoE's
     "aria": "aria_text",  # its language model is AriaTextModel
+    "minimax_m3_vl": "minimax_m3_vl_text",  # its language model is MiniMaxM3VLTextModel
 }
 """Composite ``model_type`` without a causal-LM class -> the ``model_type`` of the route
 adapter its language model uses (its text config's family)."""

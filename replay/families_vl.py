@@ -44,4 +44,17 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
          "projector_patch_to_query_dict": {4: 2}},
      "summary": "composite: Aria's text model (softmax over the top-4 of 16 logits, router "
                 "a bare Linear, shared experts, every layer sparse)"},
+    {"name": "minimax_m3_vl", "config_class": "MiniMaxM3VLConfig", "fields": {
+        "head_dim": 32, "num_local_experts": 16, "num_experts_per_tok": 4,
+        "intermediate_size": 16, "shared_intermediate_size": 32, "dense_intermediate_size": 32,
+        "routed_scaling_factor": 2.0, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+        "layer_types": ["full_attention", "minimax_m3_sparse"] * 2, "index_n_heads": 2,
+        "index_head_dim": 16, "index_block_size": 8, "index_topk_blocks": 2},
+     "sub_configs": {"vision_config": {
+         "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+         "projector_hidden_size": 32},
+     "summary": "composite: MiniMax-M3's text model (sigmoid + correction bias, top-4 of "
+                "16, renormalised, output x2.0, shared expert; layer 0 dense; full and "
+                "block-sparse attention)"},
 )
