@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hebrus_flywheel.replay.adapter_base import FamilyAdapter
+from hebrus_flywheel.replay.adapters_extra import DeepseekV32Adapter
 from hebrus_flywheel.replay.routing import RouterRule
 
 
@@ -36,4 +37,21 @@ class Qwen3VLMoeTextAdapter(FamilyAdapter):
         return RouterRule(scoring="softmax", normalize=True)
 
 
-VL_ADAPTERS: tuple[FamilyAdapter, ...] = (Qwen3VLMoeTextAdapter(),)
+class Glm5NextTextAdapter(DeepseekV32Adapter):
+    """GLM-5-Next's language model: DeepSeek-V3's router (``mlp.gate``: float32 logits,
+    sigmoid + ``e_score_correction_bias`` for selection, top-k in the best ``topk_group``
+    of ``n_group`` groups, sigmoid weights renormalised x ``routed_scaling_factor``)
+    where ``mlp_layer_types`` says ``sparse``; shared experts. KDA linear and NoPE DSA
+    attention layers; the residual stream is ``hc_mult`` hyper-connection channels, so
+    the pre-attention feature is their mix entering ``input_layernorm`` (as HY-V4's)."""
+
+    model_type = "glm5_next_text"
+
+
+PADDING_MASK_FAMILIES = frozenset({"glm5_next_text"})
+"""Families whose every attention kind takes the 2D padding mask, causality applied
+inside (GLM-5-Next's own forward hands its DSA and KDA layers that mask, never a 4D
+one): :func:`replay.prefill.attention_masks` gives them exactly that."""
+
+
+VL_ADAPTERS: tuple[FamilyAdapter, ...] = (Qwen3VLMoeTextAdapter(), Glm5NextTextAdapter())

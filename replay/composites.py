@@ -36,6 +36,7 @@ COMPOSITE_TEXT_TEACHERS: dict[str, str] = {
     "glm4v_moe": "glm4_moe",  # the same router and MoE block as GLM-4-MoE's
     "aria": "aria_text",  # its language model is AriaTextModel
     "minimax_m3_vl": "minimax_m3_vl_text",  # its language model is MiniMaxM3VLTextModel
+    "glm5_next": "glm5_next_text",
 }
 """Composite ``model_type`` without a causal-LM class -> the ``model_type`` of the route
 adapter its language model uses (its text config's family)."""

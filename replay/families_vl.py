@@ -57,4 +57,19 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "composite: MiniMax-M3's text model (sigmoid + correction bias, top-4 of "
                 "16, renormalised, output x2.0, shared expert; layer 0 dense; full and "
                 "block-sparse attention)"},
+    {"name": "glm5_next", "config_class": "Glm5NextConfig", "fields": {
+        "num_key_value_heads": 2, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 0,
+        "qk_nope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 32,
+        "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2, "n_shared_experts": 1,
+        "moe_intermediate_size": 16, "intermediate_size": 32, "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+        "layer_types": ["linear_attention", "deepseek_sparse_attention"] * 2,
+        "index_topk": 2048, "index_n_heads": 2, "index_head_dim": 16, "linear_head_dim": 16,
+        "linear_num_heads": 2, "hc_mult": 2},
+     "sub_configs": {"vision_config": {
+         "depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
+         "out_hidden_size": 64}},
+     "summary": "composite: DeepSeek-V3's router (sigmoid + bias, top-4 of 32 in the best 2 "
+                "of 4 groups, renormalised x2.5), shared expert; layer 0 dense; KDA linear "
+                "and NoPE DSA attention, 2 hyper-connection streams"},
 )
