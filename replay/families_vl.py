@@ -73,3 +73,18 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
                 "of 4 groups, renormalised x2.5), shared expert; layer 0 dense; KDA linear "
                 "and NoPE DSA attention, 2 hyper-connection streams"},
 )
+
+VL_REFUSED_AS_TEXT: dict[str, str] = {
+    "gemma4": "gemma4_text",
+    "inkling_mm_model": "inkling_text",
+}
+"""Composites whose language model is a refused text family's: refused with its reason
+(:mod:`replay.refused`)."""
+
+VL_REFUSED: dict[str, str] = {
+    "gemma4_unified": (
+        "not a mixture-of-experts model: its language model (gemma4_unified_text) has "
+        "only dense MLPs, so there is no route to record"),
+}
+"""Composites refused for a reason of their own."""
+

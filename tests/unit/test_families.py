@@ -394,6 +394,10 @@ def test_axk2_grouped_gate_scores_dropped_groups_zero() -> None:
     ("inkling_text", "shared experts", "global_scale"),
     # Gemma 4's router scales each renormalised weight by a learned per-expert parameter
     ("gemma4_text", "per_expert_scale", "per_expert_scale"),
+    # composites of those text families, refused with their reason; Gemma 4 Unified is dense
+    ("gemma4", "gemma4_text model.*per_expert_scale", "per_expert_scale"),
+    ("inkling_mm_model", "inkling_text model.*shared experts", "global_scale"),
+    ("gemma4_unified", "only dense MLPs", "mixture-of-experts"),
 ])
 def test_a_gate_a_route_cannot_record_is_refused_everywhere(
         tmp_path: Path, family: str, reason: str, detail: str) -> None:
