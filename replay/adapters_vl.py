@@ -48,10 +48,31 @@ class Glm5NextTextAdapter(DeepseekV32Adapter):
     model_type = "glm5_next_text"
 
 
+class Step3p5Adapter(FamilyAdapter):
+    """Step-3.7's language model (text config ``step3p5``): routed where
+    ``mlp_layer_types`` says ``sparse``; ``mlp.gate`` takes logits in its weight's dtype,
+    selects the top-k of their float32 sigmoid + the gate's ``e_score_correction_bias``,
+    weighs by the sigmoid scores renormalised with no epsilon (``_eps0.0``), kept in
+    float32 (MiniMax-M2's rule); the block scales the experts' output by
+    ``moe_router_scaling_factor`` (not part of the route) and adds a shared expert."""
+
+    model_type = "step3p5"
+    expert_count_field = "num_local_experts"
+    intermediate_field = "moe_intermediate_size"
+    weights_in_logit_dtype = False
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="sigmoid", bias=True, normalize=True, norm_eps=0.0)
+
+
 PADDING_MASK_FAMILIES = frozenset({"glm5_next_text"})
 """Families whose every attention kind takes the 2D padding mask, causality applied
 inside (GLM-5-Next's own forward hands its DSA and KDA layers that mask, never a 4D
 one): :func:`replay.prefill.attention_masks` gives them exactly that."""
 
 
-VL_ADAPTERS: tuple[FamilyAdapter, ...] = (Qwen3VLMoeTextAdapter(), Glm5NextTextAdapter())
+VL_ADAPTERS: tuple[FamilyAdapter, ...] = (Qwen3VLMoeTextAdapter(), Glm5NextTextAdapter(),
+                                         Step3p5Adapter())

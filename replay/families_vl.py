@@ -72,6 +72,19 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "composite: DeepSeek-V3's router (sigmoid + bias, top-4 of 32 in the best 2 "
                 "of 4 groups, renormalised x2.5), shared expert; layer 0 dense; KDA linear "
                 "and NoPE DSA attention, 2 hyper-connection streams"},
+    {"name": "step3p7", "config_class": "Step3p7Config", "fields": {
+        "head_dim": 32, "n_routed_experts": 16, "num_experts_per_tok": 4,  # num_local_experts
+        "moe_intermediate_size": 16, "share_expert_dim": 16, "intermediate_size": 32,
+        "moe_router_scaling_factor": 2.0, "sliding_window": 16,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+        "layer_types": ["sliding_attention", "full_attention"] * 2},
+     "sub_configs": {"vision_config": {
+         "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "image_size": 28, "patch_size": 14, "mlp_ratio": 1.0,
+         "max_position_embeddings": 4}},
+     "summary": "composite: sigmoid + correction bias, top-4 of 16, renormalised (no "
+                "epsilon), float32 weights (the block scales the experts' output x2.0), "
+                "shared expert; layer 0 dense; sliding/full attention"},
 )
 
 VL_REFUSED_AS_TEXT: dict[str, str] = {
