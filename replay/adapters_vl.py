@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.adapter_base import FamilyAdapter
-from hebrus_flywheel.replay.adapters_extra import DeepseekV32Adapter
+from hebrus_flywheel.replay.adapters_extra import DeepseekV32Adapter, Ernie45MoeAdapter
 from hebrus_flywheel.replay.routing import RouterRule
 
 
@@ -68,6 +69,31 @@ class Step3p5Adapter(FamilyAdapter):
         return RouterRule(scoring="sigmoid", bias=True, normalize=True, norm_eps=0.0)
 
 
+class Ernie45VLMoeTextAdapter(Ernie45MoeAdapter):
+    """ERNIE-4.5-VL-MoE's language model: each sparse layer (``mlp_layer_types``) holds
+    modality-isolated experts, and a text token (``mm_token_type_ids`` 0, or absent:
+    text-only input) runs ONLY ``mlp.text_moe``, whose gate is ERNIE-4.5-MoE's (float32
+    logits, softmax + ``moe_statics.e_score_correction_bias`` ranks, softmax
+    renormalised over the top-k, cast to the hidden dtype); the vision experts never
+    see it, so the text gate's route is the whole route of text decode. The per-expert
+    width is the text experts' (``moe_intermediate_size[0]``)."""
+
+    model_type = "ernie4_5_vl_moe_text"
+    router_path = ("mlp", "text_moe", "gate")
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+
+    def geometry(self, config: Any) -> RouteGeometry:
+        return RouteGeometry(
+            family=self.model_type, layer_count=int(config.num_hidden_layers),
+            routed_layers=self.routed_layers(config), expert_count=int(config.num_experts),
+            top_k=int(config.num_experts_per_tok), weight_rule=self.weight_rule(config),
+            hidden_size=int(config.hidden_size),
+            routed_intermediate_size=int(config.moe_intermediate_size[0]),  # [text, vision]
+        )
+
+
 PADDING_MASK_FAMILIES = frozenset({"glm5_next_text"})
 """Families whose every attention kind takes the 2D padding mask, causality applied
 inside (GLM-5-Next's own forward hands its DSA and KDA layers that mask, never a 4D
@@ -75,4 +101,4 @@ one): :func:`replay.prefill.attention_masks` gives them exactly that."""
 
 
 VL_ADAPTERS: tuple[FamilyAdapter, ...] = (Qwen3VLMoeTextAdapter(), Glm5NextTextAdapter(),
-                                         Step3p5Adapter())
+                                         Step3p5Adapter(), Ernie45VLMoeTextAdapter())

@@ -38,6 +38,7 @@ COMPOSITE_TEXT_TEACHERS: dict[str, str] = {
     "minimax_m3_vl": "minimax_m3_vl_text",  # its language model is MiniMaxM3VLTextModel
     "glm5_next": "glm5_next_text",
     "step3p7": "step3p5",  # its text config's model_type
+    "ernie4_5_vl_moe": "ernie4_5_vl_moe_text",
 }
 """Composite ``model_type`` without a causal-LM class -> the ``model_type`` of the route
 adapter its language model uses (its text config's family)."""

@@ -85,6 +85,18 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "composite: sigmoid + correction bias, top-4 of 16, renormalised (no "
                 "epsilon), float32 weights (the block scales the experts' output x2.0), "
                 "shared expert; layer 0 dense; sliding/full attention"},
+    {"name": "ernie4_5_vl_moe", "config_class": "Ernie4_5_VLMoeConfig", "fields": {
+        "head_dim": 32, "moe_num_experts": 16, "moe_k": 4, "moe_intermediate_size": [16, 16],
+        "moe_num_shared_experts": 1, "intermediate_size": 32,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
+                            "mrope_section": [6, 6, 4]}},
+     "sub_configs": {"vision_config": {
+         "depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2}},
+     "score_bias_std": 0.02,
+     "summary": "composite: text experts only (text tokens never reach the vision "
+                "experts): float32 softmax + correction bias selects top-4 of 16, softmax "
+                "renormalised weights, shared expert; layer 0 dense; multimodal RoPE"},
 )
 
 VL_REFUSED_AS_TEXT: dict[str, str] = {

@@ -55,3 +55,21 @@ def test_text_causal_lm_computes_what_the_composite_does_on_text(family: str) ->
             mine = text(ids_BT[:, t:t + 1], position_ids=torch.tensor([[t]]),
                         past_key_values=ours, use_cache=True, logits_to_keep=1).logits
             assert torch.equal(step, mine), t
+
+
+def test_ernie_vl_text_tokens_run_only_the_text_experts() -> None:
+    """ERNIE-4.5-VL-MoE isolates experts by modality: on text the vision experts' gate
+    is never called, so the text gate's route (adapters_vl) is the whole route."""
+    composite = tiny_composite("ernie4_5_vl_moe")
+    text = TextCausalLM(composite)
+    calls = {"text": 0, "vision": 0}
+
+    def counter(kind: str) -> Any:
+        return lambda *_: calls.__setitem__(kind, calls[kind] + 1)
+
+    for layer in text.model.layers[1:]:
+        for kind in calls:
+            getattr(layer.mlp, f"{kind}_moe").gate.register_forward_hook(counter(kind))
+    with torch.no_grad():
+        text(torch.tensor([[5, 6, 7, 8]]), use_cache=False)
+    assert calls == {"text": 3, "vision": 0}
