@@ -39,6 +39,7 @@ COMPOSITE_TEXT_TEACHERS: dict[str, str] = {
     "glm5_next": "glm5_next_text",
     "step3p7": "step3p5",  # its text config's model_type
     "ernie4_5_vl_moe": "ernie4_5_vl_moe_text",
+    "deepseek_ocr2": "deepseek_ocr2_text",
 }
 """Composite ``model_type`` without a causal-LM class -> the ``model_type`` of the route
 adapter its language model uses (its text config's family)."""

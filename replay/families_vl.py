@@ -97,6 +97,21 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "composite: text experts only (text tokens never reach the vision "
                 "experts): float32 softmax + correction bias selects top-4 of 16, softmax "
                 "renormalised weights, shared expert; layer 0 dense; multimodal RoPE"},
+    {"name": "deepseek_ocr2", "config_class": "DeepseekOcr2Config", "fields": {
+        "head_dim": 32, "num_key_value_heads": 2, "n_routed_experts": 32,
+        "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
+        "topk_method": "group_limited_greedy", "n_shared_experts": 1,
+        "moe_intermediate_size": 16, "intermediate_size": 32, "routed_scaling_factor": 1.5,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+     "sub_configs": {"vision_config": {
+         "sam_config": {"hidden_size": 16, "output_channels": 16, "num_hidden_layers": 1,
+                        "num_attention_heads": 2, "image_size": 32, "patch_size": 16,
+                        "window_size": 2, "global_attn_indexes": [0]},
+         "encoder_config": {"vocab_size": 16, "hidden_size": 32, "intermediate_size": 32,
+                            "num_hidden_layers": 1, "num_attention_heads": 2,
+                            "num_key_value_heads": 2}}},
+     "summary": "composite: DeepSeek-V2's router (softmax top-4 of 32 inside the best 2 of 4 "
+                "groups by group max, raw weights x1.5), shared expert; layer 0 dense"},
 )
 
 VL_REFUSED_AS_TEXT: dict[str, str] = {
