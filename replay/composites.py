@@ -40,9 +40,30 @@ COMPOSITE_TEXT_TEACHERS: dict[str, str] = {
     "step3p7": "step3p5",  # its text config's model_type
     "ernie4_5_vl_moe": "ernie4_5_vl_moe_text",
     "deepseek_ocr2": "deepseek_ocr2_text",
+    "qwen3_omni_moe": "qwen3_moe",  # its thinker's text model routes as Qwen3-MoE
 }
 """Composite ``model_type`` without a causal-LM class -> the ``model_type`` of the route
 adapter its language model uses (its text config's family)."""
+
+
+_LANGUAGE_MODEL = ("model.language_model", "lm_head")
+TEXT_LM_PATHS: dict[str, tuple[str, str]] = {
+    "qwen3_omni_moe": ("thinker.model", "thinker.lm_head"),
+}
+"""Where a composite keeps its language model and ``lm_head``, if not at
+``model.language_model`` and ``lm_head``."""
+OWN_CLASSES: dict[str, str] = {"qwen3_omni_moe": "Qwen3OmniMoeForConditionalGeneration"}
+"""Composites without an ``AutoModelForImageTextToText`` class: their transformers class."""
+LOAD_OPTIONS: dict[str, dict[str, Any]] = {"qwen3_omni_moe": {"enable_audio_output": False}}
+"""Config overrides when loading: Qwen3-Omni's thinker only (no talker, no code2wav)."""
+TEXT_CONFIG_HOLDER: dict[str, str] = {"qwen3_omni_moe": "thinker_config"}
+"""The sub-config holding ``text_config``, if not the composite config itself."""
+
+
+def _walk(module: Any, path: str) -> Any:
+    for name in path.split("."):
+        module = getattr(module, name)
+    return module
 
 
 class TextCausalLM(nn.Module):
@@ -54,8 +75,9 @@ class TextCausalLM(nn.Module):
 
     def __init__(self, composite: Any) -> None:
         super().__init__()
-        self.model = composite.model.language_model
-        self.lm_head = composite.lm_head
+        model_path, head_path = TEXT_LM_PATHS.get(composite.config.model_type, _LANGUAGE_MODEL)
+        self.model = _walk(composite, model_path)
+        self.lm_head = _walk(composite, head_path)
         self.config = self.model.config
         self.generation_config = composite.generation_config
 
@@ -86,25 +108,38 @@ def is_composite_text_teacher(model_type: str) -> bool:
 
 
 def composite_model_class(config: Any) -> Any:
-    """The ``*ForConditionalGeneration`` class transformers builds for ``config``."""
+    """The transformers class of the composite of ``config`` (its
+    ``*ForConditionalGeneration``)."""
+    import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
-    return MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING[type(config)]
+    own = OWN_CLASSES.get(config.model_type)
+    return getattr(transformers, own) if own else MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING[type(config)]
 
 
 def load_text_causal_lm(path: str, **from_pretrained: Any) -> TextCausalLM:
     """Load the composite checkpoint in ``path`` with its own class, keep its text LM."""
-    from transformers import AutoModelForImageTextToText
+    from transformers import AutoConfig
 
-    composite = AutoModelForImageTextToText.from_pretrained(path, **from_pretrained)
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    options = LOAD_OPTIONS.get(config.model_type, {})
+    composite = composite_model_class(config).from_pretrained(path, **options, **from_pretrained)
     return TextCausalLM(composite)
 
 
 def composite_from_config(config: Any) -> Any:
     """A randomly initialised composite of ``config`` (``teacher init --family``)."""
-    from transformers import AutoModelForImageTextToText
+    return composite_model_class(config)._from_config(config)
 
-    return AutoModelForImageTextToText.from_config(config)
+
+def composite_config_fields(model_type: str, text: dict[str, Any],
+                            sub_configs: dict[str, Any]) -> dict[str, Any]:
+    """The composite config's keyword arguments: ``sub_configs`` with ``text`` as the
+    ``text_config`` of its holder (:data:`TEXT_CONFIG_HOLDER`)."""
+    holder = TEXT_CONFIG_HOLDER.get(model_type)
+    if holder is None:
+        return {**sub_configs, "text_config": text}
+    return {**sub_configs, holder: {**sub_configs.get(holder, {}), "text_config": text}}
 
 
 def text_model(model: Any) -> Any:

@@ -81,8 +81,11 @@ class FamilySpec:
         text = {**_COMMON, **self.fields, "vocab_size": vocab_size, "eos_token_id": eos_id,
                 "pad_token_id": pad_id}
         if self.sub_configs:
-            return config_class(text_config=text, **self.sub_configs, eos_token_id=eos_id,
-                                pad_token_id=pad_id, tie_word_embeddings=False)
+            from hebrus_flywheel.replay.composites import composite_config_fields
+
+            return config_class(**composite_config_fields(self.name, text, self.sub_configs),
+                                eos_token_id=eos_id, pad_token_id=pad_id,
+                                tie_word_embeddings=False)
         return config_class(**text)
 
 

@@ -112,6 +112,21 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
                             "num_key_value_heads": 2}}},
      "summary": "composite: DeepSeek-V2's router (softmax top-4 of 32 inside the best 2 of 4 "
                 "groups by group max, raw weights x1.5), shared expert; layer 0 dense"},
+    {"name": "qwen3_omni_moe", "config_class": "Qwen3OmniMoeConfig", "fields": {
+        "head_dim": 32, "num_experts": 64, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 16, "intermediate_size": 32, "decoder_sparse_step": 1,
+        "mlp_only_layers": [0], "norm_topk_prob": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "mrope_section": [8, 4, 4], "mrope_interleaved": True}},
+     "sub_configs": {"enable_audio_output": False, "thinker_config": {
+         "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 32,
+                           "num_heads": 2, "out_hidden_size": 64,
+                           "deepstack_visual_indexes": [0]},
+         "audio_config": {"num_mel_bins": 16, "encoder_layers": 1,
+                          "encoder_attention_heads": 2, "encoder_ffn_dim": 32, "d_model": 32,
+                          "output_dim": 64, "downsample_hidden_size": 8}}},
+     "summary": "composite: the thinker's text model, Qwen3-MoE's router (softmax top-8 of "
+                "64, renormalised); layer 0 dense; no talker (enable_audio_output off)"},
 )
 
 VL_REFUSED_AS_TEXT: dict[str, str] = {

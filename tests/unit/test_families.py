@@ -99,6 +99,7 @@ EXPECTED.update({  # replay.families_vl: composites, routed as their text family
     "step3p7": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_eps0.0"),
     "ernie4_5_vl_moe": ((1, 2, 3), 16, 4, "softmax+bias_topk_renormalized"),
     "deepseek_ocr2": ((1, 2, 3), 32, 4, "softmax_group2of4_max_topk_x1.5"),
+    "qwen3_omni_moe": ((1, 2, 3), 64, 8, "softmax_topk_renormalized"),
 })
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
