@@ -2,10 +2,11 @@
 
 A composite checkpoint (``config.json`` of a vision-language ``model_type`` such as
 ``qwen3_vl_moe``) whose type has no ``AutoModelForCausalLM`` class is loaded with its
-transformers ``*ForConditionalGeneration`` class (``AutoModelForImageTextToText``), so the
-family's own checkpoint handling (key layout, expert-weight conversions) loads the
-weights; :class:`TextCausalLM` then keeps only its language model
-(``model.language_model``) and ``lm_head``, and drops the vision tower.
+transformers ``*ForConditionalGeneration`` class (``AutoModelForImageTextToText``'s, or
+:data:`OWN_CLASSES`), so the family's own checkpoint handling (key layout, expert-weight
+conversions) loads the weights; :class:`TextCausalLM` then keeps only its language model
+(``model.language_model``, or :data:`TEXT_LM_PATHS`) and ``lm_head``, and drops the
+vision tower (and any audio parts).
 
 Why this and not the composite's forward: on text-only input every one of these
 composites embeds the ids with the language model's own ``embed_tokens``, runs the
