@@ -44,6 +44,7 @@ from hebrus_flywheel.replay.adapters_c import C_ADAPTERS, COMPOSITE_TEXT_FAMILIE
 from hebrus_flywheel.replay.adapters_extra import EXTRA_ADAPTERS
 from hebrus_flywheel.replay.adapters_hybrid import HYBRID_ADAPTERS
 from hebrus_flywheel.replay.adapters_more import MORE_ADAPTERS
+from hebrus_flywheel.replay.adapters_vl import VL_ADAPTERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.refused import REFUSED_FAMILIES
 from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
@@ -125,11 +126,25 @@ class DeepseekV2Adapter(DeepseekV3Adapter):
         )
 
 
+class DeepseekOcr2TextAdapter(DeepseekV2Adapter):
+    """DeepSeek-OCR-2's language model (a composite's, :mod:`replay.composites`):
+    DeepSeek-V2's router (``mlp.gate``: float32 logits, softmax, ``greedy`` or
+    ``group_limited_greedy`` top-k, raw weights x ``routed_scaling_factor``) and shared
+    experts, where ``mlp_layer_types`` says ``sparse`` (not ``first_k_dense_replace``)."""
+
+    model_type = "deepseek_ocr2_text"
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+
+
 ADAPTERS: dict[str, FamilyAdapter] = {
     a.model_type: a
     for a in (Qwen3NextAdapter(), Qwen3MoeAdapter(), Qwen2MoeAdapter(), MixtralAdapter(),
               OlmoeAdapter(), DeepseekV3Adapter(), DeepseekV2Adapter(), Glm4MoeAdapter(),
-              *EXTRA_ADAPTERS, *HYBRID_ADAPTERS, *MORE_ADAPTERS, *C_ADAPTERS)
+              DeepseekOcr2TextAdapter(),
+              *EXTRA_ADAPTERS, *HYBRID_ADAPTERS, *MORE_ADAPTERS, *C_ADAPTERS,
+              *VL_ADAPTERS)
 }
 
 

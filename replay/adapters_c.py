@@ -15,6 +15,7 @@ from torch import nn
 
 from hebrus_flywheel.core.geometry import RouteGeometry
 from hebrus_flywheel.replay.adapter_base import FamilyAdapter
+from hebrus_flywheel.replay.composites import COMPOSITE_TEXT_TEACHERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule
 
@@ -147,11 +148,14 @@ class HunYuanMoEV1Adapter(FamilyAdapter):
 COMPOSITE_TEXT_FAMILIES: dict[str, str] = {
     "llama4": "llama4_text",
     "qwen3_5_moe": "qwen3_5_moe_text",
+    **COMPOSITE_TEXT_TEACHERS,
 }
 """Composite (vision-language) ``model_type``s whose ``AutoModelForCausalLM`` class is the
 text family's causal LM: transformers builds it from ``config.get_text_config()`` and
 loads the language model's weights (vision weights unused), so a real checkpoint's
-``config.json`` of that type routes exactly as the text family (:func:`text_config`)."""
+``config.json`` of that type routes exactly as the text family (:func:`text_config`);
+and those without one, whose own class's language model is the teacher
+(:mod:`replay.composites`)."""
 
 
 def text_config(config: Any) -> Any:

@@ -57,7 +57,7 @@ def families_command(
 
     rows = {name: {"generate": name in FAMILIES,
                    "summary": FAMILIES[name].summary if name in FAMILIES else ""}
-            for name in sorted(ADAPTERS)}
+            for name in sorted({*ADAPTERS, *FAMILIES})}  # composites are generated too
     for name, why in sorted(REFUSED_FAMILIES.items()):  # listed with the reason, not loadable
         rows[name] = {"generate": False, "refused": True, "summary": f"not a teacher: {why}"}
     rows = dict(sorted(rows.items()))

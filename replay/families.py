@@ -26,6 +26,7 @@ from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.replay.families_c import C_FAMILIES
 from hebrus_flywheel.replay.families_hybrid import HYBRID_FAMILIES
 from hebrus_flywheel.replay.families_more import MORE_FAMILIES
+from hebrus_flywheel.replay.families_vl import VL_FAMILIES
 from hebrus_flywheel.replay.refused import REFUSED_FAMILIES
 
 SCORE_BIAS_STD = 0.1
@@ -52,6 +53,9 @@ class FamilySpec:
             selftest and tests pass it as ``--attention``.
         score_bias_std: std of a correction bias at init (smaller where it is added to
             softmax probabilities, which are ~1/E, lest it decide every route alone).
+        sub_configs: for a vision-language composite (:mod:`replay.composites`), its
+            config's other parts (a tiny ``vision_config``); ``fields`` then make its
+            ``text_config``.
     """
 
     name: str
@@ -61,6 +65,7 @@ class FamilySpec:
     router_logit_std: float = 2.0
     attention: str = "sdpa"
     score_bias_std: float = SCORE_BIAS_STD
+    sub_configs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name or not self.config_class:
@@ -73,8 +78,15 @@ class FamilySpec:
         import transformers
 
         config_class: Callable[..., Any] = getattr(transformers, self.config_class)
-        return config_class(**{**_COMMON, **self.fields}, vocab_size=vocab_size,
-                            eos_token_id=eos_id, pad_token_id=pad_id)
+        text = {**_COMMON, **self.fields, "vocab_size": vocab_size, "eos_token_id": eos_id,
+                "pad_token_id": pad_id}
+        if self.sub_configs:
+            from hebrus_flywheel.replay.composites import composite_config_fields
+
+            return config_class(**composite_config_fields(self.name, text, self.sub_configs),
+                                eos_token_id=eos_id, pad_token_id=pad_id,
+                                tie_word_embeddings=False)
+        return config_class(**text)
 
 
 _MLA = {"num_key_value_heads": 2, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8,
@@ -233,6 +245,7 @@ FAMILIES: dict[str, FamilySpec] = {
         *(FamilySpec(**spec) for spec in HYBRID_FAMILIES),
         *(FamilySpec(**row) for row in MORE_FAMILIES),
         *(FamilySpec(**spec) for spec in C_FAMILIES),
+        *(FamilySpec(**row) for row in VL_FAMILIES),
     )
 }
 DEFAULT_FAMILY = "qwen3_next"
@@ -255,15 +268,19 @@ def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
     from transformers import AutoModelForCausalLM
 
     from hebrus_flywheel.replay.adapters import adapter_for
+    from hebrus_flywheel.replay.adapters_c import text_config
+    from hebrus_flywheel.replay.composites import composite_from_config, text_model
 
     adapter = adapter_for(spec.name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config)
-        layers = adapter.decoder_layers(model)
-        router_std = spec.router_logit_std / math.sqrt(config.hidden_size)
+        model = composite_from_config(config) if spec.sub_configs else \
+            AutoModelForCausalLM.from_config(config)
+        layers = adapter.decoder_layers(text_model(model))
+        text = text_config(config)
+        router_std = spec.router_logit_std / math.sqrt(text.hidden_size)
         with torch.no_grad():
-            for index in adapter.geometry(config).routed_layers:
+            for index in adapter.geometry(text).routed_layers:
                 gate = adapter.router(layers[index])
                 adapter.router_weight(gate).normal_(0.0, router_std)
                 bias = adapter.layer_bias(layers[index])

@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.adapters_vl import PADDING_MASK_FAMILIES
 from hebrus_flywheel.replay.exceptions import (
     ReplayError,
     ReplayNumericsError,
@@ -424,6 +425,8 @@ def attention_masks(
         return mask_4d
 
     layer_types = set(getattr(config, "layer_types", None) or ())
+    if config.model_type in PADDING_MASK_FAMILIES:  # they take the 2D mask, causal inside
+        return {kind: mask_BT for kind in layer_types}
     if not layer_types:  # one mask for every layer; a window only if one is set (> 0)
         sliding = bool(getattr(config, "sliding_window", None))
         return materialised(create_sliding_window_causal_mask if sliding else create_causal_mask)

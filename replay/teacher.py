@@ -423,15 +423,19 @@ def _eos_ids(model: nn.Module) -> tuple[int, ...]:
 
 
 def _load_model(path: Path, torch_dtype: torch.dtype, experts_implementation: str,
-                execution: Execution) -> PreTrainedModel:
+                execution: Execution, model_type: str) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
+    from hebrus_flywheel.replay.composites import is_composite_text_teacher, load_text_causal_lm
     from hebrus_flywheel.replay.experts import register
 
     register()
+    # a vision-language composite without a causal-LM class: its own class, text LM kept
+    load: Any = load_text_causal_lm if is_composite_text_teacher(model_type) else \
+        AutoModelForCausalLM.from_pretrained
     try:
         with _quiet_progress():
-            model = AutoModelForCausalLM.from_pretrained(
+            model = load(
                 str(path), local_files_only=True, dtype=torch_dtype,
                 experts_implementation=experts_implementation,
                 attn_implementation=execution.attention,
@@ -459,7 +463,10 @@ def model_attention(config: Any, attention: str) -> str:
         return attention
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    from hebrus_flywheel.replay.composites import composite_model_class, is_composite_text_teacher
+
+    model_class = composite_model_class(config) if is_composite_text_teacher(
+        config.model_type) else MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
 
 
@@ -514,7 +521,8 @@ def load_teacher(
     attention = model_attention(config, attention)
     execution = Execution(device=device, dtype=dtype, attention=attention)
     check_memory(path, dtype)
-    model = _load_model(path, DTYPES[dtype], experts_implementation, execution)
+    model = _load_model(path, DTYPES[dtype], experts_implementation, execution,
+                        config.model_type)
     model.eval().requires_grad_(False)
     geometry = adapter.geometry(model.config)
     layers = adapter.decoder_layers(model)

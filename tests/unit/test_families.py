@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.replay.adapters import adapter_for
 from hebrus_flywheel.replay.decode import DecodeRuntime, SamplingConfig
 from hebrus_flywheel.replay.exceptions import RoutingError
 from hebrus_flywheel.replay.families import FAMILIES, get_family
@@ -89,6 +90,17 @@ EXPECTED.update({  # replay.families_c
     "dbrx": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "hunyuan_v1_moe": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
 })
+EXPECTED.update({  # replay.families_vl: composites, routed as their text family
+    "qwen3_vl_moe": ((1, 2, 3), 32, 4, "softmax_topk_renormalized"),
+    "glm4v_moe": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
+    "aria": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "minimax_m3_vl": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized"),
+    "glm5_next": ((1, 2, 3), 32, 4, "sigmoid+bias_group2of4_top2sum_topk_renormalized_x2.5"),
+    "step3p7": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_eps0.0"),
+    "ernie4_5_vl_moe": ((1, 2, 3), 16, 4, "softmax+bias_topk_renormalized"),
+    "deepseek_ocr2": ((1, 2, 3), 32, 4, "softmax_group2of4_max_topk_x1.5"),
+    "qwen3_omni_moe": ((1, 2, 3), 64, 8, "softmax_topk_renormalized"),
+})
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
 # gates sum their top-k in torch.topk(sorted=False) order, so they agree only to rounding
@@ -118,7 +130,9 @@ def test_family_geometry_and_routed_layer_map(family: str, family_dirs: dict[str
     assert (g.routed_layers, g.expert_count, g.top_k, g.weight_rule) == EXPECTED[family]
     identity = build_runtime_identity(teacher)
     assert identity["routed_layers"] == list(g.routed_layers)
-    assert identity["layer_count"] == 4 and identity["model_family"] == family
+    # a composite's routes are its text family's (replay.composites)
+    assert identity["layer_count"] == 4
+    assert identity["model_family"] == g.family == adapter_for(family).model_type
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
@@ -136,6 +150,7 @@ def test_rule_selects_what_the_native_gate_executed(
 
 def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[Any, ...]:
     """``(logits, weights, ids)`` of the first routed layer's selection for ``hidden_NH``."""
+    family = teacher.geometry.family  # a composite's gate is its text family's
     layer = teacher.adapter.decoder_layers(teacher.model)[teacher.geometry.routed_layers[0]]
     gate = teacher.adapter.router(layer)
     # LFM2-MoE's and HY-V3's blocks hand their bias to the gate as an argument
@@ -383,6 +398,10 @@ def test_axk2_grouped_gate_scores_dropped_groups_zero() -> None:
     ("inkling_text", "shared experts", "global_scale"),
     # Gemma 4's router scales each renormalised weight by a learned per-expert parameter
     ("gemma4_text", "per_expert_scale", "per_expert_scale"),
+    # composites of those text families, refused with their reason; Gemma 4 Unified is dense
+    ("gemma4", "gemma4_text model.*per_expert_scale", "per_expert_scale"),
+    ("inkling_mm_model", "inkling_text model.*shared experts", "global_scale"),
+    ("gemma4_unified", "only dense MLPs", "mixture-of-experts"),
 ])
 def test_a_gate_a_route_cannot_record_is_refused_everywhere(
         tmp_path: Path, family: str, reason: str, detail: str) -> None:
