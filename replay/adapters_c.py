@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hebrus_flywheel.core.geometry import RouteGeometry
-from hebrus_flywheel.replay.adapter_base import FamilyAdapter
+from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
 from hebrus_flywheel.replay.composites import COMPOSITE_TEXT_TEACHERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule
@@ -145,9 +145,31 @@ class HunYuanMoEV1Adapter(FamilyAdapter):
         return super().check_gate(gate, geometry)  # router_weight reads gate.wg
 
 
+class Mistral4Adapter(DeepseekV3Adapter):
+    """Mistral 4: DeepSeek-V3's layout (the first ``first_k_dense_replace`` layers dense,
+    shared experts beside the routed ones, multi-head latent attention) with a softmax
+    router: ``mlp.gate``'s weight in the model dtype, softmax over all experts, groups
+    scored by their two best probabilities, top-k of the kept groups' experts (the gate
+    scores dropped ones 0.0, below every kept probability, which is positive: the masked
+    rule's ranking), the probabilities renormalised if ``norm_topk_prob`` and times
+    ``routed_scaling_factor``, in the logits' dtype."""
+
+    model_type = "mistral4"
+    logits_in_float32 = False
+
+    def rule(self, config: Any) -> RouterRule:
+        groups = int(config.n_group or 1)
+        return RouterRule(
+            scoring="softmax", normalize=bool(config.norm_topk_prob),
+            scale=float(config.routed_scaling_factor), groups=groups,
+            topk_groups=int(config.topk_group or 1), group_score="top2sum",
+        )
+
+
 COMPOSITE_TEXT_FAMILIES: dict[str, str] = {
     "llama4": "llama4_text",
     "qwen3_5_moe": "qwen3_5_moe_text",
+    "qwen4_exp": "qwen4_exp_text",
     **COMPOSITE_TEXT_TEACHERS,
 }
 """Composite (vision-language) ``model_type``s whose ``AutoModelForCausalLM`` class is the
@@ -165,4 +187,5 @@ def text_config(config: Any) -> Any:
     return config
 
 
-C_ADAPTERS: tuple[FamilyAdapter, ...] = (DbrxAdapter(), HunYuanMoEV1Adapter())
+C_ADAPTERS: tuple[FamilyAdapter, ...] = (DbrxAdapter(), HunYuanMoEV1Adapter(),
+                                         Mistral4Adapter())

@@ -61,6 +61,22 @@ TEXT_CONFIG_HOLDER: dict[str, str] = {"qwen3_omni_moe": "thinker_config"}
 """The sub-config holding ``text_config``, if not the composite config itself."""
 
 
+CAUSAL_LM_CLASSES: dict[str, str] = {"mistral4": "Mistral4ForCausalLM"}
+"""Text causal LMs whose class transformers (5.17) registers for image-text-to-text only,
+not under ``AutoModelForCausalLM``: their transformers class."""
+
+
+def causal_lm_class(config: Any) -> Any:
+    """The transformers class a text teacher of ``config`` is built with (None where
+    ``AutoModelForCausalLM`` knows none)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    own = CAUSAL_LM_CLASSES.get(config.model_type)
+    return getattr(transformers, own) if own else MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config),
+                                                                                  None)
+
+
 def _walk(module: Any, path: str) -> Any:
     for name in path.split("."):
         module = getattr(module, name)

@@ -265,17 +265,19 @@ def get_family(name: str) -> FamilySpec:
 
 def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
     """Deterministic init of ``spec`` under ``seed`` (caller's RNG untouched), eval mode."""
-    from transformers import AutoModelForCausalLM
-
     from hebrus_flywheel.replay.adapters import adapter_for
     from hebrus_flywheel.replay.adapters_c import text_config
-    from hebrus_flywheel.replay.composites import composite_from_config, text_model
+    from hebrus_flywheel.replay.composites import (
+        causal_lm_class,
+        composite_from_config,
+        text_model,
+    )
 
     adapter = adapter_for(spec.name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = composite_from_config(config) if spec.sub_configs else \
-            AutoModelForCausalLM.from_config(config)
+            causal_lm_class(config)._from_config(config)
         layers = adapter.decoder_layers(text_model(model))
         text = text_config(config)
         router_std = spec.router_logit_std / math.sqrt(text.hidden_size)

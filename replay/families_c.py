@@ -21,6 +21,14 @@ C_FAMILIES: tuple[dict[str, Any], ...] = (
         "head_dim": 32, "num_experts": 16, "moe_topk": 4, "intermediate_size": 16},
      "summary": "float32 router (wg kept in float32), softmax top-4 of 16, renormalised, "
                 "dense shared MLP; every layer sparse"},
+    {"name": "mistral4", "config_class": "Mistral4Config", "fields": {
+        "num_key_value_heads": 2, "kv_lora_rank": 16, "q_lora_rank": 32,
+        "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "head_dim": 8,
+        "n_routed_experts": 32, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
+        "first_k_dense_replace": 1, "n_shared_experts": 1, "moe_intermediate_size": 16,
+        "intermediate_size": 32, "norm_topk_prob": True, "routed_scaling_factor": 1.5},
+     "summary": "softmax top-4 of 32 inside the best 2 of 4 groups (two best), "
+                "renormalised x1.5, shared expert, MLA; layer 0 dense"},
 )
 
 C_REFUSED: dict[str, str] = {

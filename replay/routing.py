@@ -213,7 +213,8 @@ def selection_scores(
     """The scores experts are ranked by under ``weight_rule`` (any leading shape).
 
     Softmax routers, and sigmoid routers without bias or groups (Llama 4, which ranks
-    its raw logits), rank by the logits themselves (returned unchanged: sigmoid is
+    its raw logits), rank by the logits themselves (a softmax router's groups scored by
+    their two best probabilities are chosen on the probabilities) (returned unchanged: sigmoid is
     monotonic, and unlike it the logits do not saturate). Other sigmoid routers rank by
     ``sigmoid(logit) + bias`` in float32 (``sqrtsoftplus`` likewise), bias-corrected
     softmax routers by
@@ -224,8 +225,11 @@ def selection_scores(
     rule = parse_rule(weight_rule)
     if rule.groups == 1 and not rule.bias:
         return router_logits_XE
+    group_scores = None
     if rule.scoring == "softmax" and not rule.bias:
         scores = router_logits_XE
+        if rule.group_score == "top2sum":  # a sum of probabilities, not of logits (Mistral 4
+            group_scores = scores.softmax(-1)  # sums its softmax, in the logits' dtype)
     else:
         logits_XE = router_logits_XE.to(torch.float32)
         scores = logits_XE.softmax(-1) if rule.scoring == "softmax" else _gate_scores(
@@ -237,7 +241,8 @@ def selection_scores(
             scores = scores + bias_XE.to(torch.float32)
     if rule.groups > 1:
         fill = 0.0 if rule.group_fill_zero else MASKED_SCORE
-        scores = scores.masked_fill(~_group_mask(scores, rule), fill)
+        keep = _group_mask(scores if group_scores is None else group_scores, rule)
+        scores = scores.masked_fill(~keep, fill)
     return scores
 
 

@@ -424,15 +424,22 @@ def _eos_ids(model: nn.Module) -> tuple[int, ...]:
 
 def _load_model(path: Path, torch_dtype: torch.dtype, experts_implementation: str,
                 execution: Execution, model_type: str) -> PreTrainedModel:
+    import transformers
     from transformers import AutoModelForCausalLM
 
-    from hebrus_flywheel.replay.composites import is_composite_text_teacher, load_text_causal_lm
+    from hebrus_flywheel.replay.composites import (
+        CAUSAL_LM_CLASSES,
+        is_composite_text_teacher,
+        load_text_causal_lm,
+    )
     from hebrus_flywheel.replay.experts import register
 
     register()
     # a vision-language composite without a causal-LM class: its own class, text LM kept
     load: Any = load_text_causal_lm if is_composite_text_teacher(model_type) else \
         AutoModelForCausalLM.from_pretrained
+    if model_type in CAUSAL_LM_CLASSES:  # a causal LM the auto class does not map
+        load = getattr(transformers, CAUSAL_LM_CLASSES[model_type]).from_pretrained
     try:
         with _quiet_progress():
             model = load(
@@ -461,12 +468,14 @@ def model_attention(config: Any, attention: str) -> str:
     family's transformers causal-LM class supports it, else eager."""
     if attention != "auto":
         return attention
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    from hebrus_flywheel.replay.composites import composite_model_class, is_composite_text_teacher
+    from hebrus_flywheel.replay.composites import (
+        causal_lm_class,
+        composite_model_class,
+        is_composite_text_teacher,
+    )
 
     model_class = composite_model_class(config) if is_composite_text_teacher(
-        config.model_type) else MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+        config.model_type) else causal_lm_class(config)
     return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
 
 

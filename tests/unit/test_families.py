@@ -89,6 +89,7 @@ EXPECTED.update({  # replay.families_hybrid
 EXPECTED.update({  # replay.families_c
     "dbrx": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "hunyuan_v1_moe": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
+    "mistral4": ((1, 2, 3), 32, 4, "softmax_group2of4_top2sum_topk_renormalized_x1.5"),
 })
 EXPECTED.update({  # replay.families_vl: composites, routed as their text family
     "qwen3_vl_moe": ((1, 2, 3), 32, 4, "softmax_topk_renormalized"),
@@ -327,12 +328,19 @@ def test_softmax_bias_ranks_probabilities_plus_bias() -> None:
 
 
 def test_groups_mask_experts_outside_the_best_groups() -> None:
-    logits_TE = torch.tensor([[5.0, -5.0, 4.0, 3.9, 0.0, 0.0]])  # groups {0,1} {2,3} {4,5}
+    """A softmax router's groups are scored on its probabilities: by their best one
+    (``max``: the logits' order) or by the sum of their two best (Mistral 4), which a sum
+    of logits would get wrong."""
+    logits_TE = torch.tensor([[5.0, -5.0, 4.6, 4.6, 0.0, 0.0]])  # groups {0,1} {2,3} {4,5}
     scores = selection_scores(logits_TE, "softmax_group1of3_top2sum_topk")
     assert scores[0].tolist()[:2] == [MASKED_SCORE, MASKED_SCORE]
     ids, _ = topk_with_tie_break(logits_TE, 2, weight_rule="softmax_group1of3_top2sum_topk")
     assert ids.tolist() == [[2, 3]]
     ids, _ = topk_with_tie_break(logits_TE, 2, weight_rule="softmax_group1of3_max_topk")
+    assert ids.tolist() == [[0, 1]]
+    # logit sums 7.0 < 7.9, probability sums e^5 + e^2 > e^4 + e^3.9: the probabilities win
+    logits_TE = torch.tensor([[5.0, 2.0, 4.0, 3.9, 0.0, 0.0]])
+    ids, _ = topk_with_tie_break(logits_TE, 2, weight_rule="softmax_group1of3_top2sum_topk")
     assert ids.tolist() == [[0, 1]]
 
 
@@ -456,6 +464,9 @@ COMPOSITES = {  # composite model_type: (text family, composite config class, ti
         "vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32,
         "intermediate_layers_indices": [0]}),
     "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeConfig", {
+        "depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
+        "out_hidden_size": 64}),
+    "qwen4_exp": ("qwen4_exp_text", "Qwen4ExpConfig", {
         "depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64}),
 }
