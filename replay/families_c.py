@@ -38,5 +38,20 @@ C_REFUSED: dict[str, str] = {
         "records the logits and a weight rule named from the config, so the weights the "
         "model executed cannot be reproduced from it (without enable_moe_block the model "
         "is dense)"),
+    "zaya": (
+        "its router (mlp.gate) chooses among num_experts + 1 classes, the last a skip class "
+        "that runs no expert, with bias-corrected selection on a router state carried over "
+        "from the previous layer: a token can execute fewer than k experts (transformers "
+        "runs expert 0 with weight 0 in a skipped slot, so expert 0 can be listed twice), "
+        "and a route records k distinct experts of num_experts; recording a skip needs a "
+        "skip slot in the route schema, which it does not have"),
+    "openai_privacy_filter": (
+        "it is a token classifier, not a generative model: its attention is bidirectional "
+        "(a sliding window both ways), so there is no decode to capture and a token's route "
+        "depends on the tokens after it"),
+    "diffusion_gemma": (
+        "it is a block-diffusion model: it writes a block of tokens by repeated denoising "
+        "passes that attend both ways inside the block, not one token per decode step, so "
+        "a route per decoded token replayed as causal prefill is not what it executed"),
 }
 """Merged into :data:`replay.families_hybrid.REFUSED_FAMILIES`."""

@@ -410,6 +410,9 @@ def test_axk2_grouped_gate_scores_dropped_groups_zero() -> None:
     ("gemma4", "gemma4_text model.*per_expert_scale", "per_expert_scale"),
     ("inkling_mm_model", "inkling_text model.*shared experts", "global_scale"),
     ("gemma4_unified", "only dense MLPs", "mixture-of-experts"),
+    ("zaya", "skip class", "skip slot"),
+    ("openai_privacy_filter", "token classifier", "bidirectional"),
+    ("diffusion_gemma", "block-diffusion", "denoising"),
 ])
 def test_a_gate_a_route_cannot_record_is_refused_everywhere(
         tmp_path: Path, family: str, reason: str, detail: str) -> None:
