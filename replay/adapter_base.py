@@ -234,3 +234,19 @@ class DeepseekV3Adapter(FamilyAdapter):
             scale=float(config.routed_scaling_factor), groups=int(config.n_group or 1),
             topk_groups=int(config.topk_group or 1), group_score="top2sum",
         )
+
+
+class Qwen3MoeAdapter(FamilyAdapter):
+    """Qwen3-MoE: sparse unless in ``mlp_only_layers`` or off the ``decoder_sparse_step``."""
+
+    model_type = "qwen3_moe"
+    intermediate_field = "moe_intermediate_size"
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        dense = set(config.mlp_only_layers or [])
+        step = int(config.decoder_sparse_step)
+        if int(config.num_experts) <= 0:
+            return ()
+        return tuple(
+            i for i in range(config.num_hidden_layers) if i not in dense and (i + 1) % step == 0
+        )

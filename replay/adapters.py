@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from hebrus_flywheel.core.geometry import RouteGeometry
-from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
+from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter, Qwen3MoeAdapter
 from hebrus_flywheel.replay.adapters_c import C_ADAPTERS, COMPOSITE_TEXT_FAMILIES
 from hebrus_flywheel.replay.adapters_extra import EXTRA_ADAPTERS
 from hebrus_flywheel.replay.adapters_hybrid import HYBRID_ADAPTERS
@@ -52,22 +52,6 @@ from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie
 __all__ = ["ADAPTERS", "DeepseekV3Adapter", "FamilyAdapter", "RouteCapture", "RouterPass",
            "adapter_for", "capture_routes", "check_dense_layers", "forward_routes",
            "install_exact_routing", "score_bias_LE"]
-
-
-class Qwen3MoeAdapter(FamilyAdapter):
-    """Qwen3-MoE: sparse unless in ``mlp_only_layers`` or off the ``decoder_sparse_step``."""
-
-    model_type = "qwen3_moe"
-    intermediate_field = "moe_intermediate_size"
-
-    def routed_layers(self, config: Any) -> tuple[int, ...]:
-        dense = set(config.mlp_only_layers or [])
-        step = int(config.decoder_sparse_step)
-        if int(config.num_experts) <= 0:
-            return ()
-        return tuple(
-            i for i in range(config.num_hidden_layers) if i not in dense and (i + 1) % step == 0
-        )
 
 
 class Qwen3NextAdapter(Qwen3MoeAdapter):

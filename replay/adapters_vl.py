@@ -12,27 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 from hebrus_flywheel.core.geometry import RouteGeometry
-from hebrus_flywheel.replay.adapter_base import FamilyAdapter
+from hebrus_flywheel.replay.adapter_base import FamilyAdapter, Qwen3MoeAdapter
 from hebrus_flywheel.replay.adapters_extra import DeepseekV32Adapter, Ernie45MoeAdapter
 from hebrus_flywheel.replay.routing import RouterRule
 
 
-class Qwen3VLMoeTextAdapter(FamilyAdapter):
+class Qwen3VLMoeTextAdapter(Qwen3MoeAdapter):
     """Qwen3-VL-MoE's language model: Qwen3-MoE's layout (sparse unless in
     ``mlp_only_layers`` or off the ``decoder_sparse_step``) and router (``mlp.gate``,
     float32 softmax over all experts, top-k), but the top-k weights are ALWAYS
     renormalised (the config has no ``norm_topk_prob``), cast to the logits' dtype."""
 
     model_type = "qwen3_vl_moe_text"
-    intermediate_field = "moe_intermediate_size"
-
-    def routed_layers(self, config: Any) -> tuple[int, ...]:
-        dense = set(config.mlp_only_layers or [])
-        step = int(config.decoder_sparse_step)
-        if int(config.num_experts) <= 0:
-            return ()
-        return tuple(i for i in range(config.num_hidden_layers)
-                     if i not in dense and (i + 1) % step == 0)
 
     def rule(self, config: Any) -> RouterRule:
         return RouterRule(scoring="softmax", normalize=True)

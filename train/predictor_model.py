@@ -38,7 +38,7 @@ from hebrus_flywheel.train.predictors import (
     PlattCalibration,
     Predictor,
     PredictorSpec,
-    zero_bias_if_absent,
+    register_gate_buffers,
 )
 
 MODEL_KIND = "route_predictor"
@@ -117,14 +117,7 @@ class GatePrior(nn.Module):
         if tuple(gate.router_LEH.shape) != (L, E, H):
             raise ConfigError(f"the teacher's routers are {tuple(gate.router_LEH.shape)}, the "
                               f"model needs {(L, E, H)}; pass the snapshot's own teacher")
-        self.register_buffer("router_LEH", torch.as_tensor(gate.router_LEH).float())
-        self.register_buffer("lift_DH", torch.eye(D, H) if gate.lift_DH is None
-                             else torch.as_tensor(gate.lift_DH).float())
-        self.register_buffer("gain_LH", torch.ones(L, H) if gate.gain_LH is None
-                             else torch.as_tensor(gate.gain_LH).float())
-        self.register_buffer("bias_LE", torch.zeros(L, E) if gate.bias_LE is None
-                             else torch.as_tensor(gate.bias_LE).float())
-        self.register_load_state_dict_pre_hook(zero_bias_if_absent)
+        register_gate_buffers(self, gate, D)
 
     def arrays(self) -> GateArrays:
         return GateArrays(self.router_LEH.cpu().numpy(), self.lift_DH.cpu().numpy(),

@@ -137,6 +137,20 @@ def zero_bias_if_absent(module: nn.Module, state_dict: dict[str, Any], prefix: s
     state_dict.setdefault(prefix + "bias_LE", torch.zeros_like(bias))
 
 
+def register_gate_buffers(module: nn.Module, gate: GateArrays, feature_dim: int) -> None:
+    """``gate`` as ``module``'s float32 buffers ``router_LEH``, ``lift_DH`` (identity if
+    None), ``gain_LH`` (ones) and ``bias_LE`` (zeros, also for a state saved without it)."""
+    L, E, H = gate.router_LEH.shape
+    module.register_buffer("router_LEH", torch.as_tensor(gate.router_LEH).float())
+    module.register_buffer("lift_DH", torch.eye(feature_dim, H) if gate.lift_DH is None
+                           else torch.as_tensor(gate.lift_DH).float())
+    module.register_buffer("gain_LH", torch.ones(L, H) if gate.gain_LH is None
+                           else torch.as_tensor(gate.gain_LH).float())
+    module.register_buffer("bias_LE", torch.zeros(L, E) if gate.bias_LE is None
+                           else torch.as_tensor(gate.bias_LE).float())
+    module.register_load_state_dict_pre_hook(zero_bias_if_absent)
+
+
 class GateAdapter(nn.Module):
     """The native router of the target layer on an adapted state:
     ``router_t(gain_t * rms_norm(lift(x) + x @ delta_l))``, ``delta`` per source layer
@@ -145,20 +159,13 @@ class GateAdapter(nn.Module):
 
     def __init__(self, gate: GateArrays, *, feature_dim: int, target_offset: int) -> None:
         super().__init__()
-        L, E, H = gate.router_LEH.shape
+        L, _, H = gate.router_LEH.shape
         self.offset = target_offset
         self.router_LEH: torch.Tensor
         self.lift_DH: torch.Tensor
         self.gain_LH: torch.Tensor
         self.bias_LE: torch.Tensor
-        self.register_buffer("router_LEH", torch.from_numpy(gate.router_LEH).float())
-        self.register_buffer("lift_DH", torch.eye(feature_dim, H) if gate.lift_DH is None
-                             else torch.from_numpy(gate.lift_DH).float())
-        self.register_buffer("gain_LH", torch.ones(L, H) if gate.gain_LH is None
-                             else torch.from_numpy(gate.gain_LH).float())
-        self.register_buffer("bias_LE", torch.zeros(L, E) if gate.bias_LE is None
-                             else torch.from_numpy(gate.bias_LE).float())
-        self.register_load_state_dict_pre_hook(zero_bias_if_absent)
+        register_gate_buffers(self, gate, feature_dim)
         self.delta_LDH = nn.Parameter(torch.zeros(L, feature_dim, H))
 
     def forward(self, feature_BD: torch.Tensor, layer_B: torch.Tensor) -> torch.Tensor:
