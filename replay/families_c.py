@@ -52,6 +52,8 @@ C_REFUSED: dict[str, str] = {
     "diffusion_gemma": (
         "it is a block-diffusion model: it writes a block of tokens by repeated denoising "
         "passes that attend both ways inside the block, not one token per decode step, so "
-        "a route per decoded token replayed as causal prefill is not what it executed"),
+        "a route per decoded token replayed as causal prefill is not what it executed; and "
+        "its router, like gemma4_text's, scales the top-k weights by a learned "
+        "per_expert_scale"),
 }
 """Merged into :data:`replay.families_hybrid.REFUSED_FAMILIES`."""
