@@ -31,6 +31,11 @@ from hebrus_flywheel.replay.routing import RouterRule
 ROUTER_OUTPUT = ("logits", "weights", "ids")
 
 
+def sparse_mlp_layers(config: Any) -> tuple[int, ...]:
+    """The layers a config's ``mlp_layer_types`` marks ``sparse`` (the routed ones)."""
+    return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+
+
 class FamilyAdapter:
     """Base adapter: decoder layers at ``model.model.layers``, gates at ``layer.mlp.gate``.
 

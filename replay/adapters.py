@@ -39,7 +39,12 @@ import torch
 from torch import nn
 
 from hebrus_flywheel.core.geometry import RouteGeometry
-from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter, Qwen3MoeAdapter
+from hebrus_flywheel.replay.adapter_base import (
+    DeepseekV3Adapter,
+    FamilyAdapter,
+    Qwen3MoeAdapter,
+    sparse_mlp_layers,
+)
 from hebrus_flywheel.replay.adapters_c import C_ADAPTERS, COMPOSITE_TEXT_FAMILIES
 from hebrus_flywheel.replay.adapters_extra import EXTRA_ADAPTERS
 from hebrus_flywheel.replay.adapters_hybrid import HYBRID_ADAPTERS
@@ -119,7 +124,7 @@ class DeepseekOcr2TextAdapter(DeepseekV2Adapter):
     model_type = "deepseek_ocr2_text"
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
-        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+        return sparse_mlp_layers(config)
 
 
 ADAPTERS: dict[str, FamilyAdapter] = {

@@ -12,7 +12,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
+from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter, sparse_mlp_layers
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule
 
@@ -196,7 +196,7 @@ class DeepseekV32Adapter(DeepseekV3Adapter):
     model_type = "deepseek_v32"
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
-        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+        return sparse_mlp_layers(config)
 
 
 class Glm4MoeLiteAdapter(DeepseekV32Adapter):
@@ -245,7 +245,7 @@ class HYV3Adapter(FamilyAdapter):
     logits_in_float32 = True
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
-        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+        return sparse_mlp_layers(config)
 
     def rule(self, config: Any) -> RouterRule:
         return RouterRule(scoring="sigmoid", bias=True, normalize=True,

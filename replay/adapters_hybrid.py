@@ -14,7 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from hebrus_flywheel.core.geometry import RouteGeometry
-from hebrus_flywheel.replay.adapter_base import ROUTER_OUTPUT, DeepseekV3Adapter, FamilyAdapter
+from hebrus_flywheel.replay.adapter_base import (
+    ROUTER_OUTPUT,
+    DeepseekV3Adapter,
+    FamilyAdapter,
+    sparse_mlp_layers,
+)
 from hebrus_flywheel.replay.adapters_extra import (
     DeepseekV32Adapter,
     Glm4MoeLiteAdapter,
@@ -193,7 +198,7 @@ class MiniMaxM3VLTextAdapter(FamilyAdapter):
     weights_in_logit_dtype = False
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
-        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+        return sparse_mlp_layers(config)
 
     def rule(self, config: Any) -> RouterRule:
         return RouterRule(scoring="sigmoid", bias=True, normalize=True)

@@ -12,14 +12,10 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
+from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter, sparse_mlp_layers
 from hebrus_flywheel.replay.adapters_extra import DeepseekV32Adapter
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.routing import RouterRule, topk_with_tie_break
-
-
-def _sparse_layers(config: Any) -> tuple[int, ...]:
-    return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
 
 
 class Cohere2MoeAdapter(FamilyAdapter):
@@ -33,7 +29,7 @@ class Cohere2MoeAdapter(FamilyAdapter):
     weights_in_hidden_dtype = True
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
-        return _sparse_layers(config)
+        return sparse_mlp_layers(config)
 
     def rule(self, config: Any) -> RouterRule:
         if config.expert_selection_fn == "softmax":
@@ -165,7 +161,7 @@ class LagunaAdapter(FamilyAdapter):
     weights_in_hidden_dtype = True
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
-        return _sparse_layers(config)
+        return sparse_mlp_layers(config)
 
     def rule(self, config: Any) -> RouterRule:
         return RouterRule(scoring="sigmoid", bias=True, normalize=True, norm_eps=0.0)
@@ -185,7 +181,7 @@ class MellumAdapter(FamilyAdapter):
     intermediate_field = "moe_intermediate_size"
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
-        return _sparse_layers(config)
+        return sparse_mlp_layers(config)
 
 
 class Qwen4ExpTextAdapter(FamilyAdapter):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hebrus_flywheel.core.geometry import RouteGeometry
-from hebrus_flywheel.replay.adapter_base import FamilyAdapter, Qwen3MoeAdapter
+from hebrus_flywheel.replay.adapter_base import FamilyAdapter, Qwen3MoeAdapter, sparse_mlp_layers
 from hebrus_flywheel.replay.adapters_extra import DeepseekV32Adapter, Ernie45MoeAdapter
 from hebrus_flywheel.replay.routing import RouterRule
 
@@ -54,7 +54,7 @@ class Step3p5Adapter(FamilyAdapter):
     weights_in_logit_dtype = False
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
-        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+        return sparse_mlp_layers(config)
 
     def rule(self, config: Any) -> RouterRule:
         return RouterRule(scoring="sigmoid", bias=True, normalize=True, norm_eps=0.0)
@@ -73,7 +73,7 @@ class Ernie45VLMoeTextAdapter(Ernie45MoeAdapter):
     router_path = ("mlp", "text_moe", "gate")
 
     def routed_layers(self, config: Any) -> tuple[int, ...]:
-        return tuple(i for i, kind in enumerate(config.mlp_layer_types) if kind == "sparse")
+        return sparse_mlp_layers(config)
 
     def geometry(self, config: Any) -> RouteGeometry:
         return RouteGeometry(

@@ -11,6 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from hebrus_flywheel.replay.families_hybrid import HYBRID_FAMILIES
+from hebrus_flywheel.replay.families_more import MORE_FAMILIES
+
+_TINY_VIT = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+             "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+"""A one-layer ViT vision tower (Aria's, MiniMax-M3-VL's, Step3p7's vision config)."""
+
+
+def _text_fields(name: str) -> dict[str, Any]:
+    """The tiny preset fields of the text family ``name``: a composite whose language
+    model is that family's code gets the same text geometry."""
+    return dict(next(row["fields"] for row in (*HYBRID_FAMILIES, *MORE_FAMILIES)
+                     if row["name"] == name))
+
+
 VL_FAMILIES: tuple[dict[str, Any], ...] = (
     {"name": "qwen3_vl_moe", "config_class": "Qwen3VLMoeConfig", "fields": {
         "head_dim": 32, "num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 16,
@@ -36,23 +51,14 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
                 "renormalised), shared expert; layer 0 dense; multimodal partial RoPE"},
     {"name": "aria", "config_class": "AriaConfig", "fields": {
         "model_type": "aria_text",  # AriaConfig builds a text config only from a typed dict
-        "head_dim": 32, "moe_num_experts": 16, "moe_topk": 4, "moe_num_shared_experts": 1,
-        "intermediate_size": 16},
-     "sub_configs": {"vision_config": {
-         "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
-         "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+        **_text_fields("aria_text")},
+     "sub_configs": {"vision_config": _TINY_VIT,
          "projector_patch_to_query_dict": {4: 2}},
      "summary": "composite: Aria's text model (softmax over the top-4 of 16 logits, router "
                 "a bare Linear, shared experts, every layer sparse)"},
-    {"name": "minimax_m3_vl", "config_class": "MiniMaxM3VLConfig", "fields": {
-        "head_dim": 32, "num_local_experts": 16, "num_experts_per_tok": 4,
-        "intermediate_size": 16, "shared_intermediate_size": 32, "dense_intermediate_size": 32,
-        "routed_scaling_factor": 2.0, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
-        "layer_types": ["full_attention", "minimax_m3_sparse"] * 2, "index_n_heads": 2,
-        "index_head_dim": 16, "index_block_size": 8, "index_topk_blocks": 2},
-     "sub_configs": {"vision_config": {
-         "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
-         "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+    {"name": "minimax_m3_vl", "config_class": "MiniMaxM3VLConfig",
+     "fields": _text_fields("minimax_m3_vl_text"),
+     "sub_configs": {"vision_config": _TINY_VIT,
          "projector_hidden_size": 32},
      "summary": "composite: MiniMax-M3's text model (sigmoid + correction bias, top-4 of "
                 "16, renormalised, output x2.0, shared expert; layer 0 dense; full and "
@@ -78,10 +84,8 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
         "moe_router_scaling_factor": 2.0, "sliding_window": 16,
         "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
         "layer_types": ["sliding_attention", "full_attention"] * 2},
-     "sub_configs": {"vision_config": {
-         "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
-         "num_attention_heads": 2, "image_size": 28, "patch_size": 14, "mlp_ratio": 1.0,
-         "max_position_embeddings": 4}},
+     "sub_configs": {"vision_config": {**_TINY_VIT, "mlp_ratio": 1.0,
+                                       "max_position_embeddings": 4}},
      "summary": "composite: sigmoid + correction bias, top-4 of 16, renormalised (no "
                 "epsilon), float32 weights (the block scales the experts' output x2.0), "
                 "shared expert; layer 0 dense; sliding/full attention"},
