@@ -34,7 +34,17 @@ Prints one JSON line per figure. Figures vary with the machine and its load; the
 ((b)/(a) >= 20 at 1024, (b)/(c) >= 0.8, <= 25 bytes per label) are reported, never
 asserted.
 
+``--device``/``--dtype``/``--attention`` pick the kernel path (a GPU: ``--device cuda
+--dtype bfloat16``). ``--preset qwen3-next-80b-a3b-4l`` is Qwen3-Next-80B-A3B's real
+widths (hidden 2048, 512 experts of 512, top-10, its attention heads) on 4 of its 48
+layers (3 linear-attention, 1 full, its 3:1 pattern), written in bf16: about 13 GB, for
+throughput at real width on an accelerator. Its figures also give
+``projected_full_depth_tokens_per_s`` (tokens/s x 4/48, every layer costing the same)
+and the hours to replay 100k, 1M and 10M tokens at that rate: an extrapolation from 4
+layers, labelled as one.
+
     .venv/bin/python bench/replay.py [--lengths 256 1024] [--windows 2] [--threads 1]
+        [--device cuda --dtype bfloat16] [--preset qwen3-next-80b-a3b-4l]
 """
 
 from __future__ import annotations
@@ -59,12 +69,29 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _HERE]
 
+from hebrus_flywheel.replay.checkpoint import CheckpointStorage  # noqa: E402
 from hebrus_flywheel.replay.decode import DecodeRuntime  # noqa: E402
 from hebrus_flywheel.replay.prefill import PrefillReplayer, ReplayConfig, WindowLabels  # noqa: E402
-from hebrus_flywheel.replay.teacher import PRESETS, Teacher, init_teacher, load_teacher  # noqa: E402
+from hebrus_flywheel.replay.teacher import (  # noqa: E402
+    PRESETS,
+    Teacher,
+    TeacherPreset,
+    init_teacher,
+    load_teacher,
+)
 
 DESIGN_NOTE_BYTES_PER_LABEL = 80  # 10 x (4-byte id + 4-byte weight)
 PREFIX = 1
+# Qwen3-Next-80B-A3B's config.json widths on 4 of its 48 layers (vocabulary: ours).
+REAL_WIDTH = TeacherPreset(
+    name="qwen3-next-80b-a3b-4l", num_hidden_layers=4, full_attention_interval=4,
+    hidden_size=2048, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+    shared_expert_intermediate_size=512, num_attention_heads=16, num_key_value_heads=2,
+    head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32,
+    linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+)
+REAL_DEPTH = 48
+BENCH_PRESETS: dict[str, TeacherPreset] = {**PRESETS, REAL_WIDTH.name: REAL_WIDTH}
 
 
 def emit(figure: str, value: float | int | str, unit: str, **extra: Any) -> None:
@@ -114,16 +141,23 @@ def run_replay(replayer: PrefillReplayer, windows: list[dict[str, Any]]
     return time.perf_counter() - start, labels
 
 
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def run_forward(teacher: Teacher, tokens: list[list[int]], *, literal: bool) -> float:
     model = teacher.model
+    _synchronize(model.device)
     start = time.perf_counter()
     with torch.inference_mode():
         for t in tokens:
-            ids = torch.tensor([t])
+            ids = torch.tensor([t], device=model.device)
             if literal:
                 model(ids)
             else:
                 model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    _synchronize(model.device)
     return time.perf_counter() - start
 
 
@@ -175,7 +209,20 @@ def bench_length(teacher: Teacher, replayers: dict[str, PrefillReplayer],
         emit("replay_over_lean_forward", round(b / (layers * c_lean), 3), "ratio", **extra)
         emit("decode_vs_replay_mismatched_labels", _mismatches(decode_ids, labels[name]),
              "labels", of=labels_count, **extra)
+        if layers < REAL_DEPTH and teacher.geometry.hidden_size == REAL_WIDTH.hidden_size:
+            project(b / layers, layers, extra)
     return labels[next(iter(replayers))]
+
+
+def project(tokens_per_s: float, layers: int, extra: dict[str, Any]) -> None:
+    """Full-depth replay speed and collection hours, extrapolated from ``layers``."""
+    full = tokens_per_s * layers / REAL_DEPTH
+    basis = {**extra, "basis": f"measured on {layers} of {REAL_DEPTH} layers, x{layers}/"
+             f"{REAL_DEPTH} (every layer costing the same); an extrapolation"}
+    emit("projected_full_depth_tokens_per_s", round(full, 1), "tokens/s", **basis)
+    for tokens in (100_000, 1_000_000, 10_000_000):
+        emit(f"projected_hours_for_{tokens}_tokens", round(tokens / full / 3600, 3), "hours",
+             **basis)
 
 
 def make_replayers(teacher: Teacher, length: int, others: dict[str, Teacher]
@@ -271,7 +318,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="best-of-N for (b) and (c)")
     parser.add_argument("--compare", nargs="*", default=["batched_mm", "grouped_mm"],
                         help="other experts implementations to replay with, for comparison")
-    parser.add_argument("--preset", default="tiny-qwen3-next-48l", choices=sorted(PRESETS))
+    parser.add_argument("--preset", default="tiny-qwen3-next-48l", choices=sorted(BENCH_PRESETS))
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--attention", default="auto", help="auto, sdpa or eager")
     parser.add_argument("--teacher", type=Path, help="reuse this teacher directory")
     parser.add_argument("--workdir", type=Path, help="scratch directory (default: a temp dir)")
     args = parser.parse_args()
@@ -280,14 +330,18 @@ def main() -> None:
         workdir = args.workdir or Path(scratch)
         teacher_dir = args.teacher or workdir / args.preset
         if not (teacher_dir / "config.json").is_file():
-            init_teacher(teacher_dir, preset=args.preset)
-        teacher = load_teacher(teacher_dir)
+            storage = CheckpointStorage(weights_dtype="bfloat16" if args.preset ==
+                                        REAL_WIDTH.name else "float32", max_shard_size="5GB")
+            init_teacher(teacher_dir, preset=BENCH_PRESETS[args.preset], storage=storage)
+        path = {"device": args.device, "dtype": args.dtype, "attention": args.attention}
+        teacher = load_teacher(teacher_dir, **path)
         geometry = teacher.geometry
         emit("teacher", args.preset, "preset", routed_layers=geometry.routed_layer_count,
              experts=geometry.expert_count, top_k=geometry.top_k, hidden=geometry.hidden_size,
-             experts_implementation=teacher.model.config._experts_implementation)
+             experts_implementation=teacher.model.config._experts_implementation,
+             kernel_path=teacher.kernel_path, dtype=teacher.dtype)
         replayer = PrefillReplayer(teacher, ReplayConfig())
-        others = {name: load_teacher(teacher_dir, experts_implementation=name)
+        others = {name: load_teacher(teacher_dir, experts_implementation=name, **path)
                   for name in args.compare}
         stream = corpus_tokens(teacher.path)
         warm = histories(stream, 1, 32)

@@ -9,10 +9,13 @@
   decode and batched prefill, and this project's gates and tie-break rule assume the
   dense weights it loads. The message says what to do instead.
 - :func:`check_memory`: the bytes the weights take once cast to the compute dtype versus
-  the memory available (``MemAvailable`` of ``/proc/meminfo``, else ``os.sysconf``),
-  capped by ``$FLYWHEEL_TEACHER_MEMORY_BYTES``. accelerate (``device_map``/offload) is not
-  a dependency, so a teacher that does not fit is refused before loading, naming both
-  figures and what to do.
+  the memory they pass through: a CUDA device's free memory (``torch.cuda.mem_get_info``)
+  and, unless accelerate is installed (then the weights load straight onto the device
+  with a one-device ``device_map``, see :func:`loads_onto_device`), the host's too
+  (``MemAvailable`` of ``/proc/meminfo``, else ``os.sysconf``; Apple MPS shares it), each
+  capped by ``$FLYWHEEL_TEACHER_MEMORY_BYTES``. accelerate is optional and multi-device
+  maps and offload are not used, so a teacher that does not fit is refused before
+  loading, naming both figures and what to do.
 """
 
 from __future__ import annotations
@@ -171,31 +174,55 @@ def available_memory_bytes() -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
 
 
-def memory_limit_bytes() -> tuple[int, str]:
-    """The memory a teacher may use and where the figure came from."""
-    available = available_memory_bytes()
+def device_memory_bytes(device: str) -> tuple[int, str]:
+    """Memory free for new allocations on ``device`` and what the figure is."""
+    if device.split(":", 1)[0] != "cuda":
+        return available_memory_bytes(), "available memory"
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free), f"free memory of {device}"
+
+
+def memory_limit_bytes(device: str = "cpu") -> tuple[int, str]:
+    """The memory a teacher may use on ``device`` and where the figure came from."""
+    available, source = device_memory_bytes(device)
     raw = os.environ.get(MEMORY_ENV)
     if raw is None or raw == "":
-        return available, "available memory"
+        return available, source
     try:
         cap = int(raw)
     except ValueError:
         raise ConfigError(f"{MEMORY_ENV} must be a whole number of bytes, got {raw!r}") from None
     if cap < 1:
         raise ConfigError(f"{MEMORY_ENV} must be positive, got {cap}")
-    return (cap, f"${MEMORY_ENV}") if cap < available else (available, "available memory")
+    return (cap, f"${MEMORY_ENV}") if cap < available else (available, source)
 
 
-def check_memory(directory: Path, compute_dtype: str) -> int:
-    """The weights' loaded bytes; TeacherError before loading if they do not fit."""
+def loads_onto_device(device: str) -> bool:
+    """Whether weights for ``device`` load straight onto it: an accelerator, and
+    accelerate installed (transformers needs it for any ``device_map``). Otherwise they
+    load into host memory first and are moved."""
+    import importlib.util
+
+    return device != "cpu" and importlib.util.find_spec("accelerate") is not None
+
+
+def check_memory(directory: Path, compute_dtype: str, device: str = "cpu") -> int:
+    """The weights' loaded bytes; TeacherError before loading if they do not fit in each
+    memory they pass through on their way to ``device``."""
     need = weight_bytes(directory, compute_dtype)
-    limit, source = memory_limit_bytes()
-    if need * MEMORY_HEADROOM > limit:
-        raise TeacherError(
-            f"the teacher in {directory} needs about {need / 2**30:.2f} GiB for its weights "
-            f"in {compute_dtype} (x{MEMORY_HEADROOM} headroom: "
-            f"{need * MEMORY_HEADROOM / 2**30:.2f} GiB) but {source} is "
-            f"{limit / 2**30:.2f} GiB; replay keeps the whole model in memory (no "
-            "device_map offload: accelerate is not installed). Use a machine with more "
-            "memory, a smaller compute dtype (--dtype bfloat16), or a smaller checkpoint")
+    places = [device] if device == "cpu" or loads_onto_device(device) else ["cpu", device]
+    for place in dict.fromkeys(p if p.startswith("cuda") else "cpu" for p in places):
+        limit, source = memory_limit_bytes(place)
+        if need * MEMORY_HEADROOM > limit:
+            raise TeacherError(
+                f"the teacher in {directory} needs about {need / 2**30:.2f} GiB for its "
+                f"weights in {compute_dtype} (x{MEMORY_HEADROOM} headroom: "
+                f"{need * MEMORY_HEADROOM / 2**30:.2f} GiB) but {source} is "
+                f"{limit / 2**30:.2f} GiB; replay keeps the whole model on one device (no "
+                "multi-device device_map or offload). Use a machine with more memory, a "
+                "smaller compute dtype (--dtype bfloat16), or a smaller checkpoint"
+                + ("" if place != "cpu" or device == "cpu" else
+                   "; installing accelerate loads the weights straight onto the device"))
     return need

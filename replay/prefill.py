@@ -410,7 +410,7 @@ def attention_masks(
     )
 
     config = model.config
-    shape_only = torch.empty((*mask_BT.shape, 0), dtype=model.dtype)
+    shape_only = torch.empty((*mask_BT.shape, 0), dtype=model.dtype, device=mask_BT.device)
 
     def materialised(make: Any) -> torch.Tensor:
         mask_4d = make(config=config, inputs_embeds=shape_only, attention_mask=mask_BT,

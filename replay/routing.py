@@ -364,7 +364,8 @@ def router_margin(router_logits_TE: torch.Tensor, k: int) -> torch.Tensor:
     """
     _check_logits(router_logits_TE, k)
     if k == router_logits_TE.shape[-1]:
-        return torch.full(router_logits_TE.shape[:-1], float("inf"), dtype=torch.float32)
+        return torch.full(router_logits_TE.shape[:-1], float("inf"), dtype=torch.float32,
+                          device=router_logits_TE.device)
     top_TK = torch.topk(router_logits_TE.to(torch.float32), k + 1, dim=-1).values
     return top_TK[..., k - 1] - top_TK[..., k]
 
@@ -375,7 +376,8 @@ def margin_beside(router_logits_TE: torch.Tensor, expert_ids_TK: torch.Tensor) -
     k = expert_ids_TK.shape[-1]
     _check_logits(router_logits_TE, k)
     if k == router_logits_TE.shape[-1]:
-        return torch.full(router_logits_TE.shape[:-1], float("inf"), dtype=torch.float32)
+        return torch.full(router_logits_TE.shape[:-1], float("inf"), dtype=torch.float32,
+                          device=router_logits_TE.device)
     logits_TE = router_logits_TE.to(torch.float32)
     last_T = torch.gather(logits_TE, -1, expert_ids_TK[..., k - 1:]).squeeze(-1)
     rest_T = logits_TE.scatter(-1, expert_ids_TK, float("-inf")).amax(dim=-1)

@@ -62,6 +62,7 @@ from hebrus_flywheel.replay.checkpoint import (
     CheckpointStorage,
     check_memory,
     check_quantization,
+    loads_onto_device,
 )
 from hebrus_flywheel.replay.exceptions import TeacherError
 from hebrus_flywheel.replay.routing import parse_rule, selection_scores, topk_with_tie_break
@@ -440,12 +441,15 @@ def _load_model(path: Path, torch_dtype: torch.dtype, experts_implementation: st
         AutoModelForCausalLM.from_pretrained
     if model_type in CAUSAL_LM_CLASSES:  # a causal LM the auto class does not map
         load = getattr(transformers, CAUSAL_LM_CLASSES[model_type]).from_pretrained
+    # With accelerate, an accelerator's weights go straight onto it shard by shard, so a
+    # checkpoint larger than host RAM loads when the device holds it (check_memory agrees).
+    placement = {"device_map": execution.device} if loads_onto_device(execution.device) else {}
     try:
         with _quiet_progress():
             model = load(
                 str(path), local_files_only=True, dtype=torch_dtype,
                 experts_implementation=experts_implementation,
-                attn_implementation=execution.attention,
+                attn_implementation=execution.attention, **placement,
             )
     except (OSError, ValueError) as exc:
         hint = ""
@@ -529,7 +533,7 @@ def load_teacher(
     adapter = adapter_for(config.model_type)
     attention = model_attention(config, attention)
     execution = Execution(device=device, dtype=dtype, attention=attention)
-    check_memory(path, dtype)
+    check_memory(path, dtype, execution.device)
     model = _load_model(path, DTYPES[dtype], experts_implementation, execution,
                         config.model_type)
     model.eval().requires_grad_(False)

@@ -28,10 +28,12 @@ from hebrus_flywheel.core.execution import (
     parse_kernel_path,
     require_device,
 )
+from hebrus_flywheel.replay import checkpoint
 from hebrus_flywheel.replay.checkpoint import (
     INDEX_FILE,
     MEMORY_ENV,
     CheckpointStorage,
+    check_memory,
     stored_dtypes,
     weight_bytes,
     weight_files,
@@ -163,11 +165,32 @@ def test_a_teacher_larger_than_the_memory_limit_is_refused_before_loading(
     monkeypatch.setenv(MEMORY_ENV, str(need))  # below need x headroom
     with pytest.raises(TeacherError, match=f"\\${MEMORY_ENV}") as info:
         load_teacher(sharded)
-    assert "--dtype bfloat16" in str(info.value) and "accelerate" in str(info.value)
+    assert "--dtype bfloat16" in str(info.value) and "offload" in str(info.value)
     load_teacher(sharded, dtype="bfloat16")  # half the bytes fit under the same limit
     monkeypatch.setenv(MEMORY_ENV, "lots")
     with pytest.raises(ConfigError, match=MEMORY_ENV):
         load_teacher(sharded)
+
+
+@pytest.mark.parametrize("accelerate", [False, True])
+def test_a_cuda_teacher_is_checked_against_each_memory_its_weights_pass_through(
+    sharded: Path, monkeypatch: pytest.MonkeyPatch, accelerate: bool
+) -> None:
+    need = weight_bytes(sharded, "float32")
+    free = {"cpu": need, "cuda:0": need * 4}  # the host is too small, the GPU is not
+    monkeypatch.setattr(checkpoint, "device_memory_bytes",
+                        lambda device: (free[device], f"memory of {device}"))
+    monkeypatch.setattr(checkpoint, "loads_onto_device", lambda device: accelerate)
+    if accelerate:  # straight onto the GPU: the host's memory does not matter
+        assert check_memory(sharded, "float32", "cuda:0") == need
+    else:
+        with pytest.raises(TeacherError, match="memory of cpu") as info:
+            check_memory(sharded, "float32", "cuda:0")
+        assert "installing accelerate" in str(info.value)
+    free.update(cpu=need * 4, **{"cuda:0": need})  # now only the GPU is too small
+    with pytest.raises(TeacherError, match="memory of cuda:0"):
+        check_memory(sharded, "float32", "cuda:0")
+    assert check_memory(sharded, "float32", "cpu") == need
 
 
 def test_devices_are_named_and_missing_accelerators_fail_clearly() -> None:
