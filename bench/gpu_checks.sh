@@ -8,6 +8,7 @@
 #
 #   OUT=/tmp/out bash bench/gpu_checks.sh            # DEVICE=cuda by default
 #   OUT=/tmp/out DEVICE=cpu QUICK=1 bash bench/gpu_checks.sh   # a dry run of the script
+#   OUT=/tmp/out STAGES="real_width" bash bench/gpu_checks.sh    # only these stages
 #
 # Stages:
 #   env          GPU, driver, torch, transformers, accelerate versions
@@ -31,8 +32,10 @@ for stage in core schemas streams replay consumers train; do
 done
 export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
 
+STAGES=${STAGES:-env parity parity_gpt_oss real_width tiny_48l}
 stage() {  # stage NAME SECONDS COMMAND...: run it under a limit, keep its lines and log
   local name=$1 limit=$2; shift 2
+  [[ " $STAGES " == *" $name "* || $QUICK = 1 ]] || return 0
   local start=$SECONDS
   echo "== $name (limit ${limit}s)"
   timeout "$limit" "$@" > "$OUT/$name.jsonl" 2> "$OUT/$name.log"
@@ -66,8 +69,8 @@ stage parity 130 "$PYTHON" bench/kernel_parity.py --device "$DEVICE" \
   --attention sdpa eager
 stage parity_gpt_oss 40 "$PYTHON" bench/kernel_parity.py --device "$DEVICE" \
   --families gpt_oss --dtypes float32 bfloat16 --attention eager
-stage real_width 280 "$PYTHON" bench/replay.py --device "$DEVICE" --dtype bfloat16 \
+stage real_width 260 "$PYTHON" bench/replay.py --device "$DEVICE" --dtype bfloat16 \
   --preset qwen3-next-80b-a3b-4l --lengths 1024 --windows 2 --repeats 2 \
   --compare grouped_mm --workdir /tmp/bench-real-width
-stage tiny_48l 90 "$PYTHON" bench/replay.py --device "$DEVICE" --dtype float32 \
-  --lengths 256 1024 --windows 2 --repeats 2
+stage tiny_48l 80 "$PYTHON" bench/replay.py --device "$DEVICE" --dtype float32 \
+  --lengths 256 --windows 1 --repeats 1

@@ -228,8 +228,8 @@ def project(tokens_per_s: float, layers: int, extra: dict[str, Any]) -> None:
 def make_replayers(teacher: Teacher, length: int, others: dict[str, Teacher]
                    ) -> dict[str, PrefillReplayer]:
     impl = teacher.model.config._experts_implementation
-    base = PrefillReplayer(teacher, ReplayConfig(max_batch_tokens=8192))
-    one = ReplayConfig(max_batch_tokens=length)
+    base = PrefillReplayer(teacher, ReplayConfig(max_batch_tokens=8192, dtype=teacher.dtype))
+    one = ReplayConfig(max_batch_tokens=length, dtype=teacher.dtype)
     out = {f"{impl}, one window per forward": PrefillReplayer(teacher, one,
                                                                identity=base.identity),
            f"{impl}, max_batch_tokens=8192": base}
@@ -340,7 +340,7 @@ def main() -> None:
              experts=geometry.expert_count, top_k=geometry.top_k, hidden=geometry.hidden_size,
              experts_implementation=teacher.model.config._experts_implementation,
              kernel_path=teacher.kernel_path, dtype=teacher.dtype)
-        replayer = PrefillReplayer(teacher, ReplayConfig())
+        replayer = PrefillReplayer(teacher, ReplayConfig(dtype=teacher.dtype))
         others = {name: load_teacher(teacher_dir, experts_implementation=name, **path)
                   for name in args.compare}
         stream = corpus_tokens(teacher.path)
