@@ -88,7 +88,7 @@ class Ernie45VLMoeTextAdapter(Ernie45MoeAdapter):
 PADDING_MASK_FAMILIES = frozenset({"glm5_next_text"})
 """Families whose every attention kind takes the 2D padding mask, causality applied
 inside (GLM-5-Next's own forward hands its DSA and KDA layers that mask, never a 4D
-one): :func:`replay.prefill.attention_masks` gives them exactly that."""
+one): :func:`replay.masks.attention_masks` gives them exactly that."""
 
 
 VL_ADAPTERS: tuple[FamilyAdapter, ...] = (Qwen3VLMoeTextAdapter(), Glm5NextTextAdapter(),

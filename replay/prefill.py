@@ -58,7 +58,6 @@ import numpy as np
 import torch
 
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.replay.adapters_vl import PADDING_MASK_FAMILIES
 from hebrus_flywheel.replay.exceptions import (
     ReplayError,
     ReplayNumericsError,
@@ -66,12 +65,11 @@ from hebrus_flywheel.replay.exceptions import (
     WindowIdentityError,
 )
 from hebrus_flywheel.replay.features import FEATURE_DTYPES, FeatureProjection, capture_anchor_rows
+from hebrus_flywheel.replay.masks import attention_masks
 from hebrus_flywheel.replay.routing import TIE_BREAK_RULE, margin_beside, topk_weights
 from hebrus_flywheel.replay.teacher import DTYPES
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
     from hebrus_flywheel.replay.teacher import Teacher
 
 POSITION_RULE = "first_token_ordinal + index"
@@ -232,7 +230,8 @@ class PrefillReplayer:
             seed=config.projection_seed, hidden_size=geometry.hidden_size,
             feature_dim=config.feature_dim,
         )
-        self._projection_HD = torch.from_numpy(np.array(self.projection.matrix_HD))
+        self._projection_HD = torch.from_numpy(np.array(self.projection.matrix_HD)).to(
+            teacher.model.device)
         pad = getattr(teacher.model.config, "pad_token_id", None)
         self._pad_id = int(pad) if isinstance(pad, int) and 0 <= pad < teacher.vocab_size else 0
 
@@ -344,7 +343,8 @@ class PrefillReplayer:
             masks = attention_masks(model, mask_BT, positions_BT)
             model(input_ids=ids_BT, attention_mask=masks, position_ids=positions_BT,
                   use_cache=False, logits_to_keep=1)
-            logits_NLE, hidden_NLH = (t.cpu() for t in capture.stacked(layers))
+            logits_NLE, hidden_NLH = capture.stacked(layers)  # hidden stays on the device
+            logits_NLE = logits_NLE.cpu()
             executed = capture.executed(layers) if self.teacher.exact_tie_break else None
             if executed is None:
                 return (logits_NLE, hidden_NLH, *self.teacher.route(logits_NLE))
@@ -357,8 +357,10 @@ class PrefillReplayer:
         logits_NLE, hidden_NLH, ids_NLK, weights_NLK = self._forward(batch)
         with torch.inference_mode():
             margins_NL = margin_beside(self.teacher.selection_scores(logits_NLE), ids_NLK)
-            hidden32_NLH = hidden_NLH.to(torch.float32)
-            features_NLD = hidden32_NLH @ self._projection_HD
+            hidden32_NLH = hidden_NLH.to(torch.float32)  # projected on its device: only D
+            features_NLD = (hidden32_NLH @ self._projection_HD).cpu()  # of H cross to host
+            hidden_np = hidden32_NLH.cpu().numpy() if any(i.diagnostic for i in batch) \
+                else np.empty((len(hidden32_NLH), 0))
         features = features_NLD.numpy().astype(FEATURE_DTYPES[self.config.feature_dtype])
         if not np.isfinite(features).all():
             raise ReplayNumericsError(
@@ -367,7 +369,7 @@ class PrefillReplayer:
                 "feature_dtype='float32'"
             )
         arrays = (_uint16_ids(ids_NLK.numpy()), weights_NLK.numpy().astype(np.float32),
-                  margins_NL.numpy().astype(np.float32), features, hidden32_NLH.numpy())
+                  margins_NL.numpy().astype(np.float32), features, hidden_np)
         out, start = [], 0
         for item in batch:
             stop = start + len(item.anchors_A)
@@ -392,67 +394,6 @@ class PrefillReplayer:
             features_ALD=np.ascontiguousarray(features_ALD),
             hidden_ALH=np.array(hidden_ALH, dtype=np.float32) if item.diagnostic else None,
         )
-
-
-def attention_masks(
-    model: PreTrainedModel, mask_BT: torch.Tensor, positions_BT: torch.Tensor
-) -> torch.Tensor | dict[str, torch.Tensor]:
-    """Always-materialised masks: 4D causal(+padding) for attention, 2D for linear layers.
-
-    Hybrid models (``linear_attention`` or LFM2's ``conv`` in ``config.layer_types``, e.g.
-    Qwen3-Next) take a mapping per layer type; others take the 4D mask, which
-    transformers uses as is.
-    """
-    from transformers.masking_utils import (
-        create_causal_mask,
-        create_chunked_causal_mask,
-        create_sliding_window_causal_mask,
-    )
-
-    config = model.config
-    shape_only = torch.empty((*mask_BT.shape, 0), dtype=model.dtype, device=mask_BT.device)
-
-    def materialised(make: Any) -> torch.Tensor:
-        mask_4d = make(config=config, inputs_embeds=shape_only, attention_mask=mask_BT,
-                       past_key_values=None, position_ids=positions_BT,
-                       allow_is_causal_skip=False)
-        if not isinstance(mask_4d, torch.Tensor):
-            raise ReplayError(
-                f"attention implementation {config._attn_implementation!r} gave no "
-                "materialised mask; replay needs explicit masks, load the teacher with sdpa "
-                "or eager attention"
-            )
-        return mask_4d
-
-    layer_types = set(getattr(config, "layer_types", None) or ())
-    if config.model_type in PADDING_MASK_FAMILIES:  # they take the 2D mask, causal inside
-        return {kind: mask_BT for kind in layer_types}
-    if not layer_types:  # one mask for every layer; a window only if one is set (> 0)
-        sliding = bool(getattr(config, "sliding_window", None))
-        return materialised(create_sliding_window_causal_mask if sliding else create_causal_mask)
-    if layer_types <= {"compressed_sparse_attention", "heavily_compressed_attention"}:
-        # DeepSeek-V4 takes ONE sliding-window mask for every layer (a dict's first value)
-        return materialised(create_sliding_window_causal_mask)
-    if layer_types <= {"full_attention", "minimax_m3_sparse"}:
-        # e.g. Qwen2-MoE keeps sliding_window=0 unused; MiniMax-M3 takes ONE causal mask
-        # for its full and sparse (block-indexer) layers (a dict's first value)
-        return materialised(create_causal_mask)
-    makers = {"full_attention": create_causal_mask,
-              "sliding_attention": create_sliding_window_causal_mask,
-              "chunked_attention": create_chunked_causal_mask,  # Llama 4
-              "deepseek_sparse_attention": create_causal_mask,  # DeepSeek-V3.2
-              "qwen_sparse_attention": create_causal_mask}  # Qwen4-Exp (QSA indexer)
-    # Nemotron-H's "moe" and "mlp" blocks are a mixer alone: they take no mask
-    unknown = layer_types - {"linear_attention", "conv", "moe", "mlp", *makers}
-    if unknown:
-        raise ReplayError(
-            f"layer types {sorted(unknown)} have no replay mask rule; extend "
-            "replay.prefill.attention_masks before replaying this family"
-        )
-    masks: dict[str, torch.Tensor] = {"linear_attention": mask_BT, "conv": mask_BT}
-    for kind in layer_types & set(makers):
-        masks[kind] = materialised(makers[kind])
-    return masks
 
 
 def _check_metadata(window: Mapping[str, Any], window_id: str) -> None:
