@@ -29,8 +29,7 @@ import torch
 from torch import nn
 
 from hebrus_flywheel.replay.experts import tiled_mm_experts_forward
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from hebrus_flywheel.replay.teacher import DTYPES
 
 
 class Experts(nn.Module):
@@ -74,7 +73,7 @@ def measure(args: argparse.Namespace, dtype_name: str) -> None:
     with torch.inference_mode():
         alone = torch.cat([forward(x_TH[t:t + 1], ids_TK[t:t + 1], weights_TK[t:t + 1])
                            for t in samples])
-        for batch in sorted({16, 128, args.tokens}):
+        for batch in sorted({b for b in (16, 128, args.tokens) if b <= args.tokens}):
             rows = []
             for t in samples:  # the token first in a batch of `batch` tokens
                 stop = min(args.tokens, t + batch)

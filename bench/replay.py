@@ -73,12 +73,14 @@ from hebrus_flywheel.replay.checkpoint import CheckpointStorage  # noqa: E402
 from hebrus_flywheel.replay.decode import DecodeRuntime  # noqa: E402
 from hebrus_flywheel.replay.prefill import PrefillReplayer, ReplayConfig, WindowLabels  # noqa: E402
 from hebrus_flywheel.replay.teacher import (  # noqa: E402
+    DTYPES,
     PRESETS,
     Teacher,
     TeacherPreset,
     init_teacher,
     load_teacher,
 )
+from hebrus_flywheel.train.projection import PROJECTION_TOKENS  # noqa: E402
 
 DESIGN_NOTE_BYTES_PER_LABEL = 80  # 10 x (4-byte id + 4-byte weight)
 PREFIX = 1
@@ -220,7 +222,7 @@ def project(tokens_per_s: float, layers: int, extra: dict[str, Any]) -> None:
     basis = {**extra, "basis": f"measured on {layers} of {REAL_DEPTH} layers, x{layers}/"
              f"{REAL_DEPTH} (every layer costing the same); an extrapolation"}
     emit("projected_full_depth_tokens_per_s", round(full, 1), "tokens/s", **basis)
-    for tokens in (100_000, 1_000_000, 10_000_000):
+    for tokens in PROJECTION_TOKENS:  # the report's collection-time rows
         emit(f"projected_hours_for_{tokens}_tokens", round(tokens / full / 3600, 3), "hours",
              **basis)
 
@@ -320,7 +322,7 @@ def main() -> None:
                         help="other experts implementations to replay with, for comparison")
     parser.add_argument("--preset", default="tiny-qwen3-next-48l", choices=sorted(BENCH_PRESETS))
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument("--attention", default="auto", help="auto, sdpa or eager")
     parser.add_argument("--teacher", type=Path, help="reuse this teacher directory")
     parser.add_argument("--workdir", type=Path, help="scratch directory (default: a temp dir)")

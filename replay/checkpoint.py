@@ -212,8 +212,9 @@ def check_memory(directory: Path, compute_dtype: str, device: str = "cpu") -> in
     """The weights' loaded bytes; TeacherError before loading if they do not fit in each
     memory they pass through on their way to ``device``."""
     need = weight_bytes(directory, compute_dtype)
-    places = [device] if device == "cpu" or loads_onto_device(device) else ["cpu", device]
-    for place in dict.fromkeys(p if p.startswith("cuda") else "cpu" for p in places):
+    cuda = device.startswith("cuda")  # cpu and mps weights live in host memory
+    through_host = not cuda or not loads_onto_device(device)
+    for place in (["cpu"] if through_host else []) + ([device] if cuda else []):
         limit, source = memory_limit_bytes(place)
         if need * MEMORY_HEADROOM > limit:
             raise TeacherError(
@@ -223,6 +224,6 @@ def check_memory(directory: Path, compute_dtype: str, device: str = "cpu") -> in
                 f"{limit / 2**30:.2f} GiB; replay keeps the whole model on one device (no "
                 "multi-device device_map or offload). Use a machine with more memory, a "
                 "smaller compute dtype (--dtype bfloat16), or a smaller checkpoint"
-                + ("" if place != "cpu" or device == "cpu" else
-                   "; installing accelerate loads the weights straight onto the device"))
+                + ("; installing accelerate loads the weights straight onto the device"
+                   if place == "cpu" and cuda else ""))
     return need
