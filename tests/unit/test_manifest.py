@@ -176,7 +176,8 @@ def test_verify_cli_exits_2_with_a_clear_message(snapshot: Any) -> None:
     assert ok.returncode == 0 and manifest["snapshot_id"] in ok.stdout
     shard = directory / manifest["shards"][0]["path"]
     _writable(shard)
-    shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
     bad = subprocess.run([*CONSUMERS_CLI, "verify", str(directory)],
                          capture_output=True, text=True, timeout=120, check=False)
     assert bad.returncode == 2
