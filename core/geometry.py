@@ -22,6 +22,10 @@ WEIGHT_SOFTMAX_TOPK_RENORMALIZED = "softmax_topk_renormalized"
 WEIGHT_SOFTMAX_TOPK = "softmax_topk"
 WEIGHT_RULES: tuple[str, ...] = (WEIGHT_SOFTMAX_TOPK_RENORMALIZED, WEIGHT_SOFTMAX_TOPK)
 """How the recorded weights derive from the router logits."""
+SKIP_LAST_SUFFIX = "_skiplast"
+"""A ``weight_rule`` ending so names a router whose last class is a skip class (ZAYA): a
+token that selects it runs no expert in that slot, so it is a label like any expert id
+but no runtime ever reads it (:attr:`RouteGeometry.skip_expert`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,7 +36,8 @@ class RouteGeometry:
         family: transformers ``model_type`` (e.g. ``qwen3_next``).
         routed_layers: model decoder-layer index of each routed slot, ascending (L).
         layer_count: decoder layers in the model, routed or not.
-        expert_count: routed experts per layer (E).
+        expert_count: routed experts per layer (E): the router's classes, which include
+            the skip class where the rule has one (:attr:`skip_expert`).
         top_k: experts selected per token and layer (K).
         hidden_size: residual stream width (H).
         routed_intermediate_size: per-expert intermediate width (I).
@@ -72,7 +77,20 @@ class RouteGeometry:
         if not isinstance(self.weight_rule, str) or not self.weight_rule:
             raise ConfigError(f"RouteGeometry.weight_rule must name a rule (e.g. one of "
                               f"{WEIGHT_RULES}), got {self.weight_rule!r}")
+        if self.weight_rule.endswith(SKIP_LAST_SUFFIX) and self.expert_count < 2:
+            raise ConfigError("RouteGeometry.expert_count must be >= 2 with a skip class "
+                              "(at least one expert besides it)")
         object.__setattr__(self, "_slots", {layer: s for s, layer in enumerate(layers)})
+
+    @property
+    def skip_expert(self) -> int | None:
+        """The id of the skip class (the last, ``E - 1``) if the rule has one, else None."""
+        return self.expert_count - 1 if self.weight_rule.endswith(SKIP_LAST_SUFFIX) else None
+
+    @property
+    def streamed_expert_count(self) -> int:
+        """Experts per routed layer that have weights to stream (E less a skip class)."""
+        return self.expert_count - (self.skip_expert is not None)
 
     @property
     def routed_layer_count(self) -> int:
@@ -163,8 +181,9 @@ class StreamGeometry:
     """What an SSD-streaming runtime of one teacher reads: routed experts only.
 
     Shared experts and the MLPs of dense layers run for every token, so they stay
-    resident and are never streamed; only the ``expert_count`` routed experts of each of
-    the ``routed_layer_count`` routed layers are. Built from the identity alone (no
+    resident and are never streamed; only the routed experts of each of the
+    ``routed_layer_count`` routed layers are (``expert_count`` less a skip class, which
+    has no weights). Built from the identity alone (no
     model load), so qualification, the simulator and the predictor figures size bytes
     with this one function.
 
@@ -212,8 +231,11 @@ class StreamGeometry:
             "expert_count": r.expert_count, "top_k": r.top_k, "hidden_size": r.hidden_size,
             "routed_intermediate_size": r.routed_intermediate_size, "dtype": self.dtype,
             "dtype_bytes": self.dtype_bytes, "expert_bytes": self.expert_bytes,
+            "streamed_expert_count": r.streamed_expert_count,
+            "skip_class": r.skip_expert is not None,
+            # at most: a token that selects the skip class reads one expert fewer
             "streamed_bytes_per_token": r.routed_layer_count * r.top_k * self.expert_bytes,
-            "routed_expert_bytes_total": r.routed_layer_count * r.expert_count
+            "routed_expert_bytes_total": r.routed_layer_count * r.streamed_expert_count
             * self.expert_bytes,
             "resident": "shared experts, dense layers, attention and embeddings (not streamed)",
             "budgets": list(self.budgets),

@@ -147,6 +147,14 @@ class FamilyAdapter:
         redraws it."""
         return getattr(gate, "weight", None)
 
+    def redraw_router(self, gate: nn.Module, std: float) -> None:
+        """Redraw the router's logit weight (``teacher init --family``)."""
+        cast(torch.Tensor, self.router_weight(gate)).normal_(0.0, std)
+
+    def draw_score_bias(self, bias: torch.Tensor, mean: float, std: float) -> None:
+        """Redraw a correction bias (``teacher init --family``)."""
+        bias.normal_(mean, std)
+
     def router_logit_bias(self, gate: nn.Module) -> torch.Tensor | None:
         """The router's ``[E]`` logit bias (added inside its linear, so part of the logits,
         unlike :meth:`score_bias`), None if its linear has none."""

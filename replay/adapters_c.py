@@ -166,6 +166,105 @@ class Mistral4Adapter(DeepseekV3Adapter):
         )
 
 
+SKIP_ROW_GAIN = 10.0
+"""How much wider a tiny ZAYA's skip-class router row is drawn (some tokens skip)."""
+
+
+class ZayaAdapter(FamilyAdapter):
+    """ZAYA1: every layer routed by ``mlp.gate``, an MLP router over ``num_experts + 1``
+    classes whose last is a skip class that runs no expert. The gate projects the
+    hidden state down, adds the previous layer's router state (scaled; not in layer 0),
+    runs its MLP to logits in the model dtype, ranks ``softmax(logits)`` in float32 plus
+    the ``balancing_biases`` buffer (the skip class starts at -1), keeps the top-k
+    (transformers allows k = 1 only) and weighs each by its raw probability, the skip
+    class by 0. It returns ``(logits, weights, ids, router state)`` with a chosen skip
+    written as expert 0 at weight 0, for the experts' one-hot; the route records it as
+    the skip class (id ``num_experts``, :attr:`RouteGeometry.skip_expert`). Its router
+    has no ``[E, H]`` matrix, so there is no native-gate control on early features."""
+
+    model_type = "zaya"
+    intermediate_field = "moe_intermediate_size"
+
+    def geometry(self, config: Any) -> RouteGeometry:
+        return RouteGeometry(
+            family=self.model_type, layer_count=int(config.num_hidden_layers),
+            routed_layers=self.routed_layers(config),
+            expert_count=int(config.num_experts) + 1, top_k=int(config.num_experts_per_tok),
+            weight_rule=self.weight_rule(config), hidden_size=int(config.hidden_size),
+            routed_intermediate_size=int(config.moe_intermediate_size),
+        )
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", bias=True, normalize=False, skip_last=True)
+
+    def score_bias(self, gate: nn.Module) -> torch.Tensor | None:
+        bias = getattr(gate, "balancing_biases", None)
+        return bias if isinstance(bias, torch.Tensor) else None
+
+    def router_weight(self, gate: nn.Module) -> Any:
+        return None  # an MLP over a state carried across layers, not one [E, H] matrix
+
+    def redraw_router(self, gate: nn.Module, std: float) -> None:
+        """The router MLP's hidden linears at unit gain and its output projection at
+        ``std`` per unit of the hidden width (``std`` assumes a ``hidden_size`` input):
+        at the default init its logits spread by ~0.005 and the bias alone routes. The
+        skip class's row is :data:`SKIP_ROW_GAIN` times wider: transformers resets the
+        skip class's balancing bias to -1 whenever it loads a ZAYA checkpoint, so only a
+        probability above ~0.97 selects it, as a trained router learns to give."""
+        mlp = cast(Any, gate).router_mlp
+        width, hidden = mlp.out_proj.weight.shape[1], cast(Any, gate).down_proj.in_features
+        for linear in (mlp.fc1, mlp.fc2):
+            linear.weight.normal_(0.0, linear.weight.shape[1] ** -0.5)
+        mlp.out_proj.weight.normal_(0.0, std * (hidden / width) ** 0.5)
+        mlp.out_proj.weight[-1].mul_(SKIP_ROW_GAIN)
+
+    def draw_score_bias(self, bias: torch.Tensor, mean: float, std: float) -> None:
+        """The experts' biases drawn, the skip class's -1 (what loading sets anyway)."""
+        bias.normal_(mean, std)
+        bias[-1] = -1.0
+
+    def split_router_output(self, output: Any, top_k: int) -> tuple[torch.Tensor, Any, Any]:
+        """The executed ids with a chosen skip class restored from the gate's
+        ``(expert 0, weight 0)`` stand-in (a softmax probability is never exactly 0)."""
+        logits, weights, ids = output[0], output[1], output[2]
+        skip = (ids == 0) & (weights == 0)
+        return logits, weights, ids.masked_fill(skip, logits.shape[-1] - 1)
+
+    def check_gate(self, gate: nn.Module, geometry: RouteGeometry) -> str | None:
+        parts = [getattr(gate, name, None) for name in ("down_proj", "router_mlp")]
+        if not all(isinstance(p, nn.Module) for p in parts):
+            return "has no down_proj and router_mlp"
+        bias = self.score_bias(gate)
+        if bias is None or tuple(bias.shape) != (geometry.expert_count,):
+            return "has no [E + 1] balancing_biases"
+        return None
+
+    def install_exact_gate(self, layer: nn.Module, gate: nn.Module, forward: Any,
+                           geometry: RouteGeometry) -> None:
+        """ZAYA's gate with the declared tie-break for its top-k."""
+        from hebrus_flywheel.replay.routing import topk_with_tie_break
+
+        zaya: Any = gate
+        skip = geometry.expert_count - 1
+
+        def route(hidden_states: torch.Tensor, router_states: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, ...]:
+            tokens = hidden_states.shape[1]
+            state = zaya.down_proj(hidden_states)
+            if zaya.use_eda and router_states is not None:
+                state = state + router_states * zaya.router_states_scale
+            logits_NE = zaya.router_mlp(state).reshape(-1, geometry.expert_count)
+            ids_NK, weights_NK = topk_with_tie_break(
+                logits_NE, geometry.top_k, weight_rule=geometry.weight_rule,
+                bias_TE=zaya.balancing_biases)
+            chosen_skip = ids_NK == skip
+            weights_NK = weights_NK.to(logits_NE.dtype).masked_fill(chosen_skip, 0)
+            return (logits_NE, weights_NK, ids_NK.masked_fill(chosen_skip, 0),
+                    state[:, -tokens:].clone())
+
+        gate.forward = route
+
+
 COMPOSITE_TEXT_FAMILIES: dict[str, str] = {
     "llama4": "llama4_text",
     "qwen3_5_moe": "qwen3_5_moe_text",
@@ -188,4 +287,4 @@ def text_config(config: Any) -> Any:
 
 
 C_ADAPTERS: tuple[FamilyAdapter, ...] = (DbrxAdapter(), HunYuanMoEV1Adapter(),
-                                         Mistral4Adapter())
+                                         Mistral4Adapter(), ZayaAdapter())

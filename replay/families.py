@@ -53,6 +53,8 @@ class FamilySpec:
             selftest and tests pass it as ``--attention``.
         score_bias_std: std of a correction bias at init (smaller where it is added to
             softmax probabilities, which are ~1/E, lest it decide every route alone).
+        score_bias_mean: mean of a correction bias at init (ZAYA: below 0, so that a
+            confident skip class, whose bias is -1, can win).
         sub_configs: for a vision-language composite (:mod:`replay.composites`), its
             config's other parts (a tiny ``vision_config``); ``fields`` then make its
             ``text_config``.
@@ -65,6 +67,7 @@ class FamilySpec:
     router_logit_std: float = 2.0
     attention: str = "sdpa"
     score_bias_std: float = SCORE_BIAS_STD
+    score_bias_mean: float = 0.0
     sub_configs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -284,8 +287,8 @@ def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
         with torch.no_grad():
             for index in adapter.geometry(text).routed_layers:
                 gate = adapter.router(layers[index])
-                adapter.router_weight(gate).normal_(0.0, router_std)
+                adapter.redraw_router(gate, router_std)
                 bias = adapter.layer_bias(layers[index])
                 if bias is not None:
-                    bias.normal_(0.0, spec.score_bias_std)
+                    adapter.draw_score_bias(bias, spec.score_bias_mean, spec.score_bias_std)
     return model.eval()

@@ -29,6 +29,14 @@ C_FAMILIES: tuple[dict[str, Any], ...] = (
         "intermediate_size": 32, "norm_topk_prob": True, "routed_scaling_factor": 1.5},
      "summary": "softmax top-4 of 32 inside the best 2 of 4 groups (two best), "
                 "renormalised x1.5, shared expert, MLA; layer 0 dense"},
+    {"name": "zaya", "config_class": "ZayaConfig", "fields": {
+        "head_dim": 32, "num_experts": 16, "num_experts_per_tok": 1,
+        "moe_intermediate_size": 16, "router_hidden_size": 32, "sliding_window": 16,
+        "layer_types": ["hybrid_sliding", "hybrid"] * 2},
+     "score_bias_std": 0.02, "score_bias_mean": -0.1,
+     "summary": "MLP router over 16 experts + a skip class (runs no expert, weight 0), "
+                "carrying its state to the next layer; float32 softmax + balancing bias "
+                "selects top-1, raw weight; convolutional attention with a delayed value"},
 )
 
 C_REFUSED: dict[str, str] = {
@@ -38,13 +46,6 @@ C_REFUSED: dict[str, str] = {
         "records the logits and a weight rule named from the config, so the weights the "
         "model executed cannot be reproduced from it (without enable_moe_block the model "
         "is dense)"),
-    "zaya": (
-        "its router (mlp.gate) chooses among num_experts + 1 classes, the last a skip class "
-        "that runs no expert, with bias-corrected selection on a router state carried over "
-        "from the previous layer: a token can execute fewer than k experts (transformers "
-        "runs expert 0 with weight 0 in a skipped slot, so expert 0 can be listed twice), "
-        "and a route records k distinct experts of num_experts; recording a skip needs a "
-        "skip slot in the route schema, which it does not have"),
     "openai_privacy_filter": (
         "it is a token classifier, not a generative model: its attention is bidirectional "
         "(a sliding window both ways), so there is no decode to capture and a token's route "

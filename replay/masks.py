@@ -63,6 +63,8 @@ def attention_masks(
         return materialised(create_causal_mask)
     makers = {"full_attention": create_causal_mask,
               "sliding_attention": create_sliding_window_causal_mask,
+              "hybrid": create_causal_mask,  # ZAYA's attention layers (their convolution
+              "hybrid_sliding": create_sliding_window_causal_mask,  # takes "conv": 2D)
               "chunked_attention": create_chunked_causal_mask,  # Llama 4
               "deepseek_sparse_attention": create_causal_mask,  # DeepSeek-V3.2
               "qwen_sparse_attention": create_causal_mask}  # Qwen4-Exp (QSA indexer)

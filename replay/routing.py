@@ -23,7 +23,10 @@ Weight rules (what the model multiplies the selected experts' outputs by):
   before it whose logit s is within the relative gap ``(m - s) / max(|s|, m) <= 2E``
   (``E`` is the router's ``router_jitter_noise``), all others masked to -inf.
 
-Tensor legend: T tokens, E experts, K top-k.
+A rule named with the suffix ``_skiplast`` (ZAYA) has a skip class: the router's last
+class runs no expert and weighs 0; it is ranked and recorded like any other.
+
+Tensor legend: T tokens, E experts (router classes), K top-k.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from hebrus_flywheel.core.geometry import (
+    SKIP_LAST_SUFFIX,
     WEIGHT_RULES,
     WEIGHT_SOFTMAX_TOPK,
     WEIGHT_SOFTMAX_TOPK_RENORMALIZED,
@@ -73,7 +77,7 @@ _RULE_RE = re.compile(
     r"(?:_group(?P<topk_groups>\d+)of(?P<groups>\d+)_(?P<group_score>top2sum|max)"
     r"(?P<fill0>_fill0)?)?"
     r"_topk(?P<normalize>_renormalized)?(?:_eps(?P<norm_eps>[0-9.e+-]+))?"
-    r"(?:_x(?P<scale>[0-9.e+-]+))?$"
+    r"(?:_x(?P<scale>[0-9.e+-]+))?(?P<skip_last>_skiplast)?$"
 )
 _SPARSEMIXER_RE = re.compile(r"^sparsemixer_eps(?P<eps>[0-9.e+-]+)_topk$")
 
@@ -98,6 +102,9 @@ class RouterRule:
         jitter_eps: the sparsemixer's relative gap ``eps`` (``sparsemixer`` scoring only).
         norm_eps: what a sigmoid renormalisation adds to the sum it divides by (1e-20 in
             DeepSeek-V3, 1e-6 in LFM2-MoE); named in the rule only when not 1e-20.
+        skip_last: the router's last class is a skip class that runs no expert (ZAYA):
+            it is ranked and selected like the others, and its weight is 0 (named
+            ``_skiplast``; :attr:`core.geometry.RouteGeometry.skip_expert`).
     """
 
     scoring: str = "softmax"
@@ -110,6 +117,7 @@ class RouterRule:
     group_fill_zero: bool = False
     jitter_eps: float = 0.0
     norm_eps: float = SIGMOID_NORM_EPS
+    skip_last: bool = False
 
     def __post_init__(self) -> None:
         if self.scoring not in SCORINGS:
@@ -140,6 +148,10 @@ class RouterRule:
                                "sigmoid-type rules")
         if self.scoring != "sparsemixer" and self.jitter_eps != 0.0:
             raise RoutingError("RouterRule.jitter_eps is only defined for sparsemixer scoring")
+        if self.skip_last and (self.normalize or self.scoring == "sparsemixer"):
+            # a renormalised skip weight would change the others' weights; no router does it
+            raise RoutingError("RouterRule.skip_last is only defined for rules with raw "
+                               "(not renormalised) weights")
 
     @property
     def name(self) -> str:
@@ -152,7 +164,8 @@ class RouterRule:
             out += "_fill0" if self.group_fill_zero else ""
         out += "_topk" + ("_renormalized" if self.normalize else "")
         out += f"_eps{self.norm_eps!r}" if self.norm_eps != SIGMOID_NORM_EPS else ""
-        return out + (f"_x{self.scale!r}" if self.scale != 1.0 else "")
+        out += f"_x{self.scale!r}" if self.scale != 1.0 else ""
+        return out + (SKIP_LAST_SUFFIX if self.skip_last else "")
 
 
 def parse_rule(weight_rule: str) -> RouterRule:
@@ -178,6 +191,7 @@ def parse_rule(weight_rule: str) -> RouterRule:
             groups=int(parts["groups"] or 1), topk_groups=int(parts["topk_groups"] or 1),
             group_score=parts["group_score"] or "top2sum", group_fill_zero=bool(parts["fill0"]),
             norm_eps=float(parts["norm_eps"] or SIGMOID_NORM_EPS),
+            skip_last=bool(parts["skip_last"]),
         )
     except ValueError as exc:
         raise RoutingError(f"weight_rule {weight_rule!r} has a malformed number") from exc
@@ -297,6 +311,8 @@ def topk_weights(
             weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + rule.norm_eps)
     if rule.scale != 1.0:
         weights_TK = weights_TK * rule.scale
+    if rule.skip_last:  # the skip class runs nothing: the model zeroes its weight
+        weights_TK = weights_TK.masked_fill(expert_ids_TK == logits_TE.shape[-1] - 1, 0.0)
     return weights_TK
 
 

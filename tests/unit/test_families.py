@@ -90,6 +90,7 @@ EXPECTED.update({  # replay.families_c
     "dbrx": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "hunyuan_v1_moe": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "mistral4": ((1, 2, 3), 32, 4, "softmax_group2of4_top2sum_topk_renormalized_x1.5"),
+    "zaya": ((0, 1, 2, 3), 17, 1, "softmax+bias_topk_skiplast"),  # 16 experts + skip
 })
 EXPECTED.update({  # replay.families_vl: composites, routed as their text family
     "qwen3_vl_moe": ((1, 2, 3), 32, 4, "softmax_topk_renormalized"),
@@ -167,6 +168,8 @@ def _call_gate(teacher: Teacher, family: str, hidden_NH: torch.Tensor) -> tuple[
             ids, weights = layer.mlp.experts.route_tokens_to_experts(logits)
             return logits, weights, ids
         if family == "afmoe":  # its router takes [B, T, H] only
+            hidden_NH = hidden_NH[None]
+        if family == "zaya":  # its gate takes the previous layer's router state too
             hidden_NH = hidden_NH[None]
         if family == "dbrx":  # the router returns logits; its block selects
             logits = gate(hidden_NH)
@@ -410,7 +413,6 @@ def test_axk2_grouped_gate_scores_dropped_groups_zero() -> None:
     ("gemma4", "gemma4_text model.*per_expert_scale", "per_expert_scale"),
     ("inkling_mm_model", "inkling_text model.*shared experts", "global_scale"),
     ("gemma4_unified", "only dense MLPs", "mixture-of-experts"),
-    ("zaya", "skip class", "skip slot"),
     ("openai_privacy_filter", "token classifier", "bidirectional"),
     ("diffusion_gemma", "block-diffusion", "denoising"),
 ])
@@ -518,3 +520,33 @@ def test_composite_checkpoint_routes_as_its_text_family(
     assert want.executed_ids_BTLK is not None and got.executed_ids_BTLK is not None
     assert torch.equal(want.executed_ids_BTLK, got.executed_ids_BTLK)
 
+
+
+def test_zaya_records_the_skip_class_it_executes_with_weight_zero(
+        family_dirs: dict[str, Path]) -> None:
+    """A ZAYA token that selects the skip class runs no expert (transformers writes it as
+    expert 0 at weight 0); the route records the skip class, id ``num_experts``, weight 0,
+    and the replay gate executes exactly that."""
+    teacher = _load("zaya", family_dirs["zaya"])
+    skip = teacher.geometry.skip_expert
+    assert skip == teacher.model.config.num_experts == 16
+    routes = teacher.forward_routes(torch.tensor([PREFIX * 6]))
+    ids, weights = teacher.route(routes.router_logits_BTLE)
+    chosen = ids == skip
+    assert 0 < int(chosen.sum()) < ids.numel()  # the tiny router skips some tokens
+    assert torch.equal(routes.executed_ids_BTLK, ids)
+    assert bool((weights[chosen] == 0).all()) and bool((weights[~chosen] > 0).all())
+    layer = teacher.adapter.decoder_layers(teacher.model)[0]
+    assert float(teacher.adapter.layer_bias(layer)[-1]) == -1.0
+
+
+def test_skip_last_rule_zeroes_the_last_class_weight_only() -> None:
+    rule = RouterRule(scoring="softmax", bias=True, normalize=False, skip_last=True)
+    assert rule.name == "softmax+bias_topk_skiplast" and parse_rule(rule.name) == rule
+    logits = torch.tensor([[0.0, 1.0, 5.0], [3.0, 1.0, 0.0]])
+    bias = torch.tensor([0.0, 0.0, -0.5])
+    ids, weights = topk_with_tie_break(logits, 1, weight_rule=rule.name, bias_TE=bias)
+    assert ids.flatten().tolist() == [2, 0]
+    assert weights[0, 0] == 0.0 and weights[1, 0] == torch.softmax(logits[1], -1)[0]
+    with pytest.raises(RoutingError, match="skip_last"):
+        RouterRule(scoring="softmax", normalize=True, skip_last=True)

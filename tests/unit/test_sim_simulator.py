@@ -299,3 +299,30 @@ def test_prefetch_still_in_flight_at_the_end_counts_its_bytes_so_far() -> None:
     assert metrics["predicted_bytes_read"] == 60
     assert metrics["physical_bytes_read"] == EXPERT + 60
     assert metrics["p0_starvation_attempts"] == 1
+
+
+SKIPPING = RouteGeometry(family="zaya", routed_layers=(0,), layer_count=1, expert_count=4,
+                         top_k=1, hidden_size=10, routed_intermediate_size=10,
+                         weight_rule="softmax+bias_topk_skiplast")
+"""Three experts and a skip class (id 3), top-1."""
+
+
+def test_a_skip_class_needs_no_read_and_a_predicted_skip_is_not_fetched() -> None:
+    """Tokens that select the skip class run no expert: no demand, no miss, no bytes;
+    a prediction naming it names no weights, so it issues no read either."""
+    routes = [0, 3, 3, 1, 3]
+    trace = DecodeTrace(routes=np.array(routes).reshape(-1, 1, 1), num_experts=4,
+                        skip_expert=3)
+    config = _config(geometry=SKIPPING)
+    result = simulate(trace, None, config)
+    assert result.counters["demands"] == 2 == result.counters["exact_misses"]
+    assert result.counters["physical_bytes_read"] == 2 * EXPERT
+    oracle = simulate(trace, oracle_predictions(trace), config)
+    assert len(oracle_predictions(trace)) == 5  # the oracle names the skips too
+    assert oracle.counters["predictions_total"] == 2  # but only experts are read
+    assert oracle.counters["physical_bytes_read"] == 2 * EXPERT
+    assert oracle.counters["demands_predicted"] == 2
+    with pytest.raises(SimulationError, match="skip class"):
+        simulate(DecodeTrace(routes=trace.routes, num_experts=4), None, config)
+    with pytest.raises(SimulationError, match="skip class"):
+        simulate(trace, None, _config())

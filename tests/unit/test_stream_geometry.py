@@ -19,6 +19,7 @@ from hebrus_flywheel.replay.families import get_family
 from hebrus_flywheel.train.figures import literature_budgets
 from hebrus_flywheel.train.metrics import MetricsConfig
 from hebrus_flywheel.train.sim import SimConfig
+from hebrus_flywheel.train.sim.config import DEFAULT_CACHE_FRACTION
 
 
 def family_identity(name: str, dtype: str = "float32") -> tuple[dict[str, Any], Any]:
@@ -90,3 +91,22 @@ def test_unknown_dtypes_and_quantized_teachers_are_refused() -> None:
         StreamGeometry.from_identity({**identity, "quantization": "gptq-4bit"})
     with pytest.raises(ConfigError, match="top_k"):
         teacher_budgets(0)
+
+
+def test_zaya_skip_class_is_a_label_but_never_streamed() -> None:
+    """ZAYA's router has 16 experts and a skip class: the route's E is 17 router classes,
+    of which 16 have weights to stream; the simulator's default cache is sized on those."""
+    identity, config = family_identity("zaya")
+    stream = StreamGeometry.from_identity(identity)
+    route = stream.route
+    assert (route.expert_count, route.top_k, route.skip_expert) == (17, 1, 16)
+    assert route.streamed_expert_count == config.num_experts == 16
+    record = stream.to_dict()
+    assert record["skip_class"] and record["streamed_expert_count"] == 16
+    assert record["routed_expert_bytes_total"] == 4 * 16 * stream.expert_bytes
+    assert record["budgets"] == [1, 2, 3, 4]
+    sim = SimConfig.for_teacher(stream)
+    assert sim.geometry.skip_expert == 16
+    assert sim.capacity_experts == round(DEFAULT_CACHE_FRACTION * 4 * 16)  # not 4 x 17
+    plain, _ = family_identity("qwen2_moe")
+    assert StreamGeometry.from_identity(plain).route.skip_expert is None

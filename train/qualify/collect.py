@@ -304,7 +304,7 @@ def _shadow(request: CollectRequest, info: data.SnapshotInfo, loaded: Any, sim: 
     top_k, experts = sim.geometry.top_k, sim.geometry.expert_count
     budgets = model.sweep_budgets(top_k, experts, s.budgets)
     own, nxt = model.sidecar_ranked(loaded, rows, max(budgets))
-    trace = model.decode_trace(rows, experts)
+    trace = model.decode_trace(rows, experts, sim.geometry.skip_expert)
     order = (f"{rows.tokens} runtime_holdout tokens of {len(rows.threads)} threads, one "
              "sequence per thread in first-appearance order, anchors by token ordinal, one "
              "token per step; cache carries over between threads")

@@ -148,9 +148,11 @@ def read_holdout(info: SnapshotInfo) -> HoldoutRows | None:
                        sequence_N=sequence, ordinal_N=ordinal, threads=tuple(order_of))
 
 
-def decode_trace(rows: HoldoutRows, experts: int) -> DecodeTrace:
+def decode_trace(rows: HoldoutRows, experts: int, skip_expert: int | None = None
+                 ) -> DecodeTrace:
     """One row per runtime_holdout token, one sequence per thread generation."""
-    return DecodeTrace(routes=rows.routes_NLK, num_experts=experts, sequence=rows.sequence_N)
+    return DecodeTrace(routes=rows.routes_NLK, num_experts=experts, sequence=rows.sequence_N,
+                       skip_expert=skip_expert)
 
 
 def _entries(ranked_NLC: np.ndarray, target_offset: int) -> dict[str, np.ndarray]:

@@ -41,8 +41,8 @@ def _committed_rows(rows: CandidateRows) -> np.ndarray:
     return first[np.asarray(keep, np.int64)]
 
 
-def candidate_block_trace(rows: CandidateRows, *, expert_count: int
-                          ) -> tuple[DecodeTrace, np.ndarray]:
+def candidate_block_trace(rows: CandidateRows, *, expert_count: int,
+                          skip_expert: int | None = None) -> tuple[DecodeTrace, np.ndarray]:
     """The speculative trace and, per trace row, the index of its layer-0 candidate row
     (its layer-l row is that index + l)."""
     starts = _committed_rows(rows)
@@ -54,7 +54,7 @@ def candidate_block_trace(rows: CandidateRows, *, expert_count: int
     trace = DecodeTrace(routes=routes[order], num_experts=expert_count,
                         step=step[order].astype(np.int64),
                         accepted=rows.accepted_N[starts][order].astype(bool),
-                        sequence=np.zeros(len(starts), np.int64))
+                        sequence=np.zeros(len(starts), np.int64), skip_expert=skip_expert)
     return trace, starts[order]
 
 
@@ -77,6 +77,7 @@ def model_b_shadow(rows: CandidateRows, ranked_NC: np.ndarray, *, expert_count: 
                    config: SimConfig) -> Metrics:
     """Shadow I/O of Model B's P2 hints (``ranked_NC``: its ranked candidates for every
     candidate row, aligned with ``rows``) against no prediction, on the committed paths."""
-    trace, starts = candidate_block_trace(rows, expert_count=expert_count)
+    trace, starts = candidate_block_trace(rows, expert_count=expert_count,
+                                          skip_expert=config.geometry.skip_expert)
     ranked = np.stack([ranked_NC[starts + layer] for layer in range(trace.num_layers)], axis=1)
     return shadow_io(trace, p2_hints(trace, ranked), config)

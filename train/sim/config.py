@@ -131,7 +131,7 @@ class SimConfig:
             raise ConfigError(f"{fixed} come from the teacher's identity (StreamGeometry); "
                               "they cannot be overridden")
         if "cache_capacity_experts" not in fields and "cache_capacity_bytes" not in fields:
-            routed = stream.route.routed_layer_count * stream.route.expert_count
+            routed = stream.route.routed_layer_count * stream.route.streamed_expert_count
             fields["cache_capacity_experts"] = max(stream.route.top_k,
                                                    round(DEFAULT_CACHE_FRACTION * routed))
         elif fields.get("cache_capacity_experts") is not None:

@@ -15,7 +15,8 @@ class Plan:
 
     Fields:
         needs: ``needs[step][layer]``: the step's exact experts at that layer, unique,
-            in order of first appearance (row order, then rank).
+            in order of first appearance (row order, then rank); never the trace's skip
+            class, which runs no expert and so needs no read.
         predicted: MoE event key -> experts that non-rejected predictions named for
             that MoE (the recall numerator's candidates).
         issue_groups: ready event key -> prediction indices to issue then, ordered by
@@ -41,8 +42,11 @@ class Plan:
 
 
 def build_plan(trace: DecodeTrace, predictions: PredictionSet) -> Plan:
-    """Validate ``predictions`` against ``trace`` and precompute the event-loop views."""
+    """Validate ``predictions`` against ``trace`` and precompute the event-loop views.
+    A prediction of the skip class names no weights, so it is dropped, not read."""
     predictions.validate_for(trace)
+    if trace.skip_expert is not None:
+        predictions = predictions.select(predictions.expert != trace.skip_expert)
     deadline = predictions.deadline_keys(trace)
     ready = predictions.ready_keys(trace)
     rejected = predictions.rejected_suffix | ~trace.accepted[predictions.target_row]
@@ -69,6 +73,9 @@ def _needs(trace: DecodeTrace) -> list[list[list[int]]]:
             continue
         per_layer = block.transpose(1, 0, 2).reshape(trace.num_layers, -1).tolist()
         needs.append([list(dict.fromkeys(layer)) for layer in per_layer])
+    if trace.skip_expert is not None:
+        skip = trace.skip_expert
+        needs = [[[e for e in layer if e != skip] for layer in step] for step in needs]
     return needs
 
 

@@ -103,6 +103,11 @@ def simulate(trace: DecodeTrace, predictions: PredictionSet | None = None,
     """Replay ``trace`` under ``config`` with ``predictions`` (None: no prediction)."""
     config = SimConfig() if config is None else config
     predictions = PredictionSet.empty() if predictions is None else predictions
+    if trace.skip_expert != config.geometry.skip_expert:
+        raise SimulationError(
+            f"the trace's skip class ({trace.skip_expert}) is not its teacher's "
+            f"({config.geometry.skip_expert}); build the trace with skip_expert from the "
+            "teacher's geometry")
     plan = build_plan(trace, predictions)
     if plan.max_demand > config.capacity_experts:
         raise SimulationError(

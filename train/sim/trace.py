@@ -85,6 +85,8 @@ class DecodeTrace:
             row per step (plain autoregressive decode).
         accepted: bool array ``(rows,)``; ``None`` means every row was accepted.
         sequence: int array ``(rows,)`` of sequence ids; ``None`` means one sequence.
+        skip_expert: the id of a skip class (ZAYA's router: a slot that runs no expert),
+            which no read serves and no prediction fetches; None when the router has none.
     """
 
     routes: np.ndarray
@@ -92,6 +94,7 @@ class DecodeTrace:
     step: np.ndarray = None  # type: ignore[assignment]  # None: one row per step
     accepted: np.ndarray = None  # type: ignore[assignment]  # None: all accepted
     sequence: np.ndarray = None  # type: ignore[assignment]  # None: one sequence
+    skip_expert: int | None = None
     step_index: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -102,6 +105,9 @@ class DecodeTrace:
         if routes.shape[0] < 1 or routes.shape[1] < 1 or routes.shape[2] < 1:
             raise TraceError(f"routes needs >= 1 row, layer and expert, got {routes.shape}")
         _in_range("routes", routes, 0, self.num_experts)
+        if self.skip_expert is not None and not 0 <= self.skip_expert < self.num_experts:
+            raise TraceError(f"skip_expert must lie in [0, {self.num_experts}), "
+                             f"got {self.skip_expert!r}")
         ordered = np.sort(routes, axis=2)
         if np.any(ordered[:, :, 1:] == ordered[:, :, :-1]):
             raise TraceError("routes repeats an expert id within one (row, layer) top-K")
