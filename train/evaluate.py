@@ -45,7 +45,12 @@ from hebrus_flywheel.train.baselines import (
 from hebrus_flywheel.train.checkpoint import LoadedCheckpoint, load_checkpoint
 from hebrus_flywheel.train.consent import check_ledger
 from hebrus_flywheel.train.data import Snapshot, SnapshotDataset, StreamConfig, batch_splits
-from hebrus_flywheel.train.exceptions import BaselineError, CheckpointError, SnapshotError
+from hebrus_flywheel.train.exceptions import (
+    BaselineError,
+    CheckpointError,
+    NoNativeGateError,
+    SnapshotError,
+)
 from hebrus_flywheel.train.metrics import (
     EVALUATION_SPLITS,
     TRAIN_SPLIT,
@@ -116,7 +121,10 @@ def router_weights(teacher: Any) -> RouterWeights:
         except AttributeError:
             weight, bias = None, None
         if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
-            raise BaselineError(f"the router of layer {index} has no (E, H) weight matrix")
+            raise NoNativeGateError(
+                f"the {teacher.geometry.family} router of layer {index} is not one (E, H) "
+                "weight matrix on the layer's input, so there is no native-gate control "
+                "for this teacher")
         weights.append(weight.detach())
         biases.append(None if bias is None else bias.detach().float().cpu().numpy())
     routers = [w.float().cpu().numpy() for w in weights]
@@ -337,9 +345,15 @@ def evaluate(snapshot_path: Path, checkpoint_path: Path, config: EvaluateConfig,
     splits = evaluation_splits(snapshot, config)
     if consent is not None:
         check_ledger(snapshot, sorted({*splits, TRAIN_SPLIT}), consent)
+    no_gate = None
     if router is None and teacher_dir is not None:
-        router = teacher_router(teacher_dir, snapshot)
+        try:
+            router = teacher_router(teacher_dir, snapshot)
+        except NoNativeGateError as exc:
+            no_gate = str(exc)
     run = Evaluation(snapshot, checkpoint, config, router)
+    if no_gate is not None:
+        run.skipped["native_gate"] = no_gate
     offsets = tuple(dl for _, dl in checkpoint.model.config.offsets)
     for batch in _batches(snapshot, splits, config, offsets):
         run.update(batch)

@@ -36,6 +36,12 @@ class BaselineError(TrainError):
     given inputs it cannot use (router weights of the wrong geometry)."""
 
 
+class NoNativeGateError(BaselineError):
+    """The teacher's router is not one ``(E, H)`` matrix on the layer's input (ZAYA's is an
+    MLP over a state carried across layers), so the native-gate control does not exist
+    for it; evaluation and qualification skip that control and say why."""
+
+
 class CheckpointError(TrainError):
     """A checkpoint is missing, unreadable, or does not match the model or lineage."""
 

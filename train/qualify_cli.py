@@ -149,7 +149,7 @@ def print_collection(report_json: Path) -> None:
     g = report["simulator_geometry"]
     typer.echo(f"simulator geometry ({g['source']}): {g['family']}, {g['routed_layers']} "
                f"routed of {g['layers']} layers ({g['dense_layers']} dense, resident), "
-               f"{g['experts']} experts, top-{g['top_k']}, hidden {g['hidden_size']}, "
+               f"{_experts(g)}, top-{g['top_k']}, hidden {g['hidden_size']}, "
                f"routed intermediate {g['routed_intermediate_size']}")
     typer.echo(f"simulator geometry: expert {g['expert_bytes']:,} B = 3 x "
                f"{g['hidden_size']} x {g['routed_intermediate_size']} x {g['dtype_bytes']} B; "
@@ -158,6 +158,13 @@ def print_collection(report_json: Path) -> None:
     typer.echo("collection-time projection (hours):")
     for line in projection_lines(report["collection_projection"]):
         typer.echo(f"  {line}")
+
+
+def _experts(geometry: dict[str, Any]) -> str:
+    """``17 experts``, or ``16 experts + a skip class`` where the router has one."""
+    if geometry.get("skip_class"):
+        return f"{geometry['experts'] - 1} experts + a skip class (runs none, never read)"
+    return f"{geometry['experts']} experts"
 
 
 def print_verdicts(outcome: Any) -> None:

@@ -81,3 +81,16 @@ def test_gpt_oss_native_gate_carries_the_router_logit_bias(tmp_path: Path) -> No
         top = np.sort(np.argsort(-with_bias, axis=1)[:, :k], axis=1)
         np.testing.assert_array_equal(top, want, err_msg=f"slot {slot}")
         assert (np.sort(np.argsort(-without, axis=1)[:, :k], axis=1) != want).any()
+
+
+def test_zaya_has_no_native_gate_control_and_says_why(tmp_path: Path) -> None:
+    """ZAYA's router is an MLP over a state carried from the previous layer: no (E, H)
+    matrix to apply to a feature, so the control is refused with its own error, which
+    evaluation and qualification turn into a skipped control, not a crash."""
+    from hebrus_flywheel.train.exceptions import BaselineError, NoNativeGateError
+
+    init_teacher(tmp_path / "zaya", family="zaya", seed=0)
+    teacher = load_teacher(tmp_path / "zaya")
+    with pytest.raises(NoNativeGateError, match="zaya router of layer 0 is not one") as info:
+        router_weights(teacher)
+    assert isinstance(info.value, BaselineError)

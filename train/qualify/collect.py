@@ -32,6 +32,7 @@ from typing import Any
 from hebrus_flywheel.core.configfile import read_toml
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.geometry import StreamGeometry
+from hebrus_flywheel.train.exceptions import NoNativeGateError
 from hebrus_flywheel.train.projection import ReplayThroughput
 from hebrus_flywheel.train.qualify import collect_data as data
 from hebrus_flywheel.train.qualify import collect_ids
@@ -313,8 +314,11 @@ def _shadow(request: CollectRequest, info: data.SnapshotInfo, loaded: Any, sim: 
     notes["shadow_io"] = f"{order}; P1 predictions: {heads}; {SIM_NOTE}"
     controls = {}
     if request.teacher is not None:  # the strongest offline control, at the same budget
-        controls["native_gate"] = model.ranked_predictions(model.native_gate_ranked(
-            info.directory, request.teacher, rows, max(budgets)))
+        try:
+            controls["native_gate"] = model.ranked_predictions(model.native_gate_ranked(
+                info.directory, request.teacher, rows, max(budgets)))
+        except NoNativeGateError as exc:
+            notes["native_gate"] = str(exc)
     return model.shadow_evidence(
         trace, model.ranked_predictions(own, nxt), sim, budget=top_k, budgets=budgets,
         bandwidths=s.bandwidths, tau=s.tau, oracle_lead=1 if nxt is not None else 0,

@@ -84,7 +84,7 @@ def simulator_geometry(inputs: QualificationInputs) -> dict[str, Any]:
     return {
         "family": g.family, "routed_layers": g.routed_layer_count, "layers": g.layer_count,
         "dense_layers": g.layer_count - g.routed_layer_count, "experts": g.expert_count,
-        "top_k": g.top_k, "hidden_size": g.hidden_size,
+        "skip_class": g.skip_expert is not None, "top_k": g.top_k, "hidden_size": g.hidden_size,
         "routed_intermediate_size": g.routed_intermediate_size,
         "dtype_bytes": inputs.dtype_bytes, "expert_bytes": inputs.expert_bytes,
         "streamed_bytes_per_token": g.routed_layer_count * g.top_k * inputs.expert_bytes,
