@@ -122,6 +122,10 @@ class FamilyAdapter:
         bias = getattr(gate, "e_score_correction_bias", None)
         return bias if isinstance(bias, torch.Tensor) else None
 
+    def expert_scale(self, gate: nn.Module) -> torch.Tensor | None:
+        """The gate's learned per-expert weight scale ``[E]`` (``_pes`` rules), else None."""
+        return None
+
     def layer_bias(self, layer: nn.Module) -> torch.Tensor | None:
         """The routed layer's selection-correction bias ``[E]`` (its gate's by default)."""
         return self.score_bias(self.router(layer))
@@ -150,6 +154,10 @@ class FamilyAdapter:
     def redraw_router(self, gate: nn.Module, std: float) -> None:
         """Redraw the router's logit weight (``teacher init --family``)."""
         cast(torch.Tensor, self.router_weight(gate)).normal_(0.0, std)
+
+    def shape_tiny_model(self, model: nn.Module) -> None:
+        """Family-specific init of a tiny random checkpoint beyond its routers
+        (``teacher init --family``); nothing by default."""
 
     def draw_score_bias(self, bias: torch.Tensor, mean: float, std: float) -> None:
         """Redraw a correction bias (``teacher init --family``)."""

@@ -55,8 +55,8 @@ from hebrus_flywheel.replay.refused import REFUSED_FAMILIES
 from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
 
 __all__ = ["ADAPTERS", "DeepseekV3Adapter", "FamilyAdapter", "RouteCapture", "RouterPass",
-           "adapter_for", "capture_routes", "check_dense_layers", "forward_routes",
-           "install_exact_routing", "score_bias_LE"]
+           "adapter_for", "capture_routes", "check_dense_layers", "expert_scale_LE",
+           "forward_routes", "install_exact_routing", "score_bias_LE"]
 
 
 class Qwen3NextAdapter(Qwen3MoeAdapter):
@@ -193,6 +193,25 @@ def score_bias_LE(
                 f"{geometry.family} rule {geometry.weight_rule!r} needs one"
             )
         rows.append(bias.detach().to(torch.float32))
+    return torch.stack(rows)
+
+
+def expert_scale_LE(
+    model: nn.Module, adapter: FamilyAdapter, geometry: RouteGeometry
+) -> torch.Tensor | None:
+    """Every routed gate's per-expert weight scale stacked ``[L, E]`` (None unless the
+    rule has one, ``_pes``)."""
+    if not parse_rule(geometry.weight_rule).expert_scale:
+        return None
+    layers = adapter.decoder_layers(model)
+    rows = []
+    for index in geometry.routed_layers:
+        scale = adapter.expert_scale(adapter.router(layers[index]))
+        if scale is None or tuple(scale.shape) != (geometry.expert_count,):
+            raise UnsupportedModelError(
+                f"layer {index}'s gate has no [E] per-expert scale although the "
+                f"{geometry.family} rule {geometry.weight_rule!r} needs one")
+        rows.append(scale.detach().to(torch.float32))
     return torch.stack(rows)
 
 

@@ -166,6 +166,90 @@ class Mistral4Adapter(DeepseekV3Adapter):
         )
 
 
+class Gemma4TextAdapter(FamilyAdapter):
+    """Gemma 4 (``enable_moe_block``): every layer runs a dense MLP and, beside it, routed
+    experts chosen by ``layer.router`` from the residual stream entering the MLP block:
+    RMS-normalised without a gain, times a learned ``scale`` and ``hidden_size**-0.5``,
+    projected to logits; float32 softmax, top-``top_k_experts``, renormalised, then each
+    weight times its expert's learned ``per_expert_scale`` (rule suffix ``_pes``). The
+    router returns ``(probabilities, weights, ids)``; capture recomputes the logits from
+    its input. Without ``enable_moe_block`` the model is dense and refused."""
+
+    model_type = "gemma4_text"
+    router_path = ("router",)
+    top_k_field = "top_k_experts"
+    intermediate_field = "moe_intermediate_size"
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        if not getattr(config, "enable_moe_block", False):
+            raise UnsupportedModelError(
+                "this gemma4_text checkpoint has enable_moe_block off: it is dense, there is "
+                "no route to record")
+        return tuple(range(int(config.num_hidden_layers)))
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="softmax", normalize=True, expert_scale=True)
+
+    def router_weight(self, gate: nn.Module) -> torch.Tensor:
+        return cast(torch.Tensor, cast(Any, gate).proj.weight)
+
+    def expert_scale(self, gate: nn.Module) -> torch.Tensor | None:
+        scale = getattr(gate, "per_expert_scale", None)
+        return scale if isinstance(scale, torch.Tensor) else None
+
+    def redraw_router(self, gate: nn.Module, std: float) -> None:
+        """``proj`` at ``std`` times ``sqrt(hidden)`` (the router divides its input by
+        that) and the per-expert scales uniform in [0.5, 2), so that they matter."""
+        router: Any = gate
+        router.proj.weight.normal_(0.0, std * router.hidden_size ** 0.5)
+        router.per_expert_scale.uniform_(0.5, 2.0)
+
+    def shape_tiny_model(self, model: nn.Module) -> None:
+        """Gemma 4 scales q.k by 1 on RMS-normed q and k, so at unit norm gains a random
+        model's attention logits have std ``sqrt(head_dim)``, far sharper than any other
+        family's random init: decode's and prefill's float32 rounding then differ ~10x
+        more and flip near-tied routes (1 of 2,928 in a selftest). The tiny model gets
+        q and k gains of ``head_dim ** -0.25``: the usual ``1/sqrt(head_dim)`` attention
+        temperature, which trained gains set for a real checkpoint."""
+        for layer in self.decoder_layers(model):
+            attention: Any = cast(Any, layer).self_attn
+            gain = attention.head_dim ** -0.25
+            attention.q_norm.weight.fill_(gain)
+            attention.k_norm.weight.fill_(gain)
+
+    def gate_logits(self, gate: nn.Module, hidden_NH: torch.Tensor) -> torch.Tensor:
+        router: Any = gate
+        normed = router.norm(hidden_NH) * router.scale * router.scalar_root_size
+        return F.linear(normed, self.router_weight(gate))
+
+    def router_call_output(self, gate: nn.Module, args: Any, output: Any) -> Any:
+        """The logits in place of the probabilities the router returns first."""
+        return (self.gate_logits(gate, args[0]), *output[1:])
+
+    def check_gate(self, gate: nn.Module, geometry: RouteGeometry) -> str | None:
+        proj, scale = getattr(gate, "proj", None), self.expert_scale(gate)
+        if type(proj) is not nn.Linear or proj.bias is not None:
+            return "has no bias-free proj Linear"
+        if scale is None or tuple(scale.shape) != (geometry.expert_count,):
+            return "has no [E] per_expert_scale"
+        return super().check_gate(gate, geometry)  # router_weight reads gate.proj
+
+    def install_exact_gate(self, layer: nn.Module, gate: nn.Module, forward: Any,
+                           geometry: RouteGeometry) -> None:
+        """Gemma 4's router with the declared tie-break: it returns the float32
+        probabilities first, as the native router does."""
+        from hebrus_flywheel.replay.routing import topk_with_tie_break
+
+        def route(hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            logits_NE = self.gate_logits(gate, hidden_states)
+            ids_NK, weights_NK = topk_with_tie_break(
+                logits_NE, geometry.top_k, weight_rule=geometry.weight_rule,
+                expert_scale_TE=self.expert_scale(gate))
+            return F.softmax(logits_NE, dim=-1, dtype=torch.float32), weights_NK, ids_NK
+
+        gate.forward = route
+
+
 SKIP_ROW_GAIN = 10.0
 """How much wider a tiny ZAYA's skip-class router row is drawn (some tokens skip)."""
 
@@ -287,4 +371,4 @@ def text_config(config: Any) -> Any:
 
 
 C_ADAPTERS: tuple[FamilyAdapter, ...] = (DbrxAdapter(), HunYuanMoEV1Adapter(),
-                                         Mistral4Adapter(), ZayaAdapter())
+                                         Mistral4Adapter(), ZayaAdapter(), Gemma4TextAdapter())

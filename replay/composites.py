@@ -42,6 +42,7 @@ COMPOSITE_TEXT_TEACHERS: dict[str, str] = {
     "ernie4_5_vl_moe": "ernie4_5_vl_moe_text",
     "deepseek_ocr2": "deepseek_ocr2_text",
     "qwen3_omni_moe": "qwen3_moe",  # its thinker's text model routes as Qwen3-MoE
+    "gemma4": "gemma4_text",
 }
 """Composite ``model_type`` without a causal-LM class -> the ``model_type`` of the route
 adapter its language model uses (its text config's family)."""

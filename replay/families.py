@@ -291,4 +291,5 @@ def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
                 bias = adapter.layer_bias(layers[index])
                 if bias is not None:
                     adapter.draw_score_bias(bias, spec.score_bias_mean, spec.score_bias_std)
+            adapter.shape_tiny_model(text_model(model))
     return model.eval()

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+GEMMA4_TEXT_FIELDS: dict[str, Any] = {
+    "head_dim": 32, "intermediate_size": 32, "enable_moe_block": True, "num_experts": 16,
+    "top_k_experts": 4, "moe_intermediate_size": 16, "hidden_size_per_layer_input": 0,
+    "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"] * 2}
+"""Gemma 4's tiny text geometry (also its composite's, :mod:`replay.families_vl`)."""
+
 C_FAMILIES: tuple[dict[str, Any], ...] = (
     {"name": "dbrx", "config_class": "DbrxConfig", "fields": {
         "d_model": 64, "n_heads": 2, "attn_config": {"kv_n_heads": 1, "rope_theta": 10000.0,
@@ -29,6 +35,10 @@ C_FAMILIES: tuple[dict[str, Any], ...] = (
         "intermediate_size": 32, "norm_topk_prob": True, "routed_scaling_factor": 1.5},
      "summary": "softmax top-4 of 32 inside the best 2 of 4 groups (two best), "
                 "renormalised x1.5, shared expert, MLA; layer 0 dense"},
+    {"name": "gemma4_text", "config_class": "Gemma4TextConfig", "fields": GEMMA4_TEXT_FIELDS,
+     "summary": "float32 softmax top-4 of 16 on a scaled, normalised stream, renormalised, "
+                "each weight times a learned per-expert scale; a dense MLP beside the "
+                "experts in every layer; sliding attention"},
     {"name": "zaya", "config_class": "ZayaConfig", "fields": {
         "head_dim": 32, "num_experts": 16, "num_experts_per_tok": 1,
         "moe_intermediate_size": 16, "router_hidden_size": 32, "sliding_window": 16,
@@ -40,12 +50,6 @@ C_FAMILIES: tuple[dict[str, Any], ...] = (
 )
 
 C_REFUSED: dict[str, str] = {
-    "gemma4_text": (
-        "with enable_moe_block its router (layer.router) renormalises the top-k softmax "
-        "weights and then multiplies each by a learned per_expert_scale parameter; a route "
-        "records the logits and a weight rule named from the config, so the weights the "
-        "model executed cannot be reproduced from it (without enable_moe_block the model "
-        "is dense)"),
     "openai_privacy_filter": (
         "it is a token classifier, not a generative model: its attention is bidirectional "
         "(a sliding window both ways), so there is no decode to capture and a token's route "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hebrus_flywheel.replay.families_c import GEMMA4_TEXT_FIELDS
 from hebrus_flywheel.replay.families_hybrid import HYBRID_FAMILIES
 from hebrus_flywheel.replay.families_more import MORE_FAMILIES
 
@@ -131,10 +132,16 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
                           "output_dim": 64, "downsample_hidden_size": 8}}},
      "summary": "composite: the thinker's text model, Qwen3-MoE's router (softmax top-8 of "
                 "64, renormalised); layer 0 dense; no talker (enable_audio_output off)"},
+    {"name": "gemma4", "config_class": "Gemma4Config", "fields": GEMMA4_TEXT_FIELDS,
+     "sub_configs": {"vision_config": {
+         "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16},
+         "audio_config": None},
+     "summary": "composite: Gemma 4's language model (float32 softmax top-4 of 16, "
+                "renormalised, times a learned per-expert scale); no audio tower"},
 )
 
 VL_REFUSED_AS_TEXT: dict[str, str] = {
-    "gemma4": "gemma4_text",
     "inkling_mm_model": "inkling_text",
 }
 """Composites whose language model is a refused text family's: refused with its reason

@@ -23,6 +23,8 @@ Weight rules (what the model multiplies the selected experts' outputs by):
   before it whose logit s is within the relative gap ``(m - s) / max(|s|, m) <= 2E``
   (``E`` is the router's ``router_jitter_noise``), all others masked to -inf.
 
+A rule named with the suffix ``_pes`` (Gemma 4) multiplies each selected weight by its
+expert's learned scale, a vector the checkpoint holds (passed like a correction bias).
 A rule named with the suffix ``_skiplast`` (ZAYA) has a skip class: the router's last
 class runs no expert and weighs 0; it is ranked and recorded like any other.
 
@@ -77,7 +79,7 @@ _RULE_RE = re.compile(
     r"(?:_group(?P<topk_groups>\d+)of(?P<groups>\d+)_(?P<group_score>top2sum|max)"
     r"(?P<fill0>_fill0)?)?"
     r"_topk(?P<normalize>_renormalized)?(?:_eps(?P<norm_eps>[0-9.e+-]+))?"
-    r"(?:_x(?P<scale>[0-9.e+-]+))?(?P<skip_last>_skiplast)?$"
+    r"(?:_x(?P<scale>[0-9.e+-]+))?(?P<expert_scale>_pes)?(?P<skip_last>_skiplast)?$"
 )
 _SPARSEMIXER_RE = re.compile(r"^sparsemixer_eps(?P<eps>[0-9.e+-]+)_topk$")
 
@@ -102,6 +104,9 @@ class RouterRule:
         jitter_eps: the sparsemixer's relative gap ``eps`` (``sparsemixer`` scoring only).
         norm_eps: what a sigmoid renormalisation adds to the sum it divides by (1e-20 in
             DeepSeek-V3, 1e-6 in LFM2-MoE); named in the rule only when not 1e-20.
+        expert_scale: each selected weight is then multiplied by its expert's learned
+            scale, a per-expert vector of the checkpoint (Gemma 4's ``per_expert_scale``,
+            read from the loaded model like a correction bias); named ``_pes``.
         skip_last: the router's last class is a skip class that runs no expert (ZAYA):
             it is ranked and selected like the others, and its weight is 0 (named
             ``_skiplast``; :attr:`core.geometry.RouteGeometry.skip_expert`).
@@ -117,6 +122,7 @@ class RouterRule:
     group_fill_zero: bool = False
     jitter_eps: float = 0.0
     norm_eps: float = SIGMOID_NORM_EPS
+    expert_scale: bool = False
     skip_last: bool = False
 
     def __post_init__(self) -> None:
@@ -165,6 +171,7 @@ class RouterRule:
         out += "_topk" + ("_renormalized" if self.normalize else "")
         out += f"_eps{self.norm_eps!r}" if self.norm_eps != SIGMOID_NORM_EPS else ""
         out += f"_x{self.scale!r}" if self.scale != 1.0 else ""
+        out += "_pes" if self.expert_scale else ""
         return out + (SKIP_LAST_SUFFIX if self.skip_last else "")
 
 
@@ -191,7 +198,7 @@ def parse_rule(weight_rule: str) -> RouterRule:
             groups=int(parts["groups"] or 1), topk_groups=int(parts["topk_groups"] or 1),
             group_score=parts["group_score"] or "top2sum", group_fill_zero=bool(parts["fill0"]),
             norm_eps=float(parts["norm_eps"] or SIGMOID_NORM_EPS),
-            skip_last=bool(parts["skip_last"]),
+            expert_scale=bool(parts["expert_scale"]), skip_last=bool(parts["skip_last"]),
         )
     except ValueError as exc:
         raise RoutingError(f"weight_rule {weight_rule!r} has a malformed number") from exc
@@ -294,9 +301,11 @@ def rank_experts(router_logits_TE: torch.Tensor) -> torch.Tensor:
 
 
 def topk_weights(
-    router_logits_TE: torch.Tensor, expert_ids_TK: torch.Tensor, weight_rule: str
+    router_logits_TE: torch.Tensor, expert_ids_TK: torch.Tensor, weight_rule: str,
+    expert_scale_TE: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Float32 weights of the given ranked experts under ``weight_rule``: ``[..., K]``."""
+    """Float32 weights of the given ranked experts under ``weight_rule``: ``[..., K]``;
+    ``expert_scale_TE`` (``_pes`` rules) broadcasts against the logits."""
     rule = parse_rule(weight_rule)
     logits_TE = router_logits_TE.to(torch.float32)
     if rule.scoring == "sparsemixer":
@@ -311,6 +320,12 @@ def topk_weights(
             weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + rule.norm_eps)
     if rule.scale != 1.0:
         weights_TK = weights_TK * rule.scale
+    if rule.expert_scale:
+        if expert_scale_TE is None:
+            raise RoutingError(f"weight_rule {weight_rule!r} needs the routers' per-expert "
+                               "scales; load the teacher that recorded it")
+        scale_TE = expert_scale_TE.to(torch.float32).expand_as(logits_TE)
+        weights_TK = weights_TK * torch.gather(scale_TE, -1, expert_ids_TK)
     if rule.skip_last:  # the skip class runs nothing: the model zeroes its weight
         weights_TK = weights_TK.masked_fill(expert_ids_TK == logits_TE.shape[-1] - 1, 0.0)
     return weights_TK
@@ -340,17 +355,20 @@ def topk_with_tie_break(
     *,
     weight_rule: str = WEIGHT_SOFTMAX_TOPK_RENORMALIZED,
     bias_TE: torch.Tensor | None = None,
+    expert_scale_TE: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-``k`` experts in rank order and their weights.
 
     Returns ``(expert_ids_TK int64, weights_TK float32)``; rank 0 is the highest selection
     score (:func:`selection_scores`) and equal scores are ordered by the lower expert id.
-    Any leading shape is allowed; ``bias_TE`` (bias-corrected rules) broadcasts.
+    Any leading shape is allowed; ``bias_TE`` (bias-corrected rules) and
+    ``expert_scale_TE`` (``_pes`` rules) broadcast.
     """
     _check_logits(router_logits_TE, k)
     scores_TE = selection_scores(router_logits_TE, weight_rule, bias_TE)
     expert_ids_TK = _ranked_topk(scores_TE, k)
-    return expert_ids_TK, topk_weights(router_logits_TE, expert_ids_TK, weight_rule)
+    return expert_ids_TK, topk_weights(router_logits_TE, expert_ids_TK, weight_rule,
+                                       expert_scale_TE)
 
 
 def _ranked_topk(router_logits_TE: torch.Tensor, k: int) -> torch.Tensor:

@@ -52,6 +52,7 @@ from hebrus_flywheel.replay.adapters import (
     RouterPass,
     adapter_for,
     check_dense_layers,
+    expert_scale_LE,
     forward_routes,
     install_exact_routing,
     score_bias_LE,
@@ -193,6 +194,7 @@ class Teacher:
     eos_token_ids: tuple[int, ...]
     exact_tie_break: bool = True
     score_bias_LE: torch.Tensor | None = None
+    expert_scale_LE: torch.Tensor | None = None
     device: str = "cpu"
     attention: str = "sdpa"
     experts_implementation: str = DEFAULT_EXPERTS_IMPLEMENTATION
@@ -218,7 +220,7 @@ class Teacher:
         """Ranked top-k ids and weights under this teacher's rule (last two dims L, E)."""
         return topk_with_tie_break(
             router_logits_TE, self.geometry.top_k, weight_rule=self.geometry.weight_rule,
-            bias_TE=self.score_bias_LE,
+            bias_TE=self.score_bias_LE, expert_scale_TE=self.expert_scale_LE,
         )
 
     def selection_scores(self, router_logits_XLE: torch.Tensor) -> torch.Tensor:
@@ -409,8 +411,10 @@ def read_geometry(directory: str | Path) -> RouteGeometry:
 
 def default_weight_encoding(directory: str | Path) -> str:
     """``uint8`` when the teacher's weights stay in [0, 1] (the shard's uint8 range), else
-    ``float16`` (rules that scale weights, e.g. DeepSeek's ``routed_scaling_factor``)."""
-    return "uint8" if parse_rule(read_geometry(directory).weight_rule).scale <= 1.0 else "float16"
+    ``float16`` (rules that scale weights, e.g. DeepSeek's ``routed_scaling_factor`` or
+    Gemma 4's learned per-expert scale)."""
+    rule = parse_rule(read_geometry(directory).weight_rule)
+    return "uint8" if rule.scale <= 1.0 and not rule.expert_scale else "float16"
 
 
 def _eos_ids(model: nn.Module) -> tuple[int, ...]:
@@ -548,5 +552,6 @@ def load_teacher(
                    artifact_digest=digest, eos_token_ids=_eos_ids(model),
                    exact_tie_break=exact_tie_break,
                    score_bias_LE=_on_cpu(score_bias_LE(model, adapter, geometry)),
+                   expert_scale_LE=_on_cpu(expert_scale_LE(model, adapter, geometry)),
                    device=device, attention=attention,
                    experts_implementation=experts_implementation)

@@ -91,6 +91,7 @@ EXPECTED.update({  # replay.families_c
     "hunyuan_v1_moe": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized"),
     "mistral4": ((1, 2, 3), 32, 4, "softmax_group2of4_top2sum_topk_renormalized_x1.5"),
     "zaya": ((0, 1, 2, 3), 17, 1, "softmax+bias_topk_skiplast"),  # 16 experts + skip
+    "gemma4_text": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized_pes"),
 })
 EXPECTED.update({  # replay.families_vl: composites, routed as their text family
     "qwen3_vl_moe": ((1, 2, 3), 32, 4, "softmax_topk_renormalized"),
@@ -102,6 +103,7 @@ EXPECTED.update({  # replay.families_vl: composites, routed as their text family
     "ernie4_5_vl_moe": ((1, 2, 3), 16, 4, "softmax+bias_topk_renormalized"),
     "deepseek_ocr2": ((1, 2, 3), 32, 4, "softmax_group2of4_max_topk_x1.5"),
     "qwen3_omni_moe": ((1, 2, 3), 64, 8, "softmax_topk_renormalized"),
+    "gemma4": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized_pes"),
 })
 PREFIX = [(5 * i + 2) % 1500 + 5 for i in range(30)]
 # gates whose weight arithmetic, summation order included, the rule repeats; DeepSeek-style
@@ -407,10 +409,7 @@ def test_axk2_grouped_gate_scores_dropped_groups_zero() -> None:
 @pytest.mark.parametrize(("family", "reason", "detail"), [
     # Inkling's gate weighs experts with the shared experts' logits and a learned scale
     ("inkling_text", "shared experts", "global_scale"),
-    # Gemma 4's router scales each renormalised weight by a learned per-expert parameter
-    ("gemma4_text", "per_expert_scale", "per_expert_scale"),
     # composites of those text families, refused with their reason; Gemma 4 Unified is dense
-    ("gemma4", "gemma4_text model.*per_expert_scale", "per_expert_scale"),
     ("inkling_mm_model", "inkling_text model.*shared experts", "global_scale"),
     ("gemma4_unified", "only dense MLPs", "mixture-of-experts"),
     ("openai_privacy_filter", "token classifier", "bidirectional"),
@@ -550,3 +549,26 @@ def test_skip_last_rule_zeroes_the_last_class_weight_only() -> None:
     assert weights[0, 0] == 0.0 and weights[1, 0] == torch.softmax(logits[1], -1)[0]
     with pytest.raises(RoutingError, match="skip_last"):
         RouterRule(scoring="softmax", normalize=True, skip_last=True)
+
+
+def test_gemma4_weights_carry_each_experts_learned_scale(family_dirs: dict[str, Path]) -> None:
+    """Gemma 4 multiplies each renormalised top-k weight by its expert's learned
+    ``per_expert_scale``: the route's weights are those products (rule suffix ``_pes``),
+    read from the loaded router, and a rule that needs the scales refuses without them."""
+    from hebrus_flywheel.replay.routing import topk_weights
+
+    teacher = _load("gemma4_text", family_dirs["gemma4_text"])
+    assert parse_rule(teacher.geometry.weight_rule).expert_scale
+    scale_LE = teacher.expert_scale_LE
+    layer = teacher.adapter.decoder_layers(teacher.model)[0]
+    assert scale_LE is not None and torch.equal(scale_LE[0], layer.router.per_expert_scale)
+    assert float(scale_LE.min()) < 0.9 and float(scale_LE.max()) > 1.1  # drawn, not ones
+    logits = teacher.forward_routes(torch.tensor([PREFIX])).router_logits_BTLE
+    ids, weights = teacher.route(logits)
+    plain = topk_weights(logits, ids, "softmax_topk_renormalized")
+    want = plain * scale_LE.expand_as(logits).gather(-1, ids)
+    assert torch.allclose(weights, want) and not torch.allclose(weights, plain)
+    with pytest.raises(RoutingError, match="per-expert"):
+        topk_with_tie_break(logits, 4, weight_rule=teacher.geometry.weight_rule)
+    rule = RouterRule(normalize=True, expert_scale=True)
+    assert rule.name == "softmax_topk_renormalized_pes" and parse_rule(rule.name) == rule
