@@ -294,7 +294,8 @@ class ZayaAdapter(FamilyAdapter):
         at the default init its logits spread by ~0.005 and the bias alone routes. The
         skip class's row is :data:`SKIP_ROW_GAIN` times wider: transformers resets the
         skip class's balancing bias to -1 whenever it loads a ZAYA checkpoint, so only a
-        probability above ~0.97 selects it, as a trained router learns to give."""
+        skip probability near 1 (beating every expert's probability plus its bias, with
+        the tiny preset's biases near -0.1) selects it, as a trained router learns to."""
         mlp = cast(Any, gate).router_mlp
         width, hidden = mlp.out_proj.weight.shape[1], cast(Any, gate).down_proj.in_features
         for linear in (mlp.fc1, mlp.fc2):
