@@ -66,7 +66,7 @@ from hebrus_flywheel.replay.exceptions import (
 )
 from hebrus_flywheel.replay.features import FEATURE_DTYPES, FeatureProjection, capture_anchor_rows
 from hebrus_flywheel.replay.masks import attention_masks
-from hebrus_flywheel.replay.routing import TIE_BREAK_RULE, margin_beside, topk_weights
+from hebrus_flywheel.replay.routing import TIE_BREAK_RULE, margin_beside
 from hebrus_flywheel.replay.teacher import DTYPES
 
 if TYPE_CHECKING:
@@ -350,7 +350,7 @@ class PrefillReplayer:
                 return (logits_NLE, hidden_NLH, *self.teacher.route(logits_NLE))
             ids_NLK, weights_NLK = executed[0].cpu(), executed[1].cpu()
             if weights_NLK.dtype != torch.float32:
-                weights_NLK = topk_weights(logits_NLE, ids_NLK, self.teacher.geometry.weight_rule)
+                weights_NLK = self.teacher.weights_of(logits_NLE, ids_NLK)
             return logits_NLE, hidden_NLH, ids_NLK, weights_NLK
 
     def _run_batch(self, batch: Sequence[_Prepared]) -> list[WindowLabels]:

@@ -66,7 +66,12 @@ from hebrus_flywheel.replay.checkpoint import (
     loads_onto_device,
 )
 from hebrus_flywheel.replay.exceptions import TeacherError
-from hebrus_flywheel.replay.routing import parse_rule, selection_scores, topk_with_tie_break
+from hebrus_flywheel.replay.routing import (
+    parse_rule,
+    selection_scores,
+    topk_weights,
+    topk_with_tie_break,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -222,6 +227,12 @@ class Teacher:
             router_logits_TE, self.geometry.top_k, weight_rule=self.geometry.weight_rule,
             bias_TE=self.score_bias_LE, expert_scale_TE=self.expert_scale_LE,
         )
+
+    def weights_of(self, router_logits_TE: torch.Tensor, expert_ids_TK: torch.Tensor
+                   ) -> torch.Tensor:
+        """Float32 weights of the given ids under this teacher's rule (last dims L, E/K)."""
+        return topk_weights(router_logits_TE, expert_ids_TK, self.geometry.weight_rule,
+                            self.expert_scale_LE)
 
     def selection_scores(self, router_logits_XLE: torch.Tensor) -> torch.Tensor:
         """What the rule ranks experts by (the logits themselves for softmax routers);

@@ -47,7 +47,7 @@ from hebrus_flywheel.replay.decode import SamplingConfig
 from hebrus_flywheel.replay.exceptions import ReplayNumericsError
 from hebrus_flywheel.replay.features import FEATURE_DTYPES, FeatureProjection, capture_anchor_rows
 from hebrus_flywheel.replay.prefill import PrefillReplayer, ReplayConfig
-from hebrus_flywheel.replay.routing import TIE_BREAK_RULE, topk_weights
+from hebrus_flywheel.replay.routing import TIE_BREAK_RULE
 from hebrus_flywheel.replay.teacher import Teacher
 
 
@@ -224,7 +224,7 @@ class CandidateReplayer:
         else:
             ids_RLK, weights_RLK = executed[0].cpu(), executed[1].cpu()
             if weights_RLK.dtype != torch.float32:
-                weights_RLK = topk_weights(logits_RLE, ids_RLK, self.teacher.geometry.weight_rule)
+                weights_RLK = self.teacher.weights_of(logits_RLE, ids_RLK)
         ids = ids_RLK.numpy()
         if ids.size and int(ids.max()) > np.iinfo(np.uint16).max:
             raise ReplayNumericsError("expert ids exceed uint16")

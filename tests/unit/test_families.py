@@ -568,6 +568,7 @@ def test_gemma4_weights_carry_each_experts_learned_scale(family_dirs: dict[str, 
     plain = topk_weights(logits, ids, "softmax_topk_renormalized")
     want = plain * scale_LE.expand_as(logits).gather(-1, ids)
     assert torch.allclose(weights, want) and not torch.allclose(weights, plain)
+    assert torch.equal(teacher.weights_of(logits, ids), weights)  # replay's re-weighing
     with pytest.raises(RoutingError, match="per-expert"):
         topk_with_tie_break(logits, 4, weight_rule=teacher.geometry.weight_rule)
     rule = RouterRule(normalize=True, expert_scale=True)
