@@ -52,7 +52,12 @@ from hebrus_flywheel.replay.adapters_more import MORE_ADAPTERS
 from hebrus_flywheel.replay.adapters_vl import VL_ADAPTERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
 from hebrus_flywheel.replay.refused import REFUSED_FAMILIES
-from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
+from hebrus_flywheel.replay.routing import (
+    RouterRule,
+    parse_rule,
+    router_logit_width,
+    topk_with_tie_break,
+)
 
 __all__ = ["ADAPTERS", "DeepseekV3Adapter", "FamilyAdapter", "RouteCapture", "RouterPass",
            "adapter_for", "capture_routes", "check_dense_layers", "expert_scale_LE",
@@ -263,6 +268,7 @@ class RouteCapture:
     def __init__(self, geometry: RouteGeometry, adapter: FamilyAdapter) -> None:
         self.geometry = geometry
         self.adapter = adapter
+        self._width = router_logit_width(geometry.expert_count, geometry.weight_rule)
         self._logits: dict[int, torch.Tensor] = {}
         self._executed: dict[int, torch.Tensor] = {}
         self._hidden: dict[int, torch.Tensor] = {}
@@ -276,7 +282,7 @@ class RouteCapture:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             logits, _weights, ids = self.adapter.split_router_output(
                 self.adapter.router_call_output(module, args, output), self.geometry.top_k)
-            self._logits[slot] = logits.detach().reshape(-1, self.geometry.expert_count)
+            self._logits[slot] = logits.detach().reshape(-1, self._width)
             if ids is not None:
                 self._executed[slot] = ids.detach().reshape(-1, self.geometry.top_k)
 

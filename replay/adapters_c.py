@@ -14,10 +14,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from hebrus_flywheel.core.geometry import RouteGeometry
-from hebrus_flywheel.replay.adapter_base import DeepseekV3Adapter, FamilyAdapter
+from hebrus_flywheel.replay.adapter_base import (
+    DeepseekV3Adapter,
+    FamilyAdapter,
+    sparse_mlp_layers,
+)
 from hebrus_flywheel.replay.composites import COMPOSITE_TEXT_TEACHERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
-from hebrus_flywheel.replay.routing import RouterRule
+from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
 
 
 class DbrxAdapter(FamilyAdapter):
@@ -81,8 +85,6 @@ class DbrxAdapter(FamilyAdapter):
                            geometry: RouteGeometry) -> None:
         """Replace the block's ``route_tokens_to_experts``: the same softmax and p-norm
         division, the declared tie-break for the top-k."""
-        from hebrus_flywheel.replay.routing import topk_with_tie_break
-
         ffn = cast(Any, layer).ffn
 
         def route(router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -238,14 +240,92 @@ class Gemma4TextAdapter(FamilyAdapter):
                            geometry: RouteGeometry) -> None:
         """Gemma 4's router with the declared tie-break: it returns the float32
         probabilities first, as the native router does."""
-        from hebrus_flywheel.replay.routing import topk_with_tie_break
-
         def route(hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
             logits_NE = self.gate_logits(gate, hidden_states)
             ids_NK, weights_NK = topk_with_tie_break(
                 logits_NE, geometry.top_k, weight_rule=geometry.weight_rule,
                 expert_scale_TE=self.expert_scale(gate))
             return F.softmax(logits_NE, dim=-1, dtype=torch.float32), weights_NK, ids_NK
+
+        gate.forward = route
+
+
+class InklingTextAdapter(FamilyAdapter):
+    """Inkling: the ``sparse`` layers of ``mlp_layer_types`` routed by ``mlp.gate``, one
+    Linear to ``n_routed_experts + n_shared_experts`` logits. It selects the top-k of
+    ``sigmoid(routed logits) + e_score_correction_bias`` and weighs the chosen experts,
+    together with the shared ones, by a softmax of their log-sigmoids, times
+    ``route_scale`` and a learned ``global_scale``; the shared experts run on their own
+    weights (gammas). The route's logits are all the gate's (rule suffix ``_sink<S>``:
+    the last S are the shared experts', never selected); ``global_scale`` is the rule's
+    learned per-expert scale (``_pes``), the same for every expert of a layer."""
+
+    model_type = "inkling_text"
+    expert_count_field = "n_routed_experts"
+    intermediate_field = "moe_intermediate_size"
+
+    def routed_layers(self, config: Any) -> tuple[int, ...]:
+        return sparse_mlp_layers(config)
+
+    def rule(self, config: Any) -> RouterRule:
+        return RouterRule(scoring="sigmoid", bias=True, normalize=True,
+                          scale=float(config.route_scale),
+                          shared_sinks=int(config.n_shared_experts), expert_scale=True)
+
+    def router_weight(self, gate: nn.Module) -> torch.Tensor:
+        """The routed experts' rows of the gate (the native-gate control ranks them)."""
+        router: Any = gate
+        return cast(torch.Tensor, router.weight[: router.num_experts])
+
+    def redraw_router(self, gate: nn.Module, std: float) -> None:
+        """Every row, shared ones included, and a global scale that is not 1."""
+        router: Any = gate
+        router.weight.normal_(0.0, std)
+        router.global_scale.fill_(0.75)
+
+    def expert_scale(self, gate: nn.Module) -> torch.Tensor | None:
+        router: Any = gate
+        scale = getattr(router, "global_scale", None)
+        return scale.expand(router.num_experts) if isinstance(scale, torch.Tensor) else None
+
+    def gate_logits(self, gate: nn.Module, hidden_NH: torch.Tensor) -> torch.Tensor:
+        """Routed then shared experts' logits ``[N, E + S]``."""
+        router: Any = gate
+        return F.linear(hidden_NH.reshape(-1, router.hidden_dim), router.weight)
+
+    def router_call_output(self, gate: nn.Module, args: Any, output: Any) -> Any:
+        """The routed and shared logits (the gate returns the routed ones only)."""
+        return (self.gate_logits(gate, args[0]), output[1], output[2])
+
+    def check_gate(self, gate: nn.Module, geometry: RouteGeometry) -> str | None:
+        router: Any = gate
+        weight, sinks = getattr(router, "weight", None), parse_rule(geometry.weight_rule)
+        width = geometry.expert_count + sinks.shared_sinks
+        if not isinstance(weight, torch.Tensor) or \
+                tuple(weight.shape) != (width, geometry.hidden_size):
+            return "has no [E + shared, H] weight"
+        if self.expert_scale(gate) is None or self.score_bias(gate) is None:
+            return "has no global_scale and e_score_correction_bias"
+        return None
+
+    def install_exact_gate(self, layer: nn.Module, gate: nn.Module, forward: Any,
+                           geometry: RouteGeometry) -> None:
+        """Inkling's gate with the declared tie-break; it returns the routed logits, the
+        rule's weights, the ids and the shared experts' gammas, as the native gate."""
+        router: Any = gate
+        experts, k = geometry.expert_count, geometry.top_k
+
+        def route(hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            logits_NX = self.gate_logits(gate, hidden_states)
+            ids_NK, _ = topk_with_tie_break(
+                logits_NX, k, weight_rule=geometry.weight_rule,
+                bias_TE=router.e_score_correction_bias, expert_scale_TE=self.expert_scale(gate))
+            chosen_NK = logits_NX.gather(-1, ids_NK)
+            log_NX = F.logsigmoid(torch.cat([chosen_NK, logits_NX[:, experts:]], dim=-1))
+            weights_NX = torch.exp(log_NX - torch.logsumexp(log_NX, dim=-1, keepdim=True))
+            weights_NX = weights_NX * router.route_scale * router.global_scale
+            return (logits_NX[:, :experts], weights_NX[:, :k].contiguous(), ids_NK,
+                    weights_NX[:, k:].contiguous())
 
         gate.forward = route
 
@@ -327,8 +407,6 @@ class ZayaAdapter(FamilyAdapter):
     def install_exact_gate(self, layer: nn.Module, gate: nn.Module, forward: Any,
                            geometry: RouteGeometry) -> None:
         """ZAYA's gate with the declared tie-break for its top-k."""
-        from hebrus_flywheel.replay.routing import topk_with_tie_break
-
         zaya: Any = gate
         skip = geometry.expert_count - 1
 
@@ -372,4 +450,5 @@ def text_config(config: Any) -> Any:
 
 
 C_ADAPTERS: tuple[FamilyAdapter, ...] = (DbrxAdapter(), HunYuanMoEV1Adapter(),
-                                         Mistral4Adapter(), ZayaAdapter(), Gemma4TextAdapter())
+                                         Mistral4Adapter(), ZayaAdapter(), Gemma4TextAdapter(),
+                                         InklingTextAdapter())

@@ -15,6 +15,14 @@ GEMMA4_TEXT_FIELDS: dict[str, Any] = {
     "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"] * 2}
 """Gemma 4's tiny text geometry (also its composite's, :mod:`replay.families_vl`)."""
 
+INKLING_TEXT_FIELDS: dict[str, Any] = {
+    "head_dim": 32, "swa_num_attention_heads": 2, "swa_num_key_value_heads": 1,
+    "swa_head_dim": 32, "sliding_window_size": 16, "d_rel": 8, "rel_extent": 64,
+    "intermediate_size": 32, "moe_intermediate_size": 16, "n_routed_experts": 16,
+    "num_experts_per_tok": 4, "n_shared_experts": 1, "route_scale": 2.0,
+    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "local_layer_ids": [0, 1, 2]}
+"""Inkling's tiny text geometry (its composite, ``inkling_mm_model``, is refused)."""
+
 C_FAMILIES: tuple[dict[str, Any], ...] = (
     {"name": "dbrx", "config_class": "DbrxConfig", "fields": {
         "d_model": 64, "n_heads": 2, "attn_config": {"kv_n_heads": 1, "rope_theta": 10000.0,
@@ -39,6 +47,10 @@ C_FAMILIES: tuple[dict[str, Any], ...] = (
      "summary": "float32 softmax top-4 of 16 on a scaled, normalised stream, renormalised, "
                 "each weight times a learned per-expert scale; a dense MLP beside the "
                 "experts in every layer; sliding attention"},
+    {"name": "inkling_text", "config_class": "InklingTextConfig", "fields": INKLING_TEXT_FIELDS,
+     "summary": "sigmoid + correction bias selects top-4 of 16; weights a softmax of the "
+                "chosen and the shared expert's log-sigmoids, x2 x a learned global scale; "
+                "layer 0 dense; short convolutions, relative positions, sliding attention"},
     {"name": "zaya", "config_class": "ZayaConfig", "fields": {
         "head_dim": 32, "num_experts": 16, "num_experts_per_tok": 1,
         "moe_intermediate_size": 16, "router_hidden_size": 32, "sliding_window": 16,

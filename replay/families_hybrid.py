@@ -108,14 +108,7 @@ HYBRID_FAMILIES: tuple[dict[str, Any], ...] = (
                 "compressed sparse attention, hyper-connections; eager"},
 )
 
-REFUSED_FAMILIES: dict[str, str] = {
-    "inkling_text": (
-        "its gate weighs the top-k routed experts by a softmax over the log-sigmoid logits "
-        "of those experts AND of the shared experts (router rows the gate does not return "
-        "with the routed logits), times a learned global_scale parameter; a route records "
-        "the routed experts' logits and a weight rule named from the config, so the "
-        "weights the model executed cannot be reproduced from it"),
-}
+REFUSED_FAMILIES: dict[str, str] = {}
 """MoE model types of the installed transformers that are NOT teachers, and why:
 ``teacher init --family``, ``adapter_for`` and ``teacher families`` say so."""
 

@@ -141,13 +141,17 @@ VL_FAMILIES: tuple[dict[str, Any], ...] = (
                 "renormalised, times a learned per-expert scale); no audio tower"},
 )
 
-VL_REFUSED_AS_TEXT: dict[str, str] = {
-    "inkling_mm_model": "inkling_text",
-}
+VL_REFUSED_AS_TEXT: dict[str, str] = {}
 """Composites whose language model is a refused text family's: refused with its reason
 (:mod:`replay.refused`)."""
 
 VL_REFUSED: dict[str, str] = {
+    "inkling_mm_model": (
+        "on text its forward applies the language model's embed_norm to the embeddings "
+        "and then runs the language model, which applies embed_norm again (transformers "
+        "5.17): what it executes is not its language model's text forward, which "
+        "inkling_text checkpoints replay exactly; load the language model's weights as an "
+        "inkling_text checkpoint instead"),
     "gemma4_unified": (
         "not a mixture-of-experts model: its language model (gemma4_unified_text) has "
         "only dense MLPs, so there is no route to record"),

@@ -186,7 +186,8 @@ class AnchorCapture:
     (:func:`replay.adapters.install_exact_routing`)."""
 
     rows_N: torch.Tensor
-    expert_count: int
+    logit_width: int
+    """Router logit columns (:func:`replay.routing.router_logit_width`)."""
     split: Callable[[Any], tuple[Any, Any, Any]]
     logits: dict[int, torch.Tensor] = field(default_factory=dict)
     ids: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -199,7 +200,7 @@ class AnchorCapture:
             if self.call_output is not None:  # FamilyAdapter.router_call_output
                 output = self.call_output(module, args, output)
             logits, weights, ids = self.split(output)
-            flat = logits.reshape(-1, self.expert_count)
+            flat = logits.reshape(-1, self.logit_width)
             self.logits[slot] = flat.index_select(0, self.rows_N)
             if ids is not None and weights is not None:
                 k = ids.shape[-1]
@@ -248,7 +249,12 @@ def capture_anchor_rows(teacher: Teacher, rows_N: torch.Tensor) -> Iterator[Anch
     the model flattens them) of each gate's logits and each norm's input, as the forward
     runs, so memory grows with anchors, not with tokens x layers x experts.
     """
-    capture = AnchorCapture(rows_N=rows_N, expert_count=teacher.geometry.expert_count,
+    from hebrus_flywheel.replay.routing import router_logit_width
+
+    geometry = teacher.geometry
+    capture = AnchorCapture(rows_N=rows_N,
+                            logit_width=router_logit_width(geometry.expert_count,
+                                                           geometry.weight_rule),
                             split=partial(teacher.adapter.split_router_output,
                                           top_k=teacher.geometry.top_k),
                             call_output=teacher.adapter.router_call_output)

@@ -78,4 +78,8 @@ def attention_masks(
     masks: dict[str, torch.Tensor] = {"linear_attention": mask_BT, "conv": mask_BT}
     for kind in layer_types & set(makers):
         masks[kind] = materialised(makers[kind])
+    # Inkling's "hybrid" layers look their masks up as full/sliding attention
+    for kind, alias in (("hybrid", "full_attention"), ("hybrid_sliding", "sliding_attention")):
+        if kind in masks:
+            masks.setdefault(alias, masks[kind])
     return masks

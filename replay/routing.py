@@ -60,6 +60,7 @@ __all__ = [
     "margin_beside",
     "parse_rule",
     "rank_experts",
+    "router_logit_width",
     "router_margin",
     "selection_scores",
     "topk_weights",
@@ -78,7 +79,8 @@ _RULE_RE = re.compile(
     r"^(?P<scoring>softmax|sigmoid|sqrtsoftplus)(?P<bias>\+bias)?"
     r"(?:_group(?P<topk_groups>\d+)of(?P<groups>\d+)_(?P<group_score>top2sum|max)"
     r"(?P<fill0>_fill0)?)?"
-    r"_topk(?P<normalize>_renormalized)?(?:_eps(?P<norm_eps>[0-9.e+-]+))?"
+    r"_topk(?P<normalize>_renormalized)?(?:_sink(?P<sinks>\d+))?"
+    r"(?:_eps(?P<norm_eps>[0-9.e+-]+))?"
     r"(?:_x(?P<scale>[0-9.e+-]+))?(?P<expert_scale>_pes)?(?P<skip_last>_skiplast)?$"
 )
 _SPARSEMIXER_RE = re.compile(r"^sparsemixer_eps(?P<eps>[0-9.e+-]+)_topk$")
@@ -104,6 +106,10 @@ class RouterRule:
         jitter_eps: the sparsemixer's relative gap ``eps`` (``sparsemixer`` scoring only).
         norm_eps: what a sigmoid renormalisation adds to the sum it divides by (1e-20 in
             DeepSeek-V3, 1e-6 in LFM2-MoE); named in the rule only when not 1e-20.
+        shared_sinks: the router's logits end with this many shared experts' logits
+            (Inkling): never selected, but the selected weights are normalised together
+            with them, ``exp(logsigmoid(l) - logsumexp(logsigmoid(top-k and shared)))``
+            (sigmoid scoring, renormalised only); named ``_sink<S>``.
         expert_scale: each selected weight is then multiplied by its expert's learned
             scale, a per-expert vector of the checkpoint (Gemma 4's ``per_expert_scale``,
             read from the loaded model like a correction bias); named ``_pes``.
@@ -122,6 +128,7 @@ class RouterRule:
     group_fill_zero: bool = False
     jitter_eps: float = 0.0
     norm_eps: float = SIGMOID_NORM_EPS
+    shared_sinks: int = 0
     expert_scale: bool = False
     skip_last: bool = False
 
@@ -154,6 +161,11 @@ class RouterRule:
                                "sigmoid-type rules")
         if self.scoring != "sparsemixer" and self.jitter_eps != 0.0:
             raise RoutingError("RouterRule.jitter_eps is only defined for sparsemixer scoring")
+        if self.shared_sinks < 0 or (self.shared_sinks and not (
+                self.scoring == "sigmoid" and self.normalize
+                and self.norm_eps == SIGMOID_NORM_EPS)):
+            raise RoutingError("RouterRule.shared_sinks is only defined (>= 0) for "
+                               "renormalised sigmoid rules without norm_eps")
         if self.skip_last and (self.normalize or self.scoring == "sparsemixer"):
             # a renormalised skip weight would change the others' weights; no router does it
             raise RoutingError("RouterRule.skip_last is only defined for rules with raw "
@@ -169,6 +181,7 @@ class RouterRule:
             out += f"_group{self.topk_groups}of{self.groups}_{self.group_score}"
             out += "_fill0" if self.group_fill_zero else ""
         out += "_topk" + ("_renormalized" if self.normalize else "")
+        out += f"_sink{self.shared_sinks}" if self.shared_sinks else ""
         out += f"_eps{self.norm_eps!r}" if self.norm_eps != SIGMOID_NORM_EPS else ""
         out += f"_x{self.scale!r}" if self.scale != 1.0 else ""
         out += "_pes" if self.expert_scale else ""
@@ -198,7 +211,8 @@ def parse_rule(weight_rule: str) -> RouterRule:
             groups=int(parts["groups"] or 1), topk_groups=int(parts["topk_groups"] or 1),
             group_score=parts["group_score"] or "top2sum", group_fill_zero=bool(parts["fill0"]),
             norm_eps=float(parts["norm_eps"] or SIGMOID_NORM_EPS),
-            expert_scale=bool(parts["expert_scale"]), skip_last=bool(parts["skip_last"]),
+            shared_sinks=int(parts["sinks"] or 0), expert_scale=bool(parts["expert_scale"]),
+            skip_last=bool(parts["skip_last"]),
         )
     except ValueError as exc:
         raise RoutingError(f"weight_rule {weight_rule!r} has a malformed number") from exc
@@ -244,6 +258,8 @@ def selection_scores(
     the logits.
     """
     rule = parse_rule(weight_rule)
+    if rule.shared_sinks:  # the shared experts' logits are never ranked
+        router_logits_XE = router_logits_XE[..., :-rule.shared_sinks]
     if rule.groups == 1 and not rule.bias:
         return router_logits_XE
     group_scores = None
@@ -314,6 +330,8 @@ def topk_weights(
         weights_TK = torch.gather(torch.softmax(logits_TE, dim=-1), -1, expert_ids_TK)
         if rule.normalize:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+    elif rule.shared_sinks:
+        weights_TK = _sink_weights(logits_TE, expert_ids_TK, rule.shared_sinks)
     else:
         weights_TK = torch.gather(_gate_scores(logits_TE, rule.scoring), -1, expert_ids_TK)
         if rule.normalize:
@@ -324,11 +342,28 @@ def topk_weights(
         if expert_scale_TE is None:
             raise RoutingError(f"weight_rule {weight_rule!r} needs the routers' per-expert "
                                "scales; load the teacher that recorded it")
-        scale_TE = expert_scale_TE.to(torch.float32).expand_as(logits_TE)
+        scale_TE = expert_scale_TE.to(torch.float32).expand(
+            *logits_TE.shape[:-1], expert_scale_TE.shape[-1])  # experts only, never sinks
         weights_TK = weights_TK * torch.gather(scale_TE, -1, expert_ids_TK)
     if rule.skip_last:  # the skip class runs nothing: the model zeroes its weight
         weights_TK = weights_TK.masked_fill(expert_ids_TK == logits_TE.shape[-1] - 1, 0.0)
     return weights_TK
+
+
+def _sink_weights(logits_TE: torch.Tensor, expert_ids_TK: torch.Tensor, sinks: int
+                  ) -> torch.Tensor:
+    """Inkling's weights: the selected and the shared experts' log-sigmoids, softmaxed
+    together (its own op order), the selected ones kept."""
+    chosen_TK = torch.gather(logits_TE, -1, expert_ids_TK)
+    log_TX = torch.nn.functional.logsigmoid(torch.cat([chosen_TK, logits_TE[..., -sinks:]], -1))
+    weights_TX = torch.exp(log_TX - torch.logsumexp(log_TX, dim=-1, keepdim=True))
+    return weights_TX[..., : chosen_TK.shape[-1]]
+
+
+def router_logit_width(expert_count: int, weight_rule: str) -> int:
+    """Columns of the router logits a route is read from: the experts, and the shared
+    experts' sink logits after them where the rule has them (:attr:`RouterRule.shared_sinks`)."""
+    return expert_count + parse_rule(weight_rule).shared_sinks
 
 
 def _sparsemixer_weights(

@@ -92,6 +92,7 @@ EXPECTED.update({  # replay.families_c
     "mistral4": ((1, 2, 3), 32, 4, "softmax_group2of4_top2sum_topk_renormalized_x1.5"),
     "zaya": ((0, 1, 2, 3), 17, 1, "softmax+bias_topk_skiplast"),  # 16 experts + skip
     "gemma4_text": ((0, 1, 2, 3), 16, 4, "softmax_topk_renormalized_pes"),
+    "inkling_text": ((1, 2, 3), 16, 4, "sigmoid+bias_topk_renormalized_sink1_x2.0_pes"),
 })
 EXPECTED.update({  # replay.families_vl: composites, routed as their text family
     "qwen3_vl_moe": ((1, 2, 3), 32, 4, "softmax_topk_renormalized"),
@@ -407,11 +408,9 @@ def test_axk2_grouped_gate_scores_dropped_groups_zero() -> None:
 
 
 @pytest.mark.parametrize(("family", "reason", "detail"), [
-    # Inkling's gate weighs experts with the shared experts' logits and a learned scale
-    ("inkling_text", "shared experts", "global_scale"),
     # composites of those text families, refused with their reason; Gemma 4 Unified is dense
-    ("inkling_mm_model", "inkling_text model.*shared experts", "global_scale"),
     ("gemma4_unified", "only dense MLPs", "mixture-of-experts"),
+    ("inkling_mm_model", "embed_norm again", "embed_norm"),
     ("openai_privacy_filter", "token classifier", "bidirectional"),
     ("diffusion_gemma", "block-diffusion", "denoising"),
 ])
@@ -573,3 +572,22 @@ def test_gemma4_weights_carry_each_experts_learned_scale(family_dirs: dict[str, 
         topk_with_tie_break(logits, 4, weight_rule=teacher.geometry.weight_rule)
     rule = RouterRule(normalize=True, expert_scale=True)
     assert rule.name == "softmax_topk_renormalized_pes" and parse_rule(rule.name) == rule
+
+
+def test_inkling_weights_share_their_softmax_with_the_shared_experts(
+        family_dirs: dict[str, Path]) -> None:
+    """Inkling weighs the chosen experts by a softmax of their log-sigmoids together with
+    the shared experts', times route_scale and a learned global_scale: the route's logits
+    carry the shared experts' columns (never selected), and the weights follow."""
+    teacher = _load("inkling_text", family_dirs["inkling_text"])
+    gate = teacher.adapter.router(teacher.adapter.decoder_layers(teacher.model)[1])
+    assert float(gate.global_scale) == 0.75  # the drawn scale survives loading
+    logits = teacher.forward_routes(torch.tensor([PREFIX])).router_logits_BTLE
+    assert logits.shape[-1] == 16 + 1  # the shared expert's sink column
+    ids, weights = teacher.route(logits)
+    assert int(ids.max()) < 16  # the sink is never selected
+    chosen = torch.nn.functional.logsigmoid(torch.cat([logits.gather(-1, ids), logits[..., 16:]],
+                                                      -1))
+    want = torch.softmax(chosen, -1)[..., :4] * 2.0 * 0.75
+    assert torch.allclose(weights, want, rtol=1e-5)
+    assert bool((weights.sum(-1) < 2.0 * 0.75).all())  # the shared expert takes its share
