@@ -21,7 +21,12 @@ from hebrus_flywheel.replay.adapter_base import (
 )
 from hebrus_flywheel.replay.composites import COMPOSITE_TEXT_TEACHERS
 from hebrus_flywheel.replay.exceptions import UnsupportedModelError
-from hebrus_flywheel.replay.routing import RouterRule, parse_rule, topk_with_tie_break
+from hebrus_flywheel.replay.routing import (
+    RouterRule,
+    router_logit_width,
+    sink_softmax,
+    topk_with_tie_break,
+)
 
 
 class DbrxAdapter(FamilyAdapter):
@@ -299,8 +304,8 @@ class InklingTextAdapter(FamilyAdapter):
 
     def check_gate(self, gate: nn.Module, geometry: RouteGeometry) -> str | None:
         router: Any = gate
-        weight, sinks = getattr(router, "weight", None), parse_rule(geometry.weight_rule)
-        width = geometry.expert_count + sinks.shared_sinks
+        weight = getattr(router, "weight", None)
+        width = router_logit_width(geometry.expert_count, geometry.weight_rule)
         if not isinstance(weight, torch.Tensor) or \
                 tuple(weight.shape) != (width, geometry.hidden_size):
             return "has no [E + shared, H] weight"
@@ -320,9 +325,7 @@ class InklingTextAdapter(FamilyAdapter):
             ids_NK, _ = topk_with_tie_break(
                 logits_NX, k, weight_rule=geometry.weight_rule,
                 bias_TE=router.e_score_correction_bias, expert_scale_TE=self.expert_scale(gate))
-            chosen_NK = logits_NX.gather(-1, ids_NK)
-            log_NX = F.logsigmoid(torch.cat([chosen_NK, logits_NX[:, experts:]], dim=-1))
-            weights_NX = torch.exp(log_NX - torch.logsumexp(log_NX, dim=-1, keepdim=True))
+            weights_NX = sink_softmax(logits_NX, ids_NK, logits_NX.shape[-1] - experts)
             weights_NX = weights_NX * router.route_scale * router.global_scale
             return (logits_NX[:, :experts], weights_NX[:, :k].contiguous(), ids_NK,
                     weights_NX[:, k:].contiguous())

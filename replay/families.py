@@ -281,7 +281,8 @@ def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
         torch.manual_seed(seed)
         model = composite_from_config(config) if spec.sub_configs else \
             causal_lm_class(config)._from_config(config)
-        layers = adapter.decoder_layers(text_model(model))
+        lm = text_model(model)
+        layers = adapter.decoder_layers(lm)
         text = text_config(config)
         router_std = spec.router_logit_std / math.sqrt(text.hidden_size)
         with torch.no_grad():
@@ -291,5 +292,5 @@ def build_family_model(spec: FamilySpec, config: Any, seed: int) -> Any:
                 bias = adapter.layer_bias(layers[index])
                 if bias is not None:
                     adapter.draw_score_bias(bias, spec.score_bias_mean, spec.score_bias_std)
-            adapter.shape_tiny_model(text_model(model))
+            adapter.shape_tiny_model(lm)
     return model.eval()

@@ -25,6 +25,8 @@ Weight rules (what the model multiplies the selected experts' outputs by):
 
 A rule named with the suffix ``_pes`` (Gemma 4) multiplies each selected weight by its
 expert's learned scale, a vector the checkpoint holds (passed like a correction bias).
+A rule named with ``_sink<S>`` (Inkling) reads S shared experts' logits after the routed
+ones: never ranked, but normalised together with the selected weights.
 A rule named with the suffix ``_skiplast`` (ZAYA) has a skip class: the router's last
 class runs no expert and weighs 0; it is ranked and recorded like any other.
 
@@ -63,6 +65,7 @@ __all__ = [
     "router_logit_width",
     "router_margin",
     "selection_scores",
+    "sink_softmax",
     "topk_weights",
     "topk_with_tie_break",
 ]
@@ -331,7 +334,8 @@ def topk_weights(
         if rule.normalize:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
     elif rule.shared_sinks:
-        weights_TK = _sink_weights(logits_TE, expert_ids_TK, rule.shared_sinks)
+        weights_TK = sink_softmax(logits_TE, expert_ids_TK, rule.shared_sinks)[
+            ..., : expert_ids_TK.shape[-1]]
     else:
         weights_TK = torch.gather(_gate_scores(logits_TE, rule.scoring), -1, expert_ids_TK)
         if rule.normalize:
@@ -350,14 +354,14 @@ def topk_weights(
     return weights_TK
 
 
-def _sink_weights(logits_TE: torch.Tensor, expert_ids_TK: torch.Tensor, sinks: int
-                  ) -> torch.Tensor:
-    """Inkling's weights: the selected and the shared experts' log-sigmoids, softmaxed
-    together (its own op order), the selected ones kept."""
+def sink_softmax(logits_TE: torch.Tensor, expert_ids_TK: torch.Tensor, sinks: int
+                 ) -> torch.Tensor:
+    """Inkling's normalisation: the selected and the ``sinks`` shared experts'
+    log-sigmoids softmaxed together (its own op order), ``[..., K + sinks]``: the selected
+    experts' weights, then the shared experts' (its gammas)."""
     chosen_TK = torch.gather(logits_TE, -1, expert_ids_TK)
     log_TX = torch.nn.functional.logsigmoid(torch.cat([chosen_TK, logits_TE[..., -sinks:]], -1))
-    weights_TX = torch.exp(log_TX - torch.logsumexp(log_TX, dim=-1, keepdim=True))
-    return weights_TX[..., : chosen_TK.shape[-1]]
+    return torch.exp(log_TX - torch.logsumexp(log_TX, dim=-1, keepdim=True))
 
 
 def router_logit_width(expert_count: int, weight_rule: str) -> int:
