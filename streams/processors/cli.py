@@ -17,6 +17,7 @@ from hebrus_flywheel.core.kafka.security import (
     declare_role,
     insecure_plaintext,
 )
+from hebrus_flywheel.core.processes import bound_malloc
 from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
@@ -110,6 +111,7 @@ def worker_command(
 ) -> None:
     """Run one streams worker (start more with the same --app-id to share partitions)."""
     declare_role("streams")
+    bound_malloc()  # before any thread starts: arenas are per thread
     from hebrus_flywheel.streams.processors.app import StreamsWorker, WorkerConfig
 
     processors = processor_config(
