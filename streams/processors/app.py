@@ -66,8 +66,14 @@ from hebrus_flywheel.streams import limits, quarantine
 from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.owner_seal import Erased, OwnerSealer, open_fields, seal_fields
 from hebrus_flywheel.streams.processors import expiry, liveness
+from hebrus_flywheel.streams.processors.batches import all_delivered, batches, handling
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
-from hebrus_flywheel.streams.processors.crash import crash_only_agent, crash_only_timer, on_crash
+from hebrus_flywheel.streams.processors.crash import (
+    crash_only_agent,
+    crash_only_timer,
+    on_crash,
+    record_handled,
+)
 from hebrus_flywheel.streams.processors.dedup import DedupStage
 from hebrus_flywheel.streams.processors.identities import IdentityBook
 from hebrus_flywheel.streams.processors.liveness import start_monitor
@@ -312,26 +318,34 @@ class StreamsWorker:
     # -- agents -----------------------------------------------------------------------
 
     async def _capture_agent(self, stream: Any) -> None:
-        async for event in stream.events():
-            msg = event.message
-            if msg.topic != self.topics.ticks:  # handled here, even if skipped as poison
-                self._processed[(msg.topic, msg.partition)] = msg.offset
-            if await self._skipped_poison(msg):
-                continue
-            if msg.topic == self.topics.ticks:
-                emits = self.capture.tick(msg.partition, _now_ms())
-            else:
-                injected_fault(msg.key)  # tests only: FLYWHEEL_STREAMS_FAULT
-                emits = self.capture.process_safely(
-                    topic=msg.topic,
-                    partition=msg.partition,
-                    offset=msg.offset,
-                    key=msg.key,
-                    value=msg.value,
-                    headers=_headers(msg.headers),
-                    now_ms=_now_ms(),
-                )
-            await self._send_emits(emits)
+        async for events in batches(stream):
+            deliveries: list[Any] = []
+            for event in events:
+                with handling(event):
+                    deliveries.extend(await self._capture_one(event.message))
+            with record_handled(None):
+                await all_delivered(deliveries)
+
+    async def _capture_one(self, msg: Any) -> list[Any]:
+        """Handle one capture record; its outputs' deliveries (sent, not yet awaited)."""
+        if msg.topic != self.topics.ticks:  # handled here, even if skipped as poison
+            self._processed[(msg.topic, msg.partition)] = msg.offset
+        if await self._skipped_poison(msg):
+            return []
+        if msg.topic == self.topics.ticks:
+            emits = self.capture.tick(msg.partition, _now_ms())
+        else:
+            injected_fault(msg.key)  # tests only: FLYWHEEL_STREAMS_FAULT
+            emits = self.capture.process_safely(
+                topic=msg.topic,
+                partition=msg.partition,
+                offset=msg.offset,
+                key=msg.key,
+                value=msg.value,
+                headers=_headers(msg.headers),
+                now_ms=_now_ms(),
+            )
+        return [await self._send_emit(emit) for emit in emits]
 
     async def _identity_agent(self, stream: Any) -> None:
         async for event in stream.events():
@@ -349,55 +363,84 @@ class StreamsWorker:
             await self._send_emits(emits)
 
     async def _dedup_agent(self, stream: Any) -> None:
-        async for event in stream.events():
-            if await self._skipped_poison(event.message):
-                continue
-            wire = json.loads(event.message.value)
-            summary = open_fields(wire, self.sealer, context=str(wire["iid"]))
-            if isinstance(summary, Erased):
-                self.counters.inc("sealing", "erased_summaries")  # no decision: erased
-                continue
-            decision = self.dedup.process(summary)
-            try:
-                sealed = seal_fields(decision, DECISION_SEALED, self.sealer,
-                                     context=decision["iid"])
-            except OwnerKeyDestroyedError:
-                self.counters.inc("sealing", "erased_decisions")
-                continue
-            delivered = await self.decisions_topic.send(
-                key=event.message.key,
-                value=json.dumps(sealed).encode(),
-                partition=decision["partition"],
-            )
-            await delivered  # acknowledged before the thread's offset can be committed
+        async for events in batches(stream):
+            deliveries: list[Any] = []
+            for event in events:
+                with handling(event):
+                    deliveries.extend(await self._decide(event.message))
+            with record_handled(None):
+                await all_delivered(deliveries)  # before the summaries' offsets are acked
+
+    async def _decide(self, msg: Any) -> list[Any]:
+        """Split and dedup one thread summary; the decision's delivery (sent)."""
+        if await self._skipped_poison(msg):
+            return []
+        wire = json.loads(msg.value)
+        summary = open_fields(wire, self.sealer, context=str(wire["iid"]))
+        if isinstance(summary, Erased):
+            self.counters.inc("sealing", "erased_summaries")  # no decision: erased
+            return []
+        decision = self.dedup.process(summary)
+        try:
+            sealed = seal_fields(decision, DECISION_SEALED, self.sealer, context=decision["iid"])
+        except OwnerKeyDestroyedError:
+            self.counters.inc("sealing", "erased_decisions")
+            return []
+        return [await self.decisions_topic.send(
+            key=msg.key, value=json.dumps(sealed).encode(), partition=decision["partition"])]
 
     async def _window_agent(self, stream: Any) -> None:
         registry = codec.default_registry()
         headers = {v: codec.kafka_headers(registry.get(f"Window.v{v}")) for v in (1, 2)}
-        async for event in stream.events():
-            if await self._skipped_poison(event.message):
-                continue
-            wire = json.loads(event.message.value)
-            decision, encoded = self._sealed_windows(wire)
-            if decision is None:  # the owner was erased: drop what is left of the thread
-                self.counters.inc("sealing", "erased_decisions")
-                self.window.finish({**wire, "keep": False})
-                continue
-            pending = []
-            for value, record in encoded:
-                extra = [
-                    ("window_id", record["window_id"].encode()),
-                    ("content_digest", record["content_digest"].encode()),
-                ]
-                pending.append(
-                    await self.window_topics[record["split"]].send(
-                        key=window_key(record).encode(), value=value,
-                        headers=headers[2 if "key_generation" in record else 1] + extra,
-                    )
-                )
-            for fut in pending:
-                await fut
-            self.window.finish(decision)
+        async for events in batches(stream):
+            # a generation is retired (its content dropped) only after its windows were
+            # acknowledged; a second decision for it in one batch waits for the first's
+            done: list[tuple[Any, dict[str, Any]]] = []
+            deliveries: list[Any] = []
+            for event in events:
+                with handling(event):
+                    retire = await self._publish_windows(event.message, headers, deliveries,
+                                                         done)
+                if retire is not None:
+                    done.append((event, retire))
+            await self._retire(done, deliveries)
+
+    async def _publish_windows(self, msg: Any, headers: Mapping[int, list[Any]],
+                               deliveries: list[Any], done: list[tuple[Any, dict[str, Any]]]
+                               ) -> dict[str, Any] | None:
+        """Send one decision's windows (their deliveries appended to ``deliveries``); the
+        decision to retire its generation with once they are acknowledged. A generation
+        decided earlier in the batch (``done``) is retired first."""
+        if await self._skipped_poison(msg):
+            return None
+        wire = json.loads(msg.value)
+        if any(decided.get("iid") == wire.get("iid") for _, decided in done):
+            await self._retire(done, deliveries)  # sets the current event back after it
+        decision, encoded = self._sealed_windows(wire)
+        if decision is None:  # the owner was erased: drop what is left of the thread
+            self.counters.inc("sealing", "erased_decisions")
+            return {**wire, "keep": False}
+        for value, record in encoded:
+            extra = [
+                ("window_id", record["window_id"].encode()),
+                ("content_digest", record["content_digest"].encode()),
+            ]
+            deliveries.append(await self.window_topics[record["split"]].send(
+                key=window_key(record).encode(), value=value,
+                headers=headers[2 if "key_generation" in record else 1] + extra,
+            ))
+        return decision
+
+    async def _retire(self, done: list[tuple[Any, dict[str, Any]]],
+                      deliveries: list[Any]) -> None:
+        """Once every window sent is acknowledged, retire the generations decided."""
+        with record_handled(None):
+            await all_delivered(deliveries)
+        for event, decision in done:
+            with handling(event):
+                self.window.finish(decision)
+        done.clear()
+        deliveries.clear()
 
     def _sealed_windows(self, wire: dict[str, Any]
                         ) -> tuple[dict[str, Any] | None, list[tuple[bytes, dict[str, Any]]]]:

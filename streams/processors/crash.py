@@ -7,8 +7,9 @@ error logs one line (the error, and the record's topic, partition and offset whe
 known) and ends the process at once with :data:`CRASH_EXIT_STATUS`, before faust can
 ack or commit anything further. Offsets are committed only after the producer is
 flushed, and the agents await the delivery of every output of a record before taking
-the next, so the committed offset never passes a record whose outputs were not
-acknowledged: a restarted worker resumes at that record (architecture invariant 11,
+the next (or, in a batch, before the batch's records are acked:
+:mod:`streams.processors.batches`), so the committed offset never passes a record whose
+outputs were not acknowledged: a restarted worker resumes at that record (architecture invariant 11,
 crash-only). The app also uses :class:`mode.CrashingSupervisor`, so an error that
 escaped the wrappers would still not be absorbed by a restart. Before exiting, the
 crash hooks run (:func:`on_crash`): the streams worker counts the crash on its record in
@@ -22,7 +23,8 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager, suppress
 from typing import Any, NoReturn
 
 import faust
@@ -43,7 +45,28 @@ def on_crash(hook: CrashHook) -> None:
     _hooks.append(hook)
 
 
-def _record(stream: Any) -> tuple[str, int, int] | None:
+_RECORD_ATTR = "_flywheel_streams_record"
+
+
+@contextmanager
+def record_handled(record: tuple[str, int, int] | None) -> Iterator[None]:
+    """Name ``record`` as the one an error raised inside the block happened on (the
+    innermost block names it); ``None``: no record, as for a batch waiting for its
+    deliveries (a failed delivery is not the fault of the stream's current event, which
+    a crash would otherwise name and count towards a poison verdict)."""
+    try:
+        yield
+    except Exception as exc:
+        if not hasattr(exc, _RECORD_ATTR):
+            with suppress(AttributeError):  # an exception type with __slots__
+                setattr(exc, _RECORD_ATTR, record)
+        raise
+
+
+def _record(stream: Any, exc: BaseException | None = None) -> tuple[str, int, int] | None:
+    if hasattr(exc, _RECORD_ATTR):
+        named: tuple[str, int, int] | None = getattr(exc, _RECORD_ATTR)
+        return named
     event = faust.current_event() or getattr(stream, "current_event", None)
     message = getattr(event, "message", None)
     if message is None:
@@ -87,7 +110,7 @@ def crash_only_agent(name: str, body: Callable[[Any], Awaitable[None]]
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            crash(f"agent {name}", exc, _record(stream))
+            crash(f"agent {name}", exc, _record(stream, exc))
 
     agent.__name__ = agent.__qualname__ = name
     return agent
