@@ -277,6 +277,7 @@ class StreamsWorker:
             resolve_identity=self.identities.resolve,
             counters=self.counters,
             capture_consent=lambda owner, at_ms: self.consent.allows(owner, "capture", at_ms),
+            split_config=p.split,
         )
         self.dedup = DedupStage(
             split_config=p.split, dedup_config=p.dedup, store=dedup_table, counters=self.counters

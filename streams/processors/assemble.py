@@ -11,6 +11,12 @@ State is kept in one mapping under keys from :mod:`streams.processors.common`:
 * ``o|<iid>|r<first>``: a chunk's run of consecutive tokens' routes, packed, stored as
   one value (:func:`apply_run`; the header's ``runs`` lists them as ``[first, count]``).
 
+A route's payload (expert ids and weights) is stored only when the header's
+``routes_kept`` says so: the capture stage sets it from the split's runtime draw
+(:func:`streams.processors.split.may_hold_out_runtime`), since only ``runtime_holdout``
+windows carry captured routes. Otherwise a route keeps its token id, turn and stages
+(what completion, route consistency and the summary read) and empty ids and weights.
+
 A generation is *complete* once its end marker arrived, its turns cover
 ``0..end-turn`` and its token ranges cover ``[0, end)`` contiguously, and (with
 ``require_routes``) every generated token has its observation. After
@@ -85,7 +91,8 @@ class AssembleConfig:
                 )
 
 
-def new_header(record: Mapping[str, Any], partition: int) -> dict[str, Any]:
+def new_header(record: Mapping[str, Any], partition: int, *,
+               routes_kept: bool = True) -> dict[str, Any]:
     return {
         "owner": record["owner"],
         "thread": record["thread"],
@@ -108,6 +115,7 @@ def new_header(record: Mapping[str, Any], partition: int) -> dict[str, Any]:
         "tool_call_segments": 0,
         "last_ms": 0,
         "outbox": [],
+        "routes_kept": routes_kept,
     }
 
 
@@ -232,11 +240,12 @@ def apply_observation(
         )
     if ranges_contains(header["tokens"], ordinal) and not ranges_contains(header["gen"], ordinal):
         return reject("token_mismatch", f"ordinal {ordinal} is not an assistant-generated token")
+    kept = header.get("routes_kept", True)
     store[obs_key(iid, ordinal)] = {
         "token_id": record["token_id"],
         "turn_index": record["turn_index"],
-        "ids": routes.expert_ids,
-        "weights": routes.weights,
+        "ids": routes.expert_ids if kept else b"",
+        "weights": routes.weights if kept else b"",
         "stages": routes.stages,
     }
     header["obs"] = ranges_add(header["obs"], ordinal, ordinal + 1)
@@ -261,11 +270,12 @@ def apply_run(
     if (_check_common(header, chunk) is not None or ranges_overlap(header["obs"], first, end)
             or (last is not None and first < last) or _ungenerated(header, first, end)):
         return False
+    kept = header.get("routes_kept", True)
     store[run_key(iid, first)] = {
         "token_ids": opened.tokens.tolist(),
         "turn_index": chunk["turn_index"],
-        "ids": opened.ids.tobytes(),
-        "weights": opened.weights.tobytes(),
+        "ids": opened.ids.tobytes() if kept else b"",
+        "weights": opened.weights.tobytes() if kept else b"",
         "stages": tuple(chunk["stages"]),
     }
     header["runs"] = [*header.get("runs", []), [first, n]]
@@ -409,6 +419,7 @@ def summarize(
         "turn_count": len(thread.turns),
         "generated_count": ranges_count(header["gen"]),
         "routes_complete": ranges_covers(header["obs"], header["gen"]),
+        "routes_kept": header.get("routes_kept", True),
         "closed": header["close"] is not None,
         "digest": content_digest(thread.tokens),
         "minhash": signature(thread.tokens, dedup),

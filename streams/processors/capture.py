@@ -45,6 +45,7 @@ from hebrus_flywheel.streams.processors.common import (
     thread_key,
 )
 from hebrus_flywheel.streams.processors.dedup import DedupConfig
+from hebrus_flywheel.streams.processors.split import SplitConfig, may_hold_out_runtime
 from hebrus_flywheel.streams.processors.validate import (
     PackedRoutes,
     Rejection,
@@ -96,11 +97,17 @@ class CaptureStage:
         counters: Counters | None = None,
         keys: OwnerKeyStore | None = None,
         capture_consent: Callable[[str, int], bool] | None = None,
+        split_config: SplitConfig | None = None,
     ) -> None:
         """``capture_consent(owner, at_ms)``: whether the owner had a live ``capture``
         grant at the record's wall time (the worker passes its consent ledger); a
         record without one is quarantined ``no_consent`` by reference. None checks
-        nothing (in-process reference pipelines of the tests)."""
+        nothing (in-process reference pipelines of the tests).
+
+        ``split_config``: the split stage's configuration; a thread whose runtime draw
+        cannot make it a ``runtime_holdout`` (the only split whose windows carry
+        captured routes) keeps no route payloads (:mod:`streams.processors.assemble`).
+        None keeps every thread's."""
         self.kinds = {name: kind for kind, name in topics.items()}
         self.topics = dict(topics)
         self.store = store
@@ -113,6 +120,7 @@ class CaptureStage:
         self._keys = keys
         self._opener: CaptureOpener | None = None
         self.capture_consent = capture_consent
+        self.sconf = split_config
 
     @property
     def opener(self) -> CaptureOpener:
@@ -399,7 +407,8 @@ class CaptureStage:
         stored = self.store.get(hkey)
         if stored is None:  # a new generation: looked at again once it could be idle
             self._schedule(hkey, source.partition, now_ms + self.aconf.idle_timeout_ms)
-        header = asm.new_header(record, source.partition) if stored is None else dict(stored)
+        header = dict(stored) if stored is not None else asm.new_header(
+            record, source.partition, routes_kept=self._keeps_routes(record))
         redelivered, verdict = asm.redelivered_verdict(header, kind, source.offset)
         if redelivered:
             self.counters.inc("assemble", "redelivered")
@@ -423,6 +432,13 @@ class CaptureStage:
                 header["completed_by"] = [kind, source.offset]
         self.store[hkey] = header
         return emits
+
+    def _keeps_routes(self, record: Mapping[str, Any]) -> bool:
+        keep = self.sconf is None or may_hold_out_runtime(record["owner"], record["thread"],
+                                                          self.sconf)
+        if not keep:
+            self.counters.inc("assemble", "generations_without_route_payloads")
+        return keep
 
     def _apply(self, header: dict[str, Any], iid: str, kind: str,
                records: list[tuple[dict[str, Any], Any]]) -> Rejection | None:

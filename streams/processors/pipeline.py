@@ -155,6 +155,7 @@ class LocalPipeline:
             counters=self.counters,
             keys=self.keys,
             capture_consent=self.capture_consent,
+            split_config=self.config.split,
         )
         self.dedup = DedupStage(
             split_config=self.config.split,

@@ -5,7 +5,11 @@ Rules, in order (the first that fires wins):
 1. ``runtime_holdout``: a thread whose every generated token has a captured decode
    route (a real decode capture) is reserved with probability
    ``runtime_holdout_fraction``; its windows carry the captured routes and are never
-   replayed for training.
+   replayed for training. The draw depends on owner and thread alone
+   (:func:`may_hold_out_runtime`), so the capture stage knows while it assembles a
+   thread whether its routes can ever be windowed: only those threads keep their
+   route payloads (``routes_kept`` in the summary; a thread that did not keep them is
+   never a runtime holdout).
 2. ``temporal_holdout``: a thread that starts at or after ``temporal_cut_ms``.
 3. ``stress_holdout``: a thread with a configured stress tag (``code``, ``tool_calls``,
    ``long_reasoning``, ``multilingual``, ``unusual_length`` by default), with
@@ -112,13 +116,19 @@ def owner_split(owner: str, config: SplitConfig) -> str:
     return "validation" if draw < config.validation_fraction else "train"
 
 
+def may_hold_out_runtime(owner: str, thread: str, config: SplitConfig) -> bool:
+    """Whether the thread's runtime draw reserves it as ``runtime_holdout`` (if it turns
+    out to be a real decode capture): the one split whose windows carry captured routes."""
+    return unit_interval(config.salt, "runtime", owner, thread) < config.runtime_holdout_fraction
+
+
 def assign_split(summary: Mapping[str, Any], config: SplitConfig) -> SplitDecision:
     """Apply the rules of this module to a completed thread's summary."""
     owner, thread = summary["owner"], summary["thread"]
     tags = thread_tags(summary, config)
-    real_capture = summary.get("routes_complete") and summary.get("generated_count", 0) > 0
-    draw = unit_interval(config.salt, "runtime", owner, thread)
-    if real_capture and draw < config.runtime_holdout_fraction:
+    real_capture = (summary.get("routes_complete") and summary.get("routes_kept", True)
+                    and summary.get("generated_count", 0) > 0)
+    if real_capture and may_hold_out_runtime(owner, thread, config):
         return SplitDecision(split="runtime_holdout", rule="runtime_capture", tags=tags)
     start = summary.get("start_ms")
     if config.temporal_cut_ms is not None and start is not None and start >= config.temporal_cut_ms:
@@ -133,10 +143,8 @@ def draw_splits(ids: Sequence[tuple[str, str]], config: SplitConfig) -> Counter[
     """Threads per split from the runtime and owner draws alone, for (owner, thread)
     pseudonyms of real decode captures. The temporal and stress rules need a thread's
     timing and tags; they can only move threads out of train and validation."""
-    return Counter("runtime_holdout"
-                   if unit_interval(config.salt, "runtime", owner, thread)
-                   < config.runtime_holdout_fraction else owner_split(owner, config)
-                   for owner, thread in ids)
+    return Counter("runtime_holdout" if may_hold_out_runtime(owner, thread, config)
+                   else owner_split(owner, config) for owner, thread in ids)
 
 
 def search_salt(ids: Sequence[tuple[str, str]], config: SplitConfig, *,
