@@ -66,7 +66,12 @@ from hebrus_flywheel.streams import limits, quarantine
 from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.owner_seal import Erased, OwnerSealer, open_fields, seal_fields
 from hebrus_flywheel.streams.processors import expiry, liveness
-from hebrus_flywheel.streams.processors.batches import all_delivered, batches, handling
+from hebrus_flywheel.streams.processors.batches import (
+    all_delivered,
+    batches,
+    handle_in_batches,
+    handling,
+)
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
 from hebrus_flywheel.streams.processors.crash import (
     crash_only_agent,
@@ -319,13 +324,7 @@ class StreamsWorker:
     # -- agents -----------------------------------------------------------------------
 
     async def _capture_agent(self, stream: Any) -> None:
-        async for events in batches(stream):
-            deliveries: list[Any] = []
-            for event in events:
-                with handling(event):
-                    deliveries.extend(await self._capture_one(event.message))
-            with record_handled(None):
-                await all_delivered(deliveries)
+        await handle_in_batches(stream, self._capture_one)
 
     async def _capture_one(self, msg: Any) -> list[Any]:
         """Handle one capture record; its outputs' deliveries (sent, not yet awaited)."""
@@ -337,40 +336,24 @@ class StreamsWorker:
             emits = self.capture.tick(msg.partition, _now_ms())
         else:
             injected_fault(msg.key)  # tests only: FLYWHEEL_STREAMS_FAULT
-            emits = self.capture.process_safely(
-                topic=msg.topic,
-                partition=msg.partition,
-                offset=msg.offset,
-                key=msg.key,
-                value=msg.value,
-                headers=_headers(msg.headers),
-                now_ms=_now_ms(),
-            )
+            emits = self._process(msg, now_ms=_now_ms())
         return [await self._send_emit(emit) for emit in emits]
+
+    def _process(self, msg: Any, now_ms: int = 0) -> list[Emit]:
+        """The capture stage's verdict on one capture or identity record."""
+        return self.capture.process_safely(
+            topic=msg.topic, partition=msg.partition, offset=msg.offset, key=msg.key,
+            value=msg.value, headers=_headers(msg.headers), now_ms=now_ms)
 
     async def _identity_agent(self, stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
             if await self._skipped_poison(msg):
                 continue
-            emits = self.capture.process_safely(
-                topic=msg.topic,
-                partition=msg.partition,
-                offset=msg.offset,
-                key=msg.key,
-                value=msg.value,
-                headers=_headers(msg.headers),
-            )
-            await self._send_emits(emits)
+            await self._send_emits(self._process(msg))
 
     async def _dedup_agent(self, stream: Any) -> None:
-        async for events in batches(stream):
-            deliveries: list[Any] = []
-            for event in events:
-                with handling(event):
-                    deliveries.extend(await self._decide(event.message))
-            with record_handled(None):
-                await all_delivered(deliveries)  # before the summaries' offsets are acked
+        await handle_in_batches(stream, self._decide)
 
     async def _decide(self, msg: Any) -> list[Any]:
         """Split and dedup one thread summary; the decision's delivery (sent)."""

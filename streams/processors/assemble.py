@@ -26,7 +26,7 @@ has, and one with a gap is refused (``incomplete_thread``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,12 +240,12 @@ def apply_observation(
         )
     if ranges_contains(header["tokens"], ordinal) and not ranges_contains(header["gen"], ordinal):
         return reject("token_mismatch", f"ordinal {ordinal} is not an assistant-generated token")
-    kept = header.get("routes_kept", True)
+    ids, weights = _payload(header, lambda: (routes.expert_ids, routes.weights))
     store[obs_key(iid, ordinal)] = {
         "token_id": record["token_id"],
         "turn_index": record["turn_index"],
-        "ids": routes.expert_ids if kept else b"",
-        "weights": routes.weights if kept else b"",
+        "ids": ids,
+        "weights": weights,
         "stages": routes.stages,
     }
     header["obs"] = ranges_add(header["obs"], ordinal, ordinal + 1)
@@ -270,18 +270,25 @@ def apply_run(
     if (_check_common(header, chunk) is not None or ranges_overlap(header["obs"], first, end)
             or (last is not None and first < last) or _ungenerated(header, first, end)):
         return False
-    kept = header.get("routes_kept", True)
+    ids, weights = _payload(header, lambda: (opened.ids.tobytes(), opened.weights.tobytes()))
     store[run_key(iid, first)] = {
         "token_ids": opened.tokens.tolist(),
         "turn_index": chunk["turn_index"],
-        "ids": opened.ids.tobytes() if kept else b"",
-        "weights": opened.weights.tobytes() if kept else b"",
+        "ids": ids,
+        "weights": weights,
         "stages": tuple(chunk["stages"]),
     }
     header["runs"] = [*header.get("runs", []), [first, n]]
     header["obs"] = ranges_add(header["obs"], first, end)
     header["seq"] = {**header["seq"], seq: end - 1}
     return True
+
+
+def _payload(header: Mapping[str, Any], packed: Callable[[], tuple[bytes, bytes]]
+             ) -> tuple[bytes, bytes]:
+    """A route's stored expert ids and weights: ``packed()`` where the generation keeps
+    route payloads (its ``routes_kept``), empty otherwise (never packed then)."""
+    return packed() if header.get("routes_kept", True) else (b"", b"")
 
 
 def _ungenerated(header: Mapping[str, Any], start: int, end: int) -> bool:

@@ -21,7 +21,7 @@ each record the current event while it is handled (and names it to the crash han
 from __future__ import annotations
 
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -52,6 +52,19 @@ def handling(event: Any) -> Iterator[None]:
             yield
     finally:
         _current_event.reset(token)
+
+
+async def handle_in_batches(stream: Any,
+                            handle: Callable[[Any], Awaitable[list[Any]]]) -> None:
+    """The agent body of a stream whose records each yield deliveries: ``handle(msg)``
+    for every record of a batch (as the current event), then one wait for them all."""
+    async for events in batches(stream):
+        deliveries: list[Any] = []
+        for event in events:
+            with handling(event):
+                deliveries.extend(await handle(event.message))
+        with record_handled(None):
+            await all_delivered(deliveries)  # before faust acks the batch's records
 
 
 async def all_delivered(deliveries: Iterable[Awaitable[Any]]) -> None:
