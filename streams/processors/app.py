@@ -59,6 +59,7 @@ from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import claim_exclusive, make_dirs
 from hebrus_flywheel.core.privacy import OwnerKeyDestroyedError
+from hebrus_flywheel.core.processes import release_free_heap
 from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.core.settings import flywheel_home
 from hebrus_flywheel.schemas import codec
@@ -96,6 +97,7 @@ from hebrus_flywheel.streams.processors.state_store import (
 from hebrus_flywheel.streams.processors.topology import DEFAULT_APP_ID, StreamTopics, ensure_topics
 from hebrus_flywheel.streams.processors.window import WindowStage, window_key
 from hebrus_flywheel.streams.processors.window_seal import encode_window
+from hebrus_flywheel.streams.processors.write_cache import WriteCache
 from hebrus_flywheel.streams.topics import describe_topics
 
 log = logging.getLogger(__name__)
@@ -137,6 +139,10 @@ class WorkerConfig:
             Default 1. (It was 0 while two workers could stall after a rebalance; the
             cause was partitions without a committed offset keeping a stale fetch
             position, see :mod:`streams.processors.seek`.)
+        heap_release_interval_s: how often the C heap's free pages go back to the
+            system (:func:`core.processes.release_free_heap`; a few milliseconds each):
+            freed buffers between live blocks otherwise stay resident, and resident
+            memory creeps up with the traffic (``bench/soak.py``).
     """
 
     bootstrap: str
@@ -151,6 +157,7 @@ class WorkerConfig:
     data_dir: Path | None = None
     poison_after_crashes: int = 3
     standby_replicas: int = 1
+    heap_release_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -160,6 +167,7 @@ class WorkerConfig:
             "commit_interval_s",
             "session_timeout_s",
             "stats_interval_s",
+            "heap_release_interval_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"WorkerConfig.{name} must be > 0")
@@ -270,8 +278,12 @@ class StreamsWorker:
 
     def _declare(self) -> None:
         t, p = self.topics, self.config.processors
-        capture_table = self._table(CAPTURE_TABLE, self.partitions)
-        dedup_table = self._table(DEDUP_TABLE, 1)
+        # writes coalesced per key within each batch (streams.processors.write_cache)
+        capture_table = WriteCache(self._table(CAPTURE_TABLE, self.partitions),
+                                   name="capture", counters=self.counters)
+        dedup_table = WriteCache(self._table(DEDUP_TABLE, 1), name="dedup",
+                                 counters=self.counters)
+        self.caches = (capture_table, dedup_table)
         self.capture = CaptureStage(
             topics=t.capture_kinds(),
             store=capture_table,
@@ -316,6 +328,8 @@ class StreamsWorker:
             )
         app.timer(self.config.tick_interval_s)(crash_only_timer("send_ticks", self._send_ticks))
         app.timer(self.config.stats_interval_s)(crash_only_timer("log_stats", self._log_stats))
+        app.timer(self.config.heap_release_interval_s)(
+            crash_only_timer("release_heap", self._release_heap))
         app.on_rebalance_complete.connect(self._on_rebalance)
         # Table writes go through faust's send-soon buffer, which stalls (and warns) at
         # 100 queued messages; one observation queues three, so allow a deeper buffer.
@@ -324,7 +338,13 @@ class StreamsWorker:
     # -- agents -----------------------------------------------------------------------
 
     async def _capture_agent(self, stream: Any) -> None:
-        await handle_in_batches(stream, self._capture_one)
+        await handle_in_batches(stream, self._capture_one, flush=self._flush_tables)
+
+    def _flush_tables(self) -> None:
+        """Write the tables' cached writes: at the end of every batch, before its records
+        are acked (the changelog records are flushed before any offset commit)."""
+        for cache in self.caches:
+            cache.flush()
 
     async def _capture_one(self, msg: Any) -> list[Any]:
         """Handle one capture record; its outputs' deliveries (sent, not yet awaited)."""
@@ -353,7 +373,7 @@ class StreamsWorker:
             await self._send_emits(self._process(msg))
 
     async def _dedup_agent(self, stream: Any) -> None:
-        await handle_in_batches(stream, self._decide)
+        await handle_in_batches(stream, self._decide, flush=self._flush_tables)
 
     async def _decide(self, msg: Any) -> list[Any]:
         """Split and dedup one thread summary; the decision's delivery (sent)."""
@@ -388,6 +408,7 @@ class StreamsWorker:
                 if retire is not None:
                     done.append((event, retire))
             await self._retire(done, deliveries)
+            self._flush_tables()
 
     async def _publish_windows(self, msg: Any, headers: Mapping[int, list[Any]],
                                deliveries: list[Any], done: list[tuple[Any, dict[str, Any]]]
@@ -504,6 +525,13 @@ class StreamsWorker:
                 return False
         return True
 
+    async def _release_heap(self) -> None:
+        started = time.perf_counter()
+        released = release_free_heap()
+        self.counters.inc("memory", "heap_releases", int(released))
+        self.counters.inc("memory", "heap_release_ms", round(1000 * (time.perf_counter()
+                                                                    - started)))
+
     async def _log_stats(self) -> None:
         log.info("streams counters %s", json.dumps(self.counters.as_dict()))
         log.info("streams memory %s", json.dumps(memory_gauges()))
@@ -526,6 +554,8 @@ class StreamsWorker:
         # before faust's seek: partitions without a commit go back to their start too
         seek_uncommitted_to_start(self.app)
         self.dedup.reset()
+        for cache in self.caches:  # empty: faust acks every batch before it revokes
+            cache.discard()
         # offsets this worker processed before the rebalance may be behind what another
         # worker has processed of a partition since: positions start at the commit again
         self._processed.clear()

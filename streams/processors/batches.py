@@ -55,14 +55,18 @@ def handling(event: Any) -> Iterator[None]:
 
 
 async def handle_in_batches(stream: Any,
-                            handle: Callable[[Any], Awaitable[list[Any]]]) -> None:
+                            handle: Callable[[Any], Awaitable[list[Any]]],
+                            flush: Callable[[], Any] | None = None) -> None:
     """The agent body of a stream whose records each yield deliveries: ``handle(msg)``
-    for every record of a batch (as the current event), then one wait for them all."""
+    for every record of a batch (as the current event), ``flush()`` (the batch's cached
+    table writes), then one wait for them all."""
     async for events in batches(stream):
         deliveries: list[Any] = []
         for event in events:
             with handling(event):
                 deliveries.extend(await handle(event.message))
+        if flush is not None:
+            flush()
         with record_handled(None):
             await all_delivered(deliveries)  # before faust acks the batch's records
 
