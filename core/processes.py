@@ -99,8 +99,7 @@ def release_free_heap() -> bool:
     return bool(malloc_trim(0))
 
 
-def bound_malloc(arenas: int = 2, *, mmap_threshold: int = LARGE_ALLOCATION_BYTES,
-                 trim_threshold: int | None = KEPT_FREE_TOP_BYTES) -> dict[str, int]:
+def bound_malloc(arenas: int = 2) -> dict[str, int]:
     """Keep a long-running worker's C heap from holding freed memory (glibc ``mallopt``;
     nothing elsewhere): at most ``arenas`` malloc arenas, a fixed mmap threshold (every
     allocation of ``mmap_threshold`` bytes or more is its own mapping that ``free``
@@ -115,8 +114,10 @@ def bound_malloc(arenas: int = 2, *, mmap_threshold: int = LARGE_ALLOCATION_BYTE
     also stops glibc from raising the trim threshold, and a worker's everyday buffers
     (a chunk's packed routes, ~370 KB, copied a few times per record; a fetch
     response) would each be mapped, or grow and trim the heap top, and be zero-filled
-    page by page: measured, one 365 KB copy took 110 us instead of 2 us, and the
-    worker spent most of its time in page faults. Call before the worker starts its
+    page by page: measured, one 365 KB copy took 110 us instead of 2 us, and the worker
+    used 10 to 25 % more CPU per observation (``bench/streams.py``, alternated). The
+    thresholds are :data:`LARGE_ALLOCATION_BYTES` and :data:`KEPT_FREE_TOP_BYTES`.
+    Call before the worker starts its
     threads. Returns the settings applied (empty where the C library has no
     ``mallopt``)."""
     try:
@@ -125,9 +126,10 @@ def bound_malloc(arenas: int = 2, *, mmap_threshold: int = LARGE_ALLOCATION_BYTE
         return {}
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     applied = {}
-    for name, option, value in (("arena_max", M_ARENA_MAX, arenas),
-                                ("mmap_threshold_bytes", M_MMAP_THRESHOLD, mmap_threshold),
-                                ("trim_threshold_bytes", M_TRIM_THRESHOLD, trim_threshold)):
-        if value is not None and mallopt(option, value) == 1:
+    for name, option, value in (
+            ("arena_max", M_ARENA_MAX, arenas),
+            ("mmap_threshold_bytes", M_MMAP_THRESHOLD, LARGE_ALLOCATION_BYTES),
+            ("trim_threshold_bytes", M_TRIM_THRESHOLD, KEPT_FREE_TOP_BYTES)):
+        if mallopt(option, value) == 1:
             applied[name] = value
     return applied

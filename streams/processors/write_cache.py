@@ -52,6 +52,7 @@ class WriteCache(MutableMapping[str, Any]):
         self.name = name
         self.counters = counters or Counters()
         self._pending: dict[str, tuple[Any, Any]] = {}  # key -> (value or _DELETED, event)
+        self._writes, self._flushed = f"{name}_writes", f"{name}_flushed"  # counter names
 
     def __getitem__(self, key: str) -> Any:
         cached = self._pending.get(key)
@@ -87,7 +88,7 @@ class WriteCache(MutableMapping[str, Any]):
             self._pending.pop(key, None)
             self._write(key, value)
             return
-        self.counters.inc("write_cache", f"{self.name}_writes")
+        self.counters.inc("write_cache", self._writes)
         self._pending[key] = (value, event)
 
     def __iter__(self) -> Iterator[str]:
@@ -113,7 +114,7 @@ class WriteCache(MutableMapping[str, Any]):
         for key, (value, event) in pending.items():
             with handling(event):
                 self._write(key, value)
-        self.counters.inc("write_cache", f"{self.name}_flushed", len(pending))
+        self.counters.inc("write_cache", self._flushed, len(pending))
         return len(pending)
 
     def discard(self) -> int:
