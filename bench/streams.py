@@ -7,11 +7,17 @@ uuid-prefixed topics on the broker, then, in the same run:
    decode of every record (the floor any Python consumer pays);
 2. ``processed``: the same consume feeding validate → assemble → split → dedup → window
    (the stage objects the faust worker runs), in one process;
-3. ``faust_worker``: a real ``streams worker`` subprocess, from first record produced to
-   last window published (includes faust, table changelogs and Kafka round trips);
-4. ``two_worker_speedup``: the same with two worker processes of one app id (each its own
-   data directory) against the one worker, and whether both wrote the same set of
-   windows (``--no-two-workers`` skips it).
+3. ``faust_worker``: a real ``streams worker`` subprocess draining a backlog: every record
+   is produced before it starts, and the clock runs from the first capture record it
+   handled (its log line) to the last window on the broker (faust, table changelogs and
+   Kafka round trips included; start-up, printed as ``startup_seconds``, is not; with two
+   workers ``last_worker_began_s`` after the first, and the rebalance, are included);
+   ``faust_worker_live``: the same worker joined first, from the first record produced
+   to the last window, the bench's producer sharing the machine meanwhile;
+4. ``two_worker_speedup``: two worker processes of one app id (each its own data
+   directory) against the one worker, both on a backlog (``two_worker_live_speedup``:
+   both live), and whether all four runs wrote the same set of windows
+   (``--no-two-workers`` skips them).
 
 Rates count token-observations (one per decoded token) per wall second, however they
 are carried; ``cpu_rate`` is the same count per CPU second of the process that did the
@@ -20,8 +26,10 @@ sensitive to other load on the machine). Capture is published as the runtime pub
 sends it: runs of up to ``--chunk-tokens`` observations of one request as one
 ``RouteObservationChunk.v1`` (``--chunk-tokens 0``: one ``RouteObservation.v3`` per
 token). The figures ``faust_to_raw_ratio`` (wall) and ``faust_to_raw_cpu_ratio`` compare
-the worker with the raw floor of the same run. ``--profile FILE`` runs the worker under
-cProfile (CPU time) and writes its stats there. The bench and its worker share one fresh
+the worker on its backlog with the raw floor of the same run, which reads a backlog too.
+``--profile FILE`` runs the backlog worker under cProfile (CPU time), stats to FILE.
+``broker_cpu_s``: the CPU seconds of the brokers this ``$FLYWHEEL_HOME`` started, over the
+same window (the broker shares the machine). The bench and its worker share one fresh
 owner key store (``$FLYWHEEL_OWNER_KEYS``, a temporary directory). Usage::
 
     python bench/streams.py [--threads 40] [--assistant-tokens 120] [--chunk-tokens 64]
@@ -36,8 +44,10 @@ import io
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -57,7 +67,7 @@ from fastavro import schemaless_reader
 
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.processes import exit_on_sigterm
-from hebrus_flywheel.core.settings import bootstrap_servers
+from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
 from hebrus_flywheel.streams.acls import grant_catalogue
@@ -87,6 +97,7 @@ from tests.support.streams_synthetic import (
 
 APP_ID = "flywheel-streams"
 FLAGS = {"runtime_holdout_fraction": 0.2}
+FIRST_CAPTURE = re.compile(r"first capture record \S+ handled at unix time ([0-9.]+)")
 PROFILED_WORKER = """
 import cProfile, runpy, sys, time
 profile = cProfile.Profile(time.process_time)
@@ -208,57 +219,154 @@ class Capture:
             raise SystemExit("the bench's capture records were not all acknowledged")
 
 
-def bench_worker(bootstrap: str, prefix: str, capture: Capture, expected: int,
-                 profile: Path | None, workers: int = 1) -> tuple[float, float]:
-    """The workers' token-observations per wall second, first record produced to last
-    window on the broker (``workers`` processes of one app id, each with its own home);
-    ``profile``: run the (first) worker under cProfile, stats to that file."""
-    topics = StreamTopics.from_prefix(prefix)
-    create_topics(bootstrap, catalogue(prefix))
-    grant_catalogue(bootstrap, prefix)  # the streams worker runs as the streams role
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID,
-                               log_path=Path(tmp) / f"worker-{i}.log", flags=FLAGS,
-                               home=Path(tmp) / f"home-{i}") for i in range(workers)]
-        if profile is not None:  # CPU time, not wall time: the machine may be shared
-            procs[0].args[1:3] = ["-c", PROFILED_WORKER.format(path=str(profile))]
-        for worker in procs:
-            worker.start()
+class WorkerRun:
+    """One timed run of ``workers`` worker processes of one app id (each its own home)
+    over the bench's capture, in ``prefix``'s namespace.
+
+    ``backlog``: every capture record is produced and acknowledged before any worker
+    starts, and the clock runs from the first capture record a worker handled (its
+    ``first capture record`` log line) to the last window on the broker: the worker's
+    drain rate, measured as the raw floor is (a backlog read to its end). Otherwise
+    (``live``) the workers join first and the clock runs from the first record produced,
+    so the figure also holds the bench's own producer, which shares the machine.
+    """
+
+    def __init__(self, bootstrap: str, prefix: str, capture: Capture, expected: int, *,
+                 workers: int, backlog: bool, profile: Path | None = None) -> None:
+        self.bootstrap, self.capture, self.expected = bootstrap, capture, expected
+        self.topics = StreamTopics.from_prefix(prefix)
+        self.prefix, self.workers, self.backlog, self.profile = prefix, workers, backlog, profile
+
+    def run(self) -> float:
+        """Run, print the figure, return the rate (token-observations per wall second)."""
+        create_topics(self.bootstrap, catalogue(self.prefix))
+        grant_catalogue(self.bootstrap, self.prefix)  # the worker runs as the streams role
+        if self.backlog:
+            self.capture.produce(self.bootstrap, self.topics)
+        with tempfile.TemporaryDirectory() as tmp:
+            procs = [WorkerProcess(bootstrap=self.bootstrap, prefix=self.prefix,
+                                   app_id=APP_ID, log_path=Path(tmp) / f"worker-{i}.log",
+                                   flags=FLAGS, home=Path(tmp) / f"home-{i}")
+                     for i in range(self.workers)]
+            if self.profile is not None:  # CPU time, not wall: the machine may be shared
+                procs[0].args[1:3] = ["-c", PROFILED_WORKER.format(path=str(self.profile))]
+            for worker in procs:
+                worker.start()
+            try:
+                timing = self._drain(procs) if self.backlog else self._live(procs)
+            except BaseException:
+                for worker in procs:
+                    print(worker.log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
+                raise
+            finally:
+                for worker in procs:
+                    worker.stop()
+        return self._emit(*timing)
+
+    def _live(self, procs: list[WorkerProcess]) -> tuple[float, float, dict[str, float]]:
+        # join the group and finish (empty) recovery before data arrives
+        wait_until(lambda: group_members(self.bootstrap, self.prefix + APP_ID) >= len(procs),
+                   timeout_s=120, interval_s=0.5, what="every worker in the group")
+        time.sleep(10)
+        brokers = _broker_pids()
+        cpu_start = sum(_cpu_seconds(_pid(w)) for w in procs)
+        broker_start = sum(_cpu_seconds(pid) for pid in brokers)
+        start = time.perf_counter()
+        self.capture.produce(self.bootstrap, self.topics)
+        produced_s = time.perf_counter() - start
+        self._wait_for_windows(interval_s=0.5)
+        elapsed = time.perf_counter() - start
+        cpu_s = sum(_cpu_seconds(_pid(w)) for w in procs) - cpu_start
+        broker_s = sum(_cpu_seconds(pid) for pid in brokers) - broker_start
+        return elapsed, cpu_s, {"produce_seconds": round(produced_s, 2),
+                                "broker_cpu_s": round(broker_s, 2)}
+
+    def _drain(self, procs: list[WorkerProcess]) -> tuple[float, float, dict[str, float]]:
+        started = time.time()
+        samplers = [CpuSampler([_pid(w) for w in procs]), CpuSampler(_broker_pids())]
+        for sampler in samplers:
+            sampler.start()
         try:
-            # join the group and finish (empty) recovery before data arrives
-            wait_until(lambda: group_members(bootstrap, prefix + APP_ID) >= workers,
-                       timeout_s=120, interval_s=0.5, what="every worker in the group")
-            time.sleep(10)
-            cpu_start = sum(_cpu_seconds(_pid(w)) for w in procs)
-            start = time.perf_counter()
-            capture.produce(bootstrap, topics)
-            produced_s = time.perf_counter() - start
-            wait_until(
-                lambda: _refused(bootstrap, topics)
-                or _windows_published(bootstrap, topics) >= expected,
-                timeout_s=900,
-                interval_s=0.5,
-                what="the worker's windows",
-            )
-            elapsed = time.perf_counter() - start
-            cpu_s = sum(_cpu_seconds(_pid(w)) for w in procs) - cpu_start
-        except BaseException:
-            for worker in procs:
-                print(worker.log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
-            raise
+            self._wait_for_windows(interval_s=0.1)
+            end = time.time()
         finally:
-            for worker in procs:
-                worker.stop()
-    rate = capture.observations / elapsed
-    name = "faust_worker_observations_per_s" if workers == 1 else \
-        f"faust_{workers}_workers_observations_per_s"
-    emit(name, rate, "obs/s", seconds=round(elapsed, 2), workers=workers,
-         produce_seconds=round(produced_s, 2), worker_cpu_s=round(cpu_s, 2),
-         cpu_rate=round(capture.observations / cpu_s, 1),
-         observations=capture.observations, records=capture.records,
-         note=f"{workers} worker process(es), produce->last window, includes changelog "
-              "writes")
-    return rate, capture.observations / cpu_s
+            for sampler in samplers:
+                sampler.stop()
+        first = [t for w in procs if (t := _first_capture_s(w.log_path)) is not None]
+        if not first:
+            raise SystemExit("no worker logged its first capture record (log level?)")
+        t0 = min(first)
+        workers, broker = (s.at(end) - s.at(t0) for s in samplers)
+        return end - t0, workers, {"startup_seconds": round(t0 - started, 2),
+                                   "last_worker_began_s": round(max(first) - t0, 2),
+                                   "broker_cpu_s": round(broker, 2)}
+
+    def _wait_for_windows(self, interval_s: float) -> None:
+        wait_until(
+            lambda: _refused(self.bootstrap, self.topics)
+            or _windows_published(self.bootstrap, self.topics) >= self.expected,
+            timeout_s=900, interval_s=interval_s, what="the worker's windows",
+        )
+
+    def _emit(self, elapsed: float, cpu_s: float, extra: dict[str, float]) -> float:
+        n, mode = self.capture.observations, "backlog" if self.backlog else "live"
+        base = "faust_worker" if self.workers == 1 else f"faust_{self.workers}_workers"
+        name = f"{base}_observations_per_s" if self.backlog else \
+            f"{base}_live_observations_per_s"
+        emit(name, n / elapsed, "obs/s", mode=mode, seconds=round(elapsed, 2),
+             workers=self.workers, **extra, worker_cpu_s=round(cpu_s, 2),
+             cpu_rate=round(n / cpu_s, 1), observations=n, records=self.capture.records,
+             note=f"{self.workers} worker process(es), " + (
+                 "first capture record handled -> last window, records produced before "
+                 "the workers started" if self.backlog else
+                 "first record produced -> last window, the bench producing meanwhile"))
+        self.elapsed, self.cpu_s, self.cpu_rate = elapsed, cpu_s, n / cpu_s
+        self.broker_cpu_s = extra.get("broker_cpu_s", 0.0)
+        return n / elapsed
+
+
+class CpuSampler(threading.Thread):
+    """The summed CPU seconds of some processes, sampled every 0.1 s in the background;
+    :meth:`at` reads the last sample taken at or before a time."""
+
+    def __init__(self, pids: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.samples = [(time.time(), self._cpu())]
+        self._done = threading.Event()
+
+    def _cpu(self) -> float:
+        return sum(_cpu_seconds(pid) for pid in self.pids)
+
+    def run(self) -> None:
+        while not self._done.wait(0.1):
+            self.samples.append((time.time(), self._cpu()))
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+        self.samples.append((time.time(), self._cpu()))
+
+    def at(self, when: float) -> float:
+        before = [cpu for t, cpu in self.samples if t <= when]
+        return before[-1] if before else self.samples[0][1]
+
+
+def _broker_pids() -> list[int]:
+    """The running brokers started under this ``$FLYWHEEL_HOME`` (``flywheel broker up``):
+    their CPU is printed as ``broker_cpu_s``; none for a broker elsewhere."""
+    pids = []
+    for pid_file in (flywheel_home() / "kafka").glob("**/broker.pid"):
+        text = pid_file.read_text().strip()
+        if text.isdigit() and Path(f"/proc/{text}").exists():
+            pids.append(int(text))
+    return pids
+
+
+def _first_capture_s(log_path: Path) -> float | None:
+    """The unix time of a worker's ``first capture record`` log line, if it wrote one."""
+    match = FIRST_CAPTURE.search(log_path.read_text(errors="replace"))
+    return float(match.group(1)) if match else None
 
 
 def _pid(worker: WorkerProcess) -> int:
@@ -351,23 +459,46 @@ def main() -> None:
         emit("processed_to_raw_ratio", proc_rate / raw_rate, "ratio", goal=">= 0.333")
         emit("goal_10k_observations_per_s_met", float(proc_rate >= 10_000), "bool")
         if not args.no_worker:
-            rate, cpu_rate = bench_worker(bootstrap, f"{prefix}w.", capture,
-                                          len(pipeline.windows), args.profile)
-            emit("faust_to_raw_ratio", rate / raw_rate, "ratio", goal=">= 0.5")
-            emit("faust_to_raw_cpu_ratio", cpu_rate / (n_obs / raw_cpu), "ratio",
-                 note="per CPU second of each process (the machine may be shared)")
-            emit("goal_30k_worker_observations_per_s_met", float(rate >= 30_000), "bool")
-        if not args.no_worker and not args.no_two_workers:
-            rate2, _ = bench_worker(bootstrap, f"{prefix}w2.", capture,
-                                    len(pipeline.windows), None, workers=2)
-            same = _same_windows(bootstrap, [f"{prefix}w.", f"{prefix}w2."])
-            emit("two_worker_speedup", rate2 / rate, "ratio", goal=">= 1.5",
-                 same_windows=same, cpu_count=os.cpu_count(),
-                 note="two workers of one app id against one, same records, one run")
-            if not same:
-                raise SystemExit("two workers wrote another set of windows than one worker")
+            bench_workers(bootstrap, prefix, capture, len(pipeline.windows), args,
+                          raw_rate=raw_rate, raw_cpu_rate=n_obs / raw_cpu)
     finally:
         cleanup(bootstrap, prefix)
+
+
+def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
+                  args: argparse.Namespace, *, raw_rate: float, raw_cpu_rate: float) -> None:
+    """The worker figures: one worker on a backlog and live, then two workers of one app
+    id the same two ways (unless ``--no-two-workers``), and the ratios between them."""
+    one = WorkerRun(bootstrap, f"{prefix}w.", capture, expected, workers=1, backlog=True,
+                    profile=args.profile)
+    rate = one.run()
+    live = WorkerRun(bootstrap, f"{prefix}l.", capture, expected, workers=1, backlog=False).run()
+    emit("faust_to_raw_ratio", rate / raw_rate, "ratio", goal=">= 0.5",
+         note="both read a backlog of the same records in this run")
+    emit("faust_to_raw_cpu_ratio", one.cpu_rate / raw_cpu_rate, "ratio",
+         note="per CPU second of each process (the machine may be shared)")
+    emit("faust_live_to_raw_ratio", live / raw_rate, "ratio",
+         note="the worker while the bench produces (shares the machine with the producer)")
+    emit("goal_30k_worker_observations_per_s_met", float(rate >= 30_000), "bool")
+    if args.no_two_workers:
+        return
+    two = WorkerRun(bootstrap, f"{prefix}w2.", capture, expected, workers=2, backlog=True)
+    rate2 = two.run()
+    live2 = WorkerRun(bootstrap, f"{prefix}l2.", capture, expected, workers=2,
+                      backlog=False).run()
+    same = _same_windows(bootstrap, [f"{prefix}{n}." for n in ("w", "l", "w2", "l2")])
+    emit("two_worker_speedup", rate2 / rate, "ratio", goal=">= 1.5", same_windows=same,
+         cpu_count=os.cpu_count(), note="two workers of one app id against one, each "
+         "draining a backlog of the same records, one run")
+    cores = os.cpu_count() or 1
+    emit("two_worker_speedup_cpu_bound", one.elapsed / (two.cpu_s + two.broker_cpu_s) * cores,
+         "ratio", cpu_count=cores, note="the speedup if the CPU seconds the two workers and "
+         "the broker took were spread evenly over this machine's cores: what two_worker_"
+         "speedup cannot pass here")
+    emit("two_worker_live_speedup", live2 / live, "ratio", same_windows=same,
+         note="the same while the bench produces")
+    if not same:
+        raise SystemExit("two workers wrote another set of windows than one worker")
 
 
 def cleanup(bootstrap: str, prefix: str) -> None:

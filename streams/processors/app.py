@@ -214,6 +214,7 @@ class StreamsWorker:
         )
         self.counters = Counters()
         self._processed: dict[tuple[str, int], int] = {}  # capture offsets processed here
+        self._first_capture_s: float | None = None  # when this process read its first
         # owner data keys (a reader: never creates one) for everything written to Kafka
         self.sealer = OwnerSealer()
         self.ledger = CrashLedger(bootstrap=config.bootstrap, topic=self.topics.crashes,
@@ -350,6 +351,8 @@ class StreamsWorker:
         """Handle one capture record; its outputs' deliveries (sent, not yet awaited)."""
         if msg.topic != self.topics.ticks:  # handled here, even if skipped as poison
             self._processed[(msg.topic, msg.partition)] = msg.offset
+            if self._first_capture_s is None:
+                self._log_first_capture(msg)
         if await self._skipped_poison(msg):
             return []
         if msg.topic == self.topics.ticks:
@@ -358,6 +361,13 @@ class StreamsWorker:
             injected_fault(msg.key)  # tests only: FLYWHEEL_STREAMS_FAULT
             emits = self._process(msg, now_ms=_now_ms())
         return [await self._send_emit(emit) for emit in emits]
+
+    def _log_first_capture(self, msg: Any) -> None:
+        """Say when this process began on capture records (``bench/streams.py`` times a
+        backlog's drain from it; an operator sees how long start-up took)."""
+        self._first_capture_s = time.time()
+        log.info("first capture record %s[%d]@%d handled at unix time %.3f",
+                 msg.topic, msg.partition, msg.offset, self._first_capture_s)
 
     def _process(self, msg: Any, now_ms: int = 0) -> list[Emit]:
         """The capture stage's verdict on one capture or identity record."""
