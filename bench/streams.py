@@ -52,7 +52,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # Run by path, sys.path[0] is bench/: the repository root makes tests.support importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -71,6 +71,12 @@ from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.registry import HEADER_SIZE, default_registry
 from hebrus_flywheel.streams.acls import grant_catalogue
+from hebrus_flywheel.streams.broker import (
+    BrokerConfig,
+    EmbeddedBroker,
+    LocalCluster,
+    read_layout,
+)
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
 from hebrus_flywheel.streams.processors.runs import group_members
@@ -219,6 +225,24 @@ class Capture:
             raise SystemExit("the bench's capture records were not all acknowledged")
 
 
+class Timing(NamedTuple):
+    """What one :class:`WorkerRun` measured (``extra``: mode-specific fields to print)."""
+
+    observations: int
+    elapsed: float
+    cpu_s: float
+    broker_cpu_s: float
+    extra: dict[str, float]
+
+    @property
+    def rate(self) -> float:
+        return self.observations / self.elapsed
+
+    @property
+    def cpu_rate(self) -> float:
+        return self.observations / self.cpu_s
+
+
 class WorkerRun:
     """One timed run of ``workers`` worker processes of one app id (each its own home)
     over the bench's capture, in ``prefix``'s namespace.
@@ -237,8 +261,8 @@ class WorkerRun:
         self.topics = StreamTopics.from_prefix(prefix)
         self.prefix, self.workers, self.backlog, self.profile = prefix, workers, backlog, profile
 
-    def run(self) -> float:
-        """Run, print the figure, return the rate (token-observations per wall second)."""
+    def run(self) -> Timing:
+        """Run, print the figure, return what was measured."""
         create_topics(self.bootstrap, catalogue(self.prefix))
         grant_catalogue(self.bootstrap, self.prefix)  # the worker runs as the streams role
         if self.backlog:
@@ -261,27 +285,26 @@ class WorkerRun:
             finally:
                 for worker in procs:
                     worker.stop()
-        return self._emit(*timing)
+        self._emit(timing)
+        return timing
 
-    def _live(self, procs: list[WorkerProcess]) -> tuple[float, float, dict[str, float]]:
+    def _live(self, procs: list[WorkerProcess]) -> Timing:
         # join the group and finish (empty) recovery before data arrives
         wait_until(lambda: group_members(self.bootstrap, self.prefix + APP_ID) >= len(procs),
                    timeout_s=120, interval_s=0.5, what="every worker in the group")
         time.sleep(10)
-        brokers = _broker_pids()
-        cpu_start = sum(_cpu_seconds(_pid(w)) for w in procs)
-        broker_start = sum(_cpu_seconds(pid) for pid in brokers)
+        pids, brokers = [_pid(w) for w in procs], _broker_pids()
+        cpu_start, broker_start = _total_cpu(pids), _total_cpu(brokers)
         start = time.perf_counter()
         self.capture.produce(self.bootstrap, self.topics)
         produced_s = time.perf_counter() - start
         self._wait_for_windows(interval_s=0.5)
         elapsed = time.perf_counter() - start
-        cpu_s = sum(_cpu_seconds(_pid(w)) for w in procs) - cpu_start
-        broker_s = sum(_cpu_seconds(pid) for pid in brokers) - broker_start
-        return elapsed, cpu_s, {"produce_seconds": round(produced_s, 2),
-                                "broker_cpu_s": round(broker_s, 2)}
+        cpu_s, broker_s = _total_cpu(pids) - cpu_start, _total_cpu(brokers) - broker_start
+        return Timing(self.capture.observations, elapsed, cpu_s, broker_s,
+                      {"produce_seconds": round(produced_s, 2)})
 
-    def _drain(self, procs: list[WorkerProcess]) -> tuple[float, float, dict[str, float]]:
+    def _drain(self, procs: list[WorkerProcess]) -> Timing:
         started = time.time()
         samplers = [CpuSampler([_pid(w) for w in procs]), CpuSampler(_broker_pids())]
         for sampler in samplers:
@@ -297,9 +320,9 @@ class WorkerRun:
             raise SystemExit("no worker logged its first capture record (log level?)")
         t0 = min(first)
         workers, broker = (s.at(end) - s.at(t0) for s in samplers)
-        return end - t0, workers, {"startup_seconds": round(t0 - started, 2),
-                                   "last_worker_began_s": round(max(first) - t0, 2),
-                                   "broker_cpu_s": round(broker, 2)}
+        return Timing(self.capture.observations, end - t0, workers, broker,
+                      {"startup_seconds": round(t0 - started, 2),
+                       "last_worker_began_s": round(max(first) - t0, 2)})
 
     def _wait_for_windows(self, interval_s: float) -> None:
         wait_until(
@@ -308,21 +331,19 @@ class WorkerRun:
             timeout_s=900, interval_s=interval_s, what="the worker's windows",
         )
 
-    def _emit(self, elapsed: float, cpu_s: float, extra: dict[str, float]) -> float:
-        n, mode = self.capture.observations, "backlog" if self.backlog else "live"
+    def _emit(self, t: Timing) -> None:
         base = "faust_worker" if self.workers == 1 else f"faust_{self.workers}_workers"
         name = f"{base}_observations_per_s" if self.backlog else \
             f"{base}_live_observations_per_s"
-        emit(name, n / elapsed, "obs/s", mode=mode, seconds=round(elapsed, 2),
-             workers=self.workers, **extra, worker_cpu_s=round(cpu_s, 2),
-             cpu_rate=round(n / cpu_s, 1), observations=n, records=self.capture.records,
+        emit(name, t.rate, "obs/s", mode="backlog" if self.backlog else "live",
+             seconds=round(t.elapsed, 2), workers=self.workers, **t.extra,
+             broker_cpu_s=round(t.broker_cpu_s, 2), worker_cpu_s=round(t.cpu_s, 2),
+             cpu_rate=round(t.cpu_rate, 1), observations=t.observations,
+             records=self.capture.records,
              note=f"{self.workers} worker process(es), " + (
                  "first capture record handled -> last window, records produced before "
                  "the workers started" if self.backlog else
                  "first record produced -> last window, the bench producing meanwhile"))
-        self.elapsed, self.cpu_s, self.cpu_rate = elapsed, cpu_s, n / cpu_s
-        self.broker_cpu_s = extra.get("broker_cpu_s", 0.0)
-        return n / elapsed
 
 
 class CpuSampler(threading.Thread):
@@ -332,20 +353,17 @@ class CpuSampler(threading.Thread):
     def __init__(self, pids: list[int]) -> None:
         super().__init__(daemon=True)
         self.pids = pids
-        self.samples = [(time.time(), self._cpu())]
+        self.samples = [(time.time(), _total_cpu(self.pids))]
         self._done = threading.Event()
-
-    def _cpu(self) -> float:
-        return sum(_cpu_seconds(pid) for pid in self.pids)
 
     def run(self) -> None:
         while not self._done.wait(0.1):
-            self.samples.append((time.time(), self._cpu()))
+            self.samples.append((time.time(), _total_cpu(self.pids)))
 
     def stop(self) -> None:
         self._done.set()
         self.join()
-        self.samples.append((time.time(), self._cpu()))
+        self.samples.append((time.time(), _total_cpu(self.pids)))
 
     def at(self, when: float) -> float:
         before = [cpu for t, cpu in self.samples if t <= when]
@@ -353,14 +371,14 @@ class CpuSampler(threading.Thread):
 
 
 def _broker_pids() -> list[int]:
-    """The running brokers started under this ``$FLYWHEEL_HOME`` (``flywheel broker up``):
-    their CPU is printed as ``broker_cpu_s``; none for a broker elsewhere."""
-    pids = []
-    for pid_file in (flywheel_home() / "kafka").glob("**/broker.pid"):
-        text = pid_file.read_text().strip()
-        if text.isdigit() and Path(f"/proc/{text}").exists():
-            pids.append(int(text))
-    return pids
+    """The running brokers of this ``$FLYWHEEL_HOME`` (``flywheel broker up``, one node or
+    the recorded cluster): their CPU is printed as ``broker_cpu_s``; none for a broker
+    elsewhere."""
+    home = flywheel_home()
+    layout = read_layout(home)
+    nodes = LocalCluster(layout).nodes.values() if layout is not None \
+        else [EmbeddedBroker(BrokerConfig(home=home))]
+    return [pid for node in nodes if (pid := node.pid()) is not None]
 
 
 def _first_capture_s(log_path: Path) -> float | None:
@@ -379,6 +397,10 @@ def _same_windows(bootstrap: str, prefixes: list[str]) -> bool:
     sets = [window_pairs(read_windows(bootstrap, StreamTopics.from_prefix(p)))
             for p in prefixes]
     return all(s == sets[0] for s in sets[1:]) and bool(sets[0])
+
+
+def _total_cpu(pids: list[int]) -> float:
+    return sum(_cpu_seconds(pid) for pid in pids)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -470,32 +492,31 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
     """The worker figures: one worker on a backlog and live, then two workers of one app
     id the same two ways (unless ``--no-two-workers``), and the ratios between them."""
     one = WorkerRun(bootstrap, f"{prefix}w.", capture, expected, workers=1, backlog=True,
-                    profile=args.profile)
-    rate = one.run()
+                    profile=args.profile).run()
     live = WorkerRun(bootstrap, f"{prefix}l.", capture, expected, workers=1, backlog=False).run()
-    emit("faust_to_raw_ratio", rate / raw_rate, "ratio", goal=">= 0.5",
+    emit("faust_to_raw_ratio", one.rate / raw_rate, "ratio", goal=">= 0.5",
          note="both read a backlog of the same records in this run")
     emit("faust_to_raw_cpu_ratio", one.cpu_rate / raw_cpu_rate, "ratio",
          note="per CPU second of each process (the machine may be shared)")
-    emit("faust_live_to_raw_ratio", live / raw_rate, "ratio",
+    emit("faust_live_to_raw_ratio", live.rate / raw_rate, "ratio",
          note="the worker while the bench produces (shares the machine with the producer)")
-    emit("goal_30k_worker_observations_per_s_met", float(rate >= 30_000), "bool")
+    emit("goal_30k_worker_observations_per_s_met", float(one.rate >= 30_000), "bool")
     if args.no_two_workers:
         return
-    two = WorkerRun(bootstrap, f"{prefix}w2.", capture, expected, workers=2, backlog=True)
-    rate2 = two.run()
+    two = WorkerRun(bootstrap, f"{prefix}w2.", capture, expected, workers=2,
+                    backlog=True).run()
     live2 = WorkerRun(bootstrap, f"{prefix}l2.", capture, expected, workers=2,
                       backlog=False).run()
     same = _same_windows(bootstrap, [f"{prefix}{n}." for n in ("w", "l", "w2", "l2")])
-    emit("two_worker_speedup", rate2 / rate, "ratio", goal=">= 1.5", same_windows=same,
-         cpu_count=os.cpu_count(), note="two workers of one app id against one, each "
-         "draining a backlog of the same records, one run")
     cores = os.cpu_count() or 1
+    emit("two_worker_speedup", two.rate / one.rate, "ratio", goal=">= 1.5", same_windows=same,
+         cpu_count=cores, note="two workers of one app id against one, each draining a "
+         "backlog of the same records, one run")
     emit("two_worker_speedup_cpu_bound", one.elapsed / (two.cpu_s + two.broker_cpu_s) * cores,
          "ratio", cpu_count=cores, note="the speedup if the CPU seconds the two workers and "
          "the broker took were spread evenly over this machine's cores: what two_worker_"
          "speedup cannot pass here")
-    emit("two_worker_live_speedup", live2 / live, "ratio", same_windows=same,
+    emit("two_worker_live_speedup", live2.rate / live.rate, "ratio", same_windows=same,
          note="the same while the bench produces")
     if not same:
         raise SystemExit("two workers wrote another set of windows than one worker")

@@ -214,7 +214,7 @@ class StreamsWorker:
         )
         self.counters = Counters()
         self._processed: dict[tuple[str, int], int] = {}  # capture offsets processed here
-        self._first_capture_s: float | None = None  # when this process read its first
+        self._first_capture_s: float | None = None  # when its first capture record came
         # owner data keys (a reader: never creates one) for everything written to Kafka
         self.sealer = OwnerSealer()
         self.ledger = CrashLedger(bootstrap=config.bootstrap, topic=self.topics.crashes,
