@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -325,11 +326,9 @@ class WorkerRun:
                        "last_worker_began_s": round(max(first) - t0, 2)})
 
     def _wait_for_windows(self, interval_s: float) -> None:
-        wait_until(
-            lambda: _refused(self.bootstrap, self.topics)
-            or _windows_published(self.bootstrap, self.topics) >= self.expected,
-            timeout_s=900, interval_s=interval_s, what="the worker's windows",
-        )
+        with WindowWatch(self.bootstrap, self.topics) as watch:
+            wait_until(lambda: watch.published() >= self.expected, timeout_s=900,
+                       interval_s=interval_s, what="the worker's windows")
 
     def _emit(self, t: Timing) -> None:
         base = "faust_worker" if self.workers == 1 else f"faust_{self.workers}_workers"
@@ -409,28 +408,41 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _windows_published(bootstrap: str, topics: StreamTopics) -> int:
-    """Window records on the window topics (their watermarks: nothing is read)."""
-    config = kafka.client_config(bootstrap)
-    consumer = kafka.make_consumer(config)
-    try:
-        marks = kafka.watermarks(consumer, list(topics.windows.values()), retry=config.retry,
-                                 timeout_s=10)
-    finally:
-        consumer.close()
-    return sum(high - low for low, high in marks.values())
+class WindowWatch:
+    """How many windows the worker has published, read from the window topics'
+    watermarks through one consumer kept open for the whole wait: polled every 0.1 s
+    while a worker drains, a fresh SASL_SSL consumer per poll took CPU from the worker
+    and the broker it is timing. The first quarantined record stops the wait (clean
+    bench data is refused by nothing, so the expected windows would never come)."""
 
+    def __init__(self, bootstrap: str, topics: StreamTopics) -> None:
+        self.bootstrap, self.topics = bootstrap, topics
+        self.config = kafka.client_config(bootstrap)
+        self.consumer = kafka.make_consumer(self.config)
 
-def _refused(bootstrap: str, topics: StreamTopics) -> bool:
-    """Stop at the first quarantined record: the worker would never reach the expected
-    windows (clean bench data is refused by nothing), so say why instead of waiting."""
-    reasons = Counter(
-        dict(msg.headers() or []).get("reason", b"?").decode()
-        for msg in read_topic(bootstrap, topics.quarantine)
-    )
-    if reasons:
+    def __enter__(self) -> WindowWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.consumer.close()
+
+    def published(self) -> int:
+        marks = self._marks([*self.topics.windows.values(), self.topics.quarantine])
+        if any(high > low for (topic, _), (low, high) in marks.items()
+               if topic == self.topics.quarantine):
+            self._refuse()
+        return sum(high - low for (topic, _), (low, high) in marks.items()
+                   if topic != self.topics.quarantine)
+
+    def _marks(self, topics: list[str]) -> dict[tuple[str, int], tuple[int, int]]:
+        return kafka.watermarks(self.consumer, topics, retry=self.config.retry, timeout_s=10)
+
+    def _refuse(self) -> None:
+        reasons = Counter(
+            dict(msg.headers() or []).get("reason", b"?").decode()
+            for msg in read_topic(self.bootstrap, self.topics.quarantine)
+        )
         raise SystemExit(f"the faust worker quarantined bench records: {dict(reasons)}")
-    return False
 
 
 def main() -> None:
@@ -501,6 +513,13 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
     emit("faust_live_to_raw_ratio", live.rate / raw_rate, "ratio",
          note="the worker while the bench produces (shares the machine with the producer)")
     emit("goal_30k_worker_observations_per_s_met", float(one.rate >= 30_000), "bool")
+    floor = faust_floor(bootstrap, f"{prefix}w.", capture)
+    emit("faust_passthrough_observations_per_s", floor.rate, "obs/s", seconds=round(
+         floor.elapsed, 2), cpu_s=round(floor.cpu_s, 2), cpu_rate=round(floor.cpu_rate, 1),
+         note="a faust agent that only counts the same backlog (bench/faust_floor.py): "
+         "what any faust worker's consumer reaches here")
+    emit("faust_passthrough_to_raw_ratio", floor.rate / raw_rate, "ratio")
+    emit("faust_worker_to_passthrough_ratio", one.rate / floor.rate, "ratio")
     if args.no_two_workers:
         return
     two = WorkerRun(bootstrap, f"{prefix}w2.", capture, expected, workers=2,
@@ -520,6 +539,26 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
          note="the same while the bench produces")
     if not same:
         raise SystemExit("two workers wrote another set of windows than one worker")
+
+
+def faust_floor(bootstrap: str, prefix: str, capture: Capture) -> Timing:
+    """``bench/faust_floor.py`` on ``prefix``'s capture backlog, as the worker's role."""
+    records = sum(1 for kind, *_ in capture.encoded if kind != "identities")
+    with tempfile.TemporaryDirectory() as tmp:  # the streams role's env, as a worker's
+        env = WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID,
+                            log_path=Path(tmp) / "floor.log").env
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("faust_floor.py")),
+             "--bootstrap-servers", bootstrap, "--prefix", prefix, "--app-id", APP_ID,
+             "--records", str(records)],
+            env=env, capture_output=True, text=True, timeout=600, check=False)
+    # faust's terminal spinner writes control codes before the line: keep from its "{"
+    lines = [line[line.index("{"):] for line in done.stdout.splitlines() if "{" in line]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"bench/faust_floor.py failed ({done.returncode}): "
+                         f"{done.stderr[-2000:]}")
+    report = json.loads(lines[-1])
+    return Timing(capture.observations, report["seconds"], report["cpu_s"], 0.0, {})
 
 
 def cleanup(bootstrap: str, prefix: str) -> None:

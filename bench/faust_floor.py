@@ -1,0 +1,91 @@
+"""The faust floor: how fast a faust agent that does nothing drains a capture backlog.
+
+Run by ``bench/streams.py`` (figure ``faust_passthrough_observations_per_s``) on the
+capture topics its worker figures read, as the streams role, in a process of its own:
+one faust app (aiokafka consumer, the worker's broker settings) whose one agent takes
+the capture records in the worker's batches and only counts them. No worker built on
+faust can read these records faster on this machine, so the figure bounds
+``faust_worker_observations_per_s`` from above, measured in the same run.
+
+Prints one JSON line (records, bytes, seconds from the first record to the last, CPU
+seconds of this process) and exits once ``--records`` records were read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import faust
+
+from hebrus_flywheel.core import kafka
+from hebrus_flywheel.core.settings import bootstrap_servers
+from hebrus_flywheel.streams.processors.batches import batches
+from hebrus_flywheel.streams.processors.topology import StreamTopics
+
+APP_SUFFIX = "-floor"
+"""Appended to the worker's app id: its own group, covered by the streams role's ACLs."""
+
+
+class Drain:
+    """Counts the records an agent took; reports once ``expected`` were read."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected, self.records, self.bytes = expected, 0, 0
+        self.started: tuple[float, float] | None = None  # (wall, CPU) at the first record
+
+    def take(self, events: list[Any]) -> bool:
+        """Count a batch; True once every expected record was read."""
+        if self.started is None:
+            self.started = (time.perf_counter(), time.process_time())
+        self.records += len(events)
+        self.bytes += sum(len(e.message.value or b"") for e in events)
+        return self.records >= self.expected
+
+    def report(self) -> dict[str, Any]:
+        assert self.started is not None
+        return {"records": self.records, "bytes": self.bytes,
+                "seconds": time.perf_counter() - self.started[0],
+                "cpu_s": time.process_time() - self.started[1]}
+
+
+def build_app(bootstrap: str, prefix: str, app_id: str, drain: Drain) -> faust.App:
+    config = kafka.client_config(bootstrap)
+    app = faust.App(f"{prefix}{app_id}{APP_SUFFIX}", **kafka.faust_settings(config),
+                    web_enabled=False, consumer_auto_offset_reset="earliest",
+                    key_serializer="raw", value_serializer="raw")
+    topics = StreamTopics.from_prefix(prefix)
+    capture = app.topic(topics.transcripts, topics.observations,
+                        key_serializer="raw", value_serializer="raw")
+
+    @app.agent(capture, name="floor")
+    async def floor(stream: Any) -> None:
+        async for events in batches(stream):
+            if drain.take(events):
+                print(json.dumps(drain.report()), flush=True)
+                os._exit(0)  # measured: no orderly shutdown to wait for
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bootstrap-servers", default=None)
+    parser.add_argument("--prefix", required=True)
+    parser.add_argument("--app-id", default="flywheel-streams")
+    parser.add_argument("--records", type=int, required=True,
+                        help="capture records (transcripts + observations) to read")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    app = build_app(bootstrap_servers(args.bootstrap_servers), args.prefix, args.app_id,
+                    Drain(args.records))
+    faust.Worker(app, loglevel=logging.WARNING, quiet=True,
+                 redirect_stdouts=False).execute_from_commandline()
+
+
+if __name__ == "__main__":
+    main()
