@@ -81,6 +81,7 @@ from hebrus_flywheel.streams.processors.crash import (
     record_handled,
 )
 from hebrus_flywheel.streams.processors.dedup import DedupStage
+from hebrus_flywheel.streams.processors.fetch import WorkerApp
 from hebrus_flywheel.streams.processors.identities import IdentityBook
 from hebrus_flywheel.streams.processors.liveness import start_monitor
 from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
@@ -241,7 +242,7 @@ class StreamsWorker:
             raise ConfigError(f"another stream worker of {c.full_app_id} runs on the data "
                               f"directory {data_dir / c.full_app_id}: give each worker on "
                               "one machine its own --data-dir (or FLYWHEEL_HOME)")
-        return faust.App(
+        return WorkerApp(  # a short broker-side fetch wait (streams.processors.fetch)
             c.full_app_id,
             **self.faust_kafka,  # broker list, credentials, client id
             store=STORE_URL,  # every table: RocksDB, sealed at rest (see _table)
