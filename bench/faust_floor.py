@@ -2,7 +2,7 @@
 
 Run by ``bench/streams.py`` (figure ``faust_passthrough_observations_per_s``) on the
 capture topics its worker figures read, as the streams role, in a process of its own:
-one faust app (aiokafka consumer, the worker's broker settings) whose one agent takes
+one faust app (the worker's ``WorkerApp`` and consumer, its broker settings) whose one agent takes
 the capture records in the worker's batches and only counts them. No worker built on
 faust can read these records faster on this machine, so the figure bounds
 ``faust_worker_observations_per_s`` from above, measured in the same run.
@@ -23,8 +23,9 @@ from typing import Any
 import faust
 
 from hebrus_flywheel.core import kafka
-from hebrus_flywheel.core.settings import bootstrap_servers
+from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 from hebrus_flywheel.streams.processors.batches import batches
+from hebrus_flywheel.streams.processors.fetch import WorkerApp
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 
 APP_SUFFIX = "-floor"
@@ -55,7 +56,8 @@ class Drain:
 
 def build_app(bootstrap: str, prefix: str, app_id: str, drain: Drain) -> faust.App:
     config = kafka.client_config(bootstrap)
-    app = faust.App(f"{prefix}{app_id}{APP_SUFFIX}", **kafka.faust_settings(config),
+    app = WorkerApp(f"{prefix}{app_id}{APP_SUFFIX}", **kafka.faust_settings(config),
+                    datadir=str(flywheel_home() / "faust-floor"),  # not the working dir
                     web_enabled=False, consumer_auto_offset_reset="earliest",
                     key_serializer="raw", value_serializer="raw")
     topics = StreamTopics.from_prefix(prefix)

@@ -89,6 +89,7 @@ from tests.support.streams_harness import (
     grant_for,
     producer,
     read_windows,
+    streams_role_env,
     wait_until,
     window_pairs,
     worker_processor_config,
@@ -544,14 +545,13 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
 def faust_floor(bootstrap: str, prefix: str, capture: Capture) -> Timing:
     """``bench/faust_floor.py`` on ``prefix``'s capture backlog, as the worker's role."""
     records = sum(1 for kind, *_ in capture.encoded if kind != "identities")
-    with tempfile.TemporaryDirectory() as tmp:  # the streams role's env, as a worker's
-        env = WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID,
-                            log_path=Path(tmp) / "floor.log").env
+    with tempfile.TemporaryDirectory() as tmp:
         done = subprocess.run(
             [sys.executable, str(Path(__file__).with_name("faust_floor.py")),
              "--bootstrap-servers", bootstrap, "--prefix", prefix, "--app-id", APP_ID,
              "--records", str(records)],
-            env=env, capture_output=True, text=True, timeout=600, check=False)
+            env=streams_role_env(bootstrap, Path(tmp)), capture_output=True, text=True,
+            timeout=600, check=False)
     # faust's terminal spinner writes control codes before the line: keep from its "{"
     lines = [line[line.index("{"):] for line in done.stdout.splitlines() if "{" in line]
     if done.returncode != 0 or not lines:

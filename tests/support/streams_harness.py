@@ -56,6 +56,18 @@ def worker_processor_config(flags: Mapping[str, Any]) -> ProcessorConfig:
     return processor_config(**{**DEFAULT_FLAGS, **flags})
 
 
+def streams_role_env(bootstrap: str, home: Path) -> dict[str, str]:
+    """The environment of a streams-role subprocess with its own ``home``. That home
+    holds no Kafka credentials: it gets the streams role's properties of this process's
+    home (unless a Kafka config is set already)."""
+    env = {**os.environ, "FLYWHEEL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    streams_props = role_properties_path("streams")
+    if not os.environ.get(KAFKA_CONFIG_ENV) and streams_props.is_file() \
+            and not insecure_marker().is_file() and is_embedded_bootstrap(bootstrap):
+        env[KAFKA_CONFIG_ENV] = str(streams_props)
+    return env
+
+
 class WorkerProcess:
     """One ``streams worker`` subprocess (log in ``log_path``)."""
 
@@ -91,17 +103,7 @@ class WorkerProcess:
             if value is not None:
                 self.args += [f"--{name.replace('_', '-')}", str(value)]
         self.log_path = log_path
-        self.env = {
-            **os.environ,
-            "FLYWHEEL_HOME": str(home or log_path.parent / "home"),
-            "PYTHONUNBUFFERED": "1",
-        }
-        # The worker's own home holds no Kafka credentials: give it the streams role's
-        # properties of this process's home (unless a Kafka config is set already).
-        streams_props = role_properties_path("streams")
-        if not os.environ.get(KAFKA_CONFIG_ENV) and streams_props.is_file() \
-                and not insecure_marker().is_file() and is_embedded_bootstrap(bootstrap):
-            self.env[KAFKA_CONFIG_ENV] = str(streams_props)
+        self.env = streams_role_env(bootstrap, home or log_path.parent / "home")
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
