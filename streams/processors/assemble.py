@@ -6,7 +6,14 @@ State is kept in one mapping under keys from :mod:`streams.processors.common`:
   status, identity, the highest offset applied per capture topic (the redelivery
   watermark), received turn indices, token ranges, generated ranges, observed
   ordinals, last ordinal per sequence, the end marker, tags and the thread start time;
-* ``t|<iid>|<turn>``: one TranscriptTurn's tokens, segments and lineage;
+* the header's ``turn_values`` (``{turn index: turn}``): each TranscriptTurn's tokens,
+  segments and lineage, held in the header (written anyway with every record of the
+  generation) rather than under keys of their own: a turn key cost a changelog record
+  when it was written and a tombstone when it was dropped, a third of the table's
+  changelog, and a standby replica applies every one of them. The header empties it
+  when the generation's content is dropped (:func:`drop_content`);
+* ``t|<iid>|<turn>``: one turn, in generations a worker before ``turn_values`` began
+  (their header has no ``turn_values``): still read, written and dropped;
 * ``o|<iid>|<ordinal>``: one decoded token's captured routes, packed;
 * ``o|<iid>|r<first>``: a chunk's run of consecutive tokens' routes, packed, stored as
   one value (:func:`apply_run`; the header's ``runs`` lists them as ``[first, count]``).
@@ -48,6 +55,9 @@ from hebrus_flywheel.streams.processors.common import (
 )
 from hebrus_flywheel.streams.processors.dedup import DedupConfig, content_digest, signature
 from hebrus_flywheel.streams.processors.validate import PackedRoutes, Rejection, reject
+
+TURN_VALUES = "turn_values"
+"""The header field holding the generation's turns (absent in generations begun before it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +126,7 @@ def new_header(record: Mapping[str, Any], partition: int, *,
         "last_ms": 0,
         "outbox": [],
         "routes_kept": routes_kept,
+        "turn_values": {},
     }
 
 
@@ -170,7 +181,7 @@ def apply_turn(
         return problem
     index, offset, n = record["turn_index"], record["token_offset"], len(record["token_ids"])
     segments = [(s["kind"], s["start"], s["end"], s["generated"]) for s in record["segments"]]
-    store[turn_key(iid, index)] = {
+    turn = {
         "turn_index": index,
         "role": record["role"],
         "token_offset": offset,
@@ -179,6 +190,10 @@ def apply_turn(
         "sequence_id": record["sequence_id"],
         "sampling_mode": record["sampling"]["mode"],
     }
+    if TURN_VALUES in header:  # a copy: the read header shares its values with the store
+        header[TURN_VALUES] = {**header[TURN_VALUES], index: turn}
+    else:
+        store[turn_key(iid, index)] = turn
     header["turns"] = ranges_add(header["turns"], index, index + 1)
     header["tokens"] = ranges_add(header["tokens"], offset, offset + n)
     for kind, start, end, generated in segments:
@@ -353,7 +368,9 @@ class AssembledThread:
 
 
 def load_thread(store: Mapping[str, Any], iid: str, header: Mapping[str, Any]) -> AssembledThread:
-    turns = tuple(store[turn_key(iid, i)] for i in iter_ranges(header["turns"]))
+    held = header.get(TURN_VALUES)
+    turns = tuple(store[turn_key(iid, i)] if held is None else held[i]
+                  for i in iter_ranges(header["turns"]))
     tokens = np.fromiter(
         (t for turn in turns for t in turn["token_ids"]),
         dtype=np.int64,
@@ -435,13 +452,17 @@ def summarize(
 
 def content_keys(iid: str, header: Mapping[str, Any]) -> list[str]:
     """Every turn and observation key a generation holds (deleted once it is done)."""
-    keys = [turn_key(iid, i) for i in iter_ranges(header["turns"])]
+    keys = [] if TURN_VALUES in header else [turn_key(iid, i) for i in iter_ranges(header["turns"])]
     keys.extend(run_key(iid, first) for first, _ in header.get("runs", []))
     keys.extend(obs_key(iid, o) for o in _single_ordinals(header))
     return keys
 
 
-def drop_content(store: MutableMapping[str, Any], iid: str, header: Mapping[str, Any]) -> None:
+def drop_content(store: MutableMapping[str, Any], iid: str, header: dict[str, Any]) -> None:
+    """Delete the generation's content keys and empty the turns ``header`` holds (the
+    caller writes ``header`` back, or deletes it)."""
+    if header.get(TURN_VALUES):
+        header[TURN_VALUES] = {}
     for key in content_keys(iid, header):
         if key in store:
             del store[key]

@@ -298,12 +298,13 @@ class WindowStage:
         if header is None or header["status"] in ("open", "quarantined"):
             self.counters.inc("window", "stale_decision")
             return
-        if header["status"] == "ready":
+        ready = header["status"] == "ready"
+        asm.drop_content(self.store, decision["iid"], header)  # empties the header's turns
+        if ready:
             header["status"] = "emitted" if decision["keep"] else "dropped"
             header["split"] = decision["split"]
             header["outbox"] = []
             self.store[hkey] = header
-        asm.drop_content(self.store, decision["iid"], header)
 
 
 def window_key(window: Mapping[str, Any]) -> str:

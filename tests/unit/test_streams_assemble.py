@@ -10,7 +10,12 @@ import pytest
 
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
-from hebrus_flywheel.streams.processors.common import ranges_add, ranges_contains, ranges_covers
+from hebrus_flywheel.streams.processors.common import (
+    ranges_add,
+    ranges_contains,
+    ranges_covers,
+    turn_key,
+)
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
 from tests.support.sealing import thread_key
 from tests.support.streams_synthetic import (
@@ -235,3 +240,48 @@ def test_only_the_completing_record_repeats_the_summary_and_ticks_repeat_it_late
     assert stage.tick(partition, now_ms=11_000) == []
     assert stage.tick(partition, now_ms=13_000) == emitted
     assert sc.pipeline.counters.get("assemble", "summaries_repeated") == 3
+
+
+def _open_generation(sc: Scenario) -> tuple[list[Any], list[Any]]:
+    """A thread's records split in two: all but its last transcript turn, then the rest."""
+    messages = sc.messages(ThreadSpec(owner="o", thread="t"))
+    last_turn = max(i for i, m in enumerate(messages) if m[0] == "transcripts")
+    return messages[:last_turn], messages[last_turn:]
+
+
+def test_turns_live_in_the_header_not_under_keys_of_their_own() -> None:
+    sc = Scenario(LocalPipeline())
+    sc.publish_identity()
+    first, rest = _open_generation(sc)
+    for m in first:
+        sc.send(*m)
+    store = sc.pipeline.capture_store
+    (header,) = [v for k, v in store.items() if k[0] == "h"]
+    assert header["turn_values"] and not any(k[0] == "t" for k in store)
+    assert sorted(header["turn_values"]) == list(range(len(header["turn_values"])))
+    for m in rest:
+        sc.send(*m)
+    (header,) = [v for k, v in store.items() if k[0] == "h"]
+    assert len(sc.pipeline.windows) == 1 and header["turn_values"] == {}  # dropped when done
+
+
+def test_a_generation_begun_with_turn_keys_still_completes_and_drops_them() -> None:
+    """A header restored from a worker before ``turn_values`` (turns under ``t`` keys)."""
+    baseline = Scenario(LocalPipeline())
+    baseline.publish_identity()
+    baseline.send_thread(ThreadSpec(owner="o", thread="t"))
+    sc = Scenario(LocalPipeline())
+    sc.publish_identity()
+    first, rest = _open_generation(sc)
+    for m in first:
+        sc.send(*m)
+    store = sc.pipeline.capture_store
+    (hkey,) = [k for k in store if k[0] == "h"]
+    header = dict(store[hkey])
+    for index, turn in header.pop("turn_values").items():
+        store[turn_key(hkey[2:], index)] = turn
+    store[hkey] = header
+    for m in rest:
+        sc.send(*m)
+    assert window_set(sc.pipeline) == window_set(baseline.pipeline) and window_set(sc.pipeline)
+    assert not any(k[0] in "to" for k in store) and "turn_values" not in store[hkey]
