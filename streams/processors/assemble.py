@@ -17,6 +17,9 @@ State is kept in one mapping under keys from :mod:`streams.processors.common`:
 * ``o|<iid>|<ordinal>``: one decoded token's captured routes, packed;
 * ``o|<iid>|r<first>``: a chunk's run of consecutive tokens' routes, packed, stored as
   one value (:func:`apply_run`; the header's ``runs`` lists them as ``[first, count]``).
+  A generation that keeps no route payloads (below) holds its runs, a few hundred bytes
+  each without them, in the header's ``run_values`` (``{first: run}``) instead, for the
+  reason turns are held there.
 
 A route's payload (expert ids and weights) is stored only when the header's
 ``routes_kept`` says so: the capture stage sets it from the split's runtime draw
@@ -58,6 +61,9 @@ from hebrus_flywheel.streams.processors.validate import PackedRoutes, Rejection,
 
 TURN_VALUES = "turn_values"
 """The header field holding the generation's turns (absent in generations begun before it)."""
+RUN_VALUES = "run_values"
+"""The header field holding the runs of a generation that keeps no route payloads (absent
+in the others, and in generations begun before it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +133,7 @@ def new_header(record: Mapping[str, Any], partition: int, *,
         "outbox": [],
         "routes_kept": routes_kept,
         "turn_values": {},
+        **({} if routes_kept else {RUN_VALUES: {}}),
     }
 
 
@@ -286,13 +293,17 @@ def apply_run(
             or (last is not None and first < last) or _ungenerated(header, first, end)):
         return False
     ids, weights = _payload(header, lambda: (opened.ids.tobytes(), opened.weights.tobytes()))
-    store[run_key(iid, first)] = {
+    run = {
         "token_ids": opened.tokens.tolist(),
         "turn_index": chunk["turn_index"],
         "ids": ids,
         "weights": weights,
         "stages": tuple(chunk["stages"]),
     }
+    if RUN_VALUES in header:  # a copy: the read header shares its values with the store
+        header[RUN_VALUES] = {**header[RUN_VALUES], first: run}
+    else:
+        store[run_key(iid, first)] = run
     header["runs"] = [*header.get("runs", []), [first, n]]
     header["obs"] = ranges_add(header["obs"], first, end)
     header["seq"] = {**header["seq"], seq: end - 1}
@@ -380,8 +391,10 @@ def load_thread(store: Mapping[str, Any], iid: str, header: Mapping[str, Any]) -
         iter_ranges(header["gen"]), dtype=np.int64, count=ranges_count(header["gen"])
     )
     routes = {o: store[obs_key(iid, o)] for o in _single_ordinals(header)}
+    held_runs = header.get(RUN_VALUES)
     for first, _ in header.get("runs", []):
-        routes.update(_run_routes(store[run_key(iid, first)], first))
+        run = store[run_key(iid, first)] if held_runs is None else held_runs[first]
+        routes.update(_run_routes(run, first))
     if header.get("runs"):
         routes = dict(sorted(routes.items()))
     return AssembledThread(
@@ -453,16 +466,18 @@ def summarize(
 def content_keys(iid: str, header: Mapping[str, Any]) -> list[str]:
     """Every turn and observation key a generation holds (deleted once it is done)."""
     keys = [] if TURN_VALUES in header else [turn_key(iid, i) for i in iter_ranges(header["turns"])]
-    keys.extend(run_key(iid, first) for first, _ in header.get("runs", []))
+    if RUN_VALUES not in header:
+        keys.extend(run_key(iid, first) for first, _ in header.get("runs", []))
     keys.extend(obs_key(iid, o) for o in _single_ordinals(header))
     return keys
 
 
 def drop_content(store: MutableMapping[str, Any], iid: str, header: dict[str, Any]) -> None:
-    """Delete the generation's content keys and empty the turns ``header`` holds (the
-    caller writes ``header`` back, or deletes it)."""
-    if header.get(TURN_VALUES):
-        header[TURN_VALUES] = {}
+    """Delete the generation's content keys and empty the turns and runs ``header``
+    holds (the caller writes ``header`` back, or deletes it)."""
+    for held in (TURN_VALUES, RUN_VALUES):
+        if header.get(held):
+            header[held] = {}
     for key in content_keys(iid, header):
         if key in store:
             del store[key]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hebrus_flywheel.streams.processors.common import SEP
+from hebrus_flywheel.streams.processors.common import SEP, run_key
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
 from hebrus_flywheel.streams.processors.split import (
     SplitConfig,
@@ -85,11 +85,18 @@ def test_stored_routes_have_payloads_exactly_where_the_draw_allows(max_tokens: i
             kept.add(iid)
     assert 0 < len(kept) < len(headers)
     routes = [(k, v) for k, v in store.items() if k.startswith("o" + SEP)]
-    assert routes
+    # a generation without payloads holds its runs in its header (a few hundred bytes)
+    held = [(f"{iid} run {first}", v) for iid, header in headers.items()
+            for first, v in header.get("run_values", {}).items()]
+    assert routes and bool(held) == bool(max_tokens)
+    assert all("run_values" not in headers[iid] for iid in kept)
     for key, value in routes:
         iid = key[2:].rsplit(SEP, 1)[0]  # o|<iid>|<ordinal or r<first>>
         assert bool(value["ids"]) == bool(value["weights"]) == (iid in kept), key
         assert value["stages"]  # what the window stage's route checks still read
+        assert max_tokens == 0 or iid in kept, key
+    for key, value in held:
+        assert value["ids"] == value["weights"] == b"" and value["stages"], key
 
 
 def test_a_thread_without_payloads_is_never_a_runtime_holdout() -> None:
@@ -99,3 +106,30 @@ def test_a_thread_without_payloads_is_never_a_runtime_holdout() -> None:
                "generated_count": 5, "token_count": 40}
     assert assign_split(summary, SPLIT).split == "runtime_holdout"
     assert assign_split({**summary, "routes_kept": False}, SPLIT).split != "runtime_holdout"
+
+
+def test_generations_begun_with_run_keys_still_complete_and_drop_them() -> None:
+    """Headers restored from a worker before ``run_values`` (every run under its own key)."""
+    encoded = _encoded(64)
+    baseline = _run(encoded)
+    sc = Scenario(LocalPipeline(ProcessorConfig(split=SPLIT)), identity=IDENTITY)
+    sc.publish_identity()
+    for kind, key, value in encoded:
+        if kind == "observations":
+            sc.send(kind, key, value=value)
+    sc.pipeline.flush()
+    store = sc.pipeline.capture_store
+    moved = 0
+    for hkey in [k for k in store if k.startswith("h" + SEP)]:
+        header = dict(store[hkey])
+        for first, run in header.pop("run_values", {}).items():
+            store[run_key(hkey[2:], first)] = run
+            moved += 1
+        store[hkey] = header
+    assert moved
+    for kind, key, value in encoded:
+        if kind == "transcripts":
+            sc.send(kind, key, value=value)
+    sc.pipeline.flush()
+    assert sc.pipeline.quarantined == [] and sc.pipeline.windows == baseline.windows
+    assert not any(k[0] in "ot" for k in store)  # every content key dropped once done
