@@ -2,15 +2,16 @@
 
 State is kept in one mapping under keys from :mod:`streams.processors.common`:
 
-* ``h|<iid>``: the thread generation's *header* (small, rewritten on every record):
-  status, identity, the highest offset applied per capture topic (the redelivery
-  watermark), received turn indices, token ranges, generated ranges, observed
-  ordinals, last ordinal per sequence, the end marker, tags and the thread start time;
+* ``h|<iid>``: the thread generation's *header* (a few KB, written with every batch of
+  the generation's records): status, identity, the highest offset applied per capture
+  topic (the redelivery watermark), received turn indices, token ranges, generated
+  ranges, observed ordinals, last ordinal per sequence, the end marker, tags and the
+  thread start time;
 * the header's ``turn_values`` (``{turn index: turn}``): each TranscriptTurn's tokens,
-  segments and lineage, held in the header (written anyway with every record of the
-  generation) rather than under keys of their own: a turn key cost a changelog record
-  when it was written and a tombstone when it was dropped, a third of the table's
-  changelog, and a standby replica applies every one of them. The header empties it
+  segments and lineage, held in the header (written anyway) rather than under keys of
+  their own: a turn key cost a changelog record when it was written and a tombstone
+  when it was dropped, a third of the table's changelog, and a standby replica applies
+  every one of them through faust's per-message path. The header empties it
   when the generation's content is dropped (:func:`drop_content`);
 * ``t|<iid>|<turn>``: one turn, in generations a worker before ``turn_values`` began
   (their header has no ``turn_values``): still read, written and dropped;
