@@ -11,16 +11,17 @@ State is kept in one mapping under keys from :mod:`streams.processors.common`:
   segments and lineage, held in the header (written anyway) rather than under keys of
   their own: a turn key cost a changelog record when it was written and a tombstone
   when it was dropped, a third of the table's changelog, and a standby replica applies
-  every one of them through faust's per-message path. The header empties it
-  when the generation's content is dropped (:func:`drop_content`);
-* ``t|<iid>|<turn>``: one turn, in generations a worker before ``turn_values`` began
-  (their header has no ``turn_values``): still read, written and dropped;
+  every one of them through faust's per-message path. It holds
+  :data:`HELD_TOKENS_MAX` tokens at most (with the runs below); once the generation's
+  content is dropped (:func:`drop_content`) its values become None;
+* ``t|<iid>|<turn>``: a turn the header does not hold (past the budget, or in a
+  generation an older worker began, whose header has no ``turn_values``);
 * ``o|<iid>|<ordinal>``: one decoded token's captured routes, packed;
 * ``o|<iid>|r<first>``: a chunk's run of consecutive tokens' routes, packed, stored as
   one value (:func:`apply_run`; the header's ``runs`` lists them as ``[first, count]``).
   A generation that keeps no route payloads (below) holds its runs, a few hundred bytes
   each without them, in the header's ``run_values`` (``{first: run}``) instead, for the
-  reason turns are held there.
+  reason turns are held there and within the same budget.
 
 A route's payload (expert ids and weights) is stored only when the header's
 ``routes_kept`` says so: the capture stage sets it from the split's runtime draw
@@ -65,6 +66,11 @@ TURN_VALUES = "turn_values"
 RUN_VALUES = "run_values"
 """The header field holding the runs of a generation that keeps no route payloads (absent
 in the others, and in generations begun before it)."""
+HELD_TOKENS_MAX = 4096
+"""Most tokens (turn and run tokens together) a header holds. The header is rewritten with
+every batch of its generation's records, so what it holds is written again each time: a
+long generation's further turns and runs go under keys of their own (written once), and
+a header stays within tens of KB whatever the length of its thread."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,7 +204,7 @@ def apply_turn(
         "sequence_id": record["sequence_id"],
         "sampling_mode": record["sampling"]["mode"],
     }
-    if TURN_VALUES in header:  # a copy: the read header shares its values with the store
+    if _holds(header, TURN_VALUES, n):  # a copy: the read header shares it with the store
         header[TURN_VALUES] = {**header[TURN_VALUES], index: turn}
     else:
         store[turn_key(iid, index)] = turn
@@ -301,7 +307,7 @@ def apply_run(
         "weights": weights,
         "stages": tuple(chunk["stages"]),
     }
-    if RUN_VALUES in header:  # a copy: the read header shares its values with the store
+    if _holds(header, RUN_VALUES, n):  # a copy: the read header shares it with the store
         header[RUN_VALUES] = {**header[RUN_VALUES], first: run}
     else:
         store[run_key(iid, first)] = run
@@ -380,8 +386,8 @@ class AssembledThread:
 
 
 def load_thread(store: Mapping[str, Any], iid: str, header: Mapping[str, Any]) -> AssembledThread:
-    held = header.get(TURN_VALUES)
-    turns = tuple(store[turn_key(iid, i)] if held is None else held[i]
+    held = header.get(TURN_VALUES) or {}
+    turns = tuple(held[i] if i in held else store[turn_key(iid, i)]
                   for i in iter_ranges(header["turns"]))
     tokens = np.fromiter(
         (t for turn in turns for t in turn["token_ids"]),
@@ -392,9 +398,9 @@ def load_thread(store: Mapping[str, Any], iid: str, header: Mapping[str, Any]) -
         iter_ranges(header["gen"]), dtype=np.int64, count=ranges_count(header["gen"])
     )
     routes = {o: store[obs_key(iid, o)] for o in _single_ordinals(header)}
-    held_runs = header.get(RUN_VALUES)
+    held_runs = header.get(RUN_VALUES) or {}
     for first, _ in header.get("runs", []):
-        run = store[run_key(iid, first)] if held_runs is None else held_runs[first]
+        run = held_runs[first] if first in held_runs else store[run_key(iid, first)]
         routes.update(_run_routes(run, first))
     if header.get("runs"):
         routes = dict(sorted(routes.items()))
@@ -465,23 +471,35 @@ def summarize(
 
 
 def content_keys(iid: str, header: Mapping[str, Any]) -> list[str]:
-    """Every turn and observation key a generation holds (deleted once it is done)."""
-    keys = [] if TURN_VALUES in header else [turn_key(iid, i) for i in iter_ranges(header["turns"])]
-    if RUN_VALUES not in header:
-        keys.extend(run_key(iid, first) for first, _ in header.get("runs", []))
+    """Every turn and observation key a generation holds (deleted once it is done): those
+    of its turns and runs that the header does not hold."""
+    turns, runs = header.get(TURN_VALUES) or {}, header.get(RUN_VALUES) or {}
+    keys = [turn_key(iid, i) for i in iter_ranges(header["turns"]) if i not in turns]
+    keys.extend(run_key(iid, first) for first, _ in header.get("runs", []) if first not in runs)
     keys.extend(obs_key(iid, o) for o in _single_ordinals(header))
     return keys
 
 
 def drop_content(store: MutableMapping[str, Any], iid: str, header: dict[str, Any]) -> None:
-    """Delete the generation's content keys and empty the turns and runs ``header``
-    holds (the caller writes ``header`` back, or deletes it)."""
-    for held in (TURN_VALUES, RUN_VALUES):
-        if header.get(held):
-            header[held] = {}
+    """Delete the generation's content keys and drop what ``header`` holds, keeping which
+    turns and runs it held (as None: no key to delete for them later). The caller writes
+    ``header`` back, or deletes it."""
     for key in content_keys(iid, header):
         if key in store:
             del store[key]
+    for held in (TURN_VALUES, RUN_VALUES):
+        if any(v is not None for v in (header.get(held) or {}).values()):
+            header[held] = dict.fromkeys(header[held])
+
+
+def _holds(header: Mapping[str, Any], field: str, tokens: int) -> bool:
+    """Whether ``header`` holds a turn or run of ``tokens`` more tokens in ``field`` (not in
+    generations begun before it, nor past :data:`HELD_TOKENS_MAX`)."""
+    if field not in header:
+        return False
+    held = sum(len(v["token_ids"]) for f in (TURN_VALUES, RUN_VALUES)
+               for v in (header.get(f) or {}).values() if v is not None)
+    return held + tokens <= HELD_TOKENS_MAX
 
 
 def read_header(store: Mapping[str, Any], iid: str) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.processors import assemble
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
 from hebrus_flywheel.streams.processors.common import (
     ranges_add,
@@ -262,7 +263,33 @@ def test_turns_live_in_the_header_not_under_keys_of_their_own() -> None:
     for m in rest:
         sc.send(*m)
     (header,) = [v for k, v in store.items() if k[0] == "h"]
-    assert len(sc.pipeline.windows) == 1 and header["turn_values"] == {}  # dropped when done
+    assert len(sc.pipeline.windows) == 1  # dropped when done; which turns it held stays
+    assert header["turn_values"] and set(header["turn_values"].values()) == {None}
+
+
+def test_a_header_holds_at_most_its_token_budget_the_rest_goes_under_keys(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    baseline = Scenario(LocalPipeline())
+    baseline.publish_identity()
+    baseline.send_thread(ThreadSpec(owner="o", thread="t"))
+    sc = Scenario(LocalPipeline())
+    sc.publish_identity()
+    messages = sc.messages(ThreadSpec(owner="o", thread="t"))
+    first_turn = next(m for m in messages if m[0] == "transcripts")
+    sc.send(*first_turn)
+    (header,) = [v for k, v in sc.pipeline.capture_store.items() if k[0] == "h"]
+    budget = sum(len(t["token_ids"]) for t in header["turn_values"].values())
+    monkeypatch.setattr(assemble, "HELD_TOKENS_MAX", budget)  # the first turn, no more
+    last_obs = max(i for i, m in enumerate(messages) if m[0] == "observations")
+    for i, m in enumerate(messages):
+        if m is not first_turn and i != last_obs:
+            sc.send(*m)  # every turn arrived; the generation waits for its last route
+    store = sc.pipeline.capture_store
+    (header,) = [v for k, v in store.items() if k[0] == "h"]
+    assert list(header["turn_values"]) == [0] and [k for k in store if k[0] == "t"]
+    sc.send(*messages[last_obs])
+    assert window_set(sc.pipeline) == window_set(baseline.pipeline) and window_set(sc.pipeline)
+    assert not any(k[0] in "to" for k in store)
 
 
 def test_a_generation_begun_with_turn_keys_still_completes_and_drops_them() -> None:
