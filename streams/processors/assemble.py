@@ -139,7 +139,7 @@ def new_header(record: Mapping[str, Any], partition: int, *,
         "last_ms": 0,
         "outbox": [],
         "routes_kept": routes_kept,
-        "turn_values": {},
+        TURN_VALUES: {},
         **({} if routes_kept else {RUN_VALUES: {}}),
     }
 
@@ -488,7 +488,7 @@ def drop_content(store: MutableMapping[str, Any], iid: str, header: dict[str, An
         if key in store:
             del store[key]
     for held in (TURN_VALUES, RUN_VALUES):
-        if any(v is not None for v in (header.get(held) or {}).values()):
+        if header.get(held):
             header[held] = dict.fromkeys(header[held])
 
 

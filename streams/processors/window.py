@@ -299,7 +299,7 @@ class WindowStage:
             self.counters.inc("window", "stale_decision")
             return
         ready = header["status"] == "ready"
-        asm.drop_content(self.store, decision["iid"], header)  # empties the header's turns
+        asm.drop_content(self.store, decision["iid"], header)  # and what the header holds
         if ready:
             header["status"] = "emitted" if decision["keep"] else "dropped"
             header["split"] = decision["split"]

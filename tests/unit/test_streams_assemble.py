@@ -250,6 +250,14 @@ def _open_generation(sc: Scenario) -> tuple[list[Any], list[Any]]:
     return messages[:last_turn], messages[last_turn:]
 
 
+def _one_thread_windows() -> set[tuple[str, str]]:
+    """The windows of the thread :func:`_open_generation` splits, sent whole."""
+    baseline = Scenario(LocalPipeline())
+    baseline.publish_identity()
+    baseline.send_thread(ThreadSpec(owner="o", thread="t"))
+    return window_set(baseline.pipeline)
+
+
 def test_turns_live_in_the_header_not_under_keys_of_their_own() -> None:
     sc = Scenario(LocalPipeline())
     sc.publish_identity()
@@ -269,9 +277,7 @@ def test_turns_live_in_the_header_not_under_keys_of_their_own() -> None:
 
 def test_a_header_holds_at_most_its_token_budget_the_rest_goes_under_keys(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    baseline = Scenario(LocalPipeline())
-    baseline.publish_identity()
-    baseline.send_thread(ThreadSpec(owner="o", thread="t"))
+    expected = _one_thread_windows()  # with the default budget
     sc = Scenario(LocalPipeline())
     sc.publish_identity()
     messages = sc.messages(ThreadSpec(owner="o", thread="t"))
@@ -288,15 +294,12 @@ def test_a_header_holds_at_most_its_token_budget_the_rest_goes_under_keys(
     (header,) = [v for k, v in store.items() if k[0] == "h"]
     assert list(header["turn_values"]) == [0] and [k for k in store if k[0] == "t"]
     sc.send(*messages[last_obs])
-    assert window_set(sc.pipeline) == window_set(baseline.pipeline) and window_set(sc.pipeline)
+    assert window_set(sc.pipeline) == expected and window_set(sc.pipeline)
     assert not any(k[0] in "to" for k in store)
 
 
 def test_a_generation_begun_with_turn_keys_still_completes_and_drops_them() -> None:
     """A header restored from a worker before ``turn_values`` (turns under ``t`` keys)."""
-    baseline = Scenario(LocalPipeline())
-    baseline.publish_identity()
-    baseline.send_thread(ThreadSpec(owner="o", thread="t"))
     sc = Scenario(LocalPipeline())
     sc.publish_identity()
     first, rest = _open_generation(sc)
@@ -310,5 +313,5 @@ def test_a_generation_begun_with_turn_keys_still_completes_and_drops_them() -> N
     store[hkey] = header
     for m in rest:
         sc.send(*m)
-    assert window_set(sc.pipeline) == window_set(baseline.pipeline) and window_set(sc.pipeline)
+    assert window_set(sc.pipeline) == _one_thread_windows() and window_set(sc.pipeline)
     assert not any(k[0] in "to" for k in store) and "turn_values" not in store[hkey]
