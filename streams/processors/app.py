@@ -301,7 +301,8 @@ class StreamsWorker:
         self.dedup = DedupStage(
             split_config=p.split, dedup_config=p.dedup, store=dedup_table, counters=self.counters
         )
-        self.window = WindowStage(config=p.window, store=capture_table, counters=self.counters)
+        self.window = WindowStage(config=p.window, store=capture_table, counters=self.counters,
+                                  sealed=True)
         self._declare_agents()
 
     def _declare_agents(self) -> None:

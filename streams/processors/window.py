@@ -196,8 +196,11 @@ def cut_windows(
     split_rule: str,
     thread_digest: str,
     config: WindowConfig,
+    digest: bool = True,
 ) -> list[dict[str, Any]]:
-    """Window.v1 records of one kept generation (empty when it has no eligible anchor)."""
+    """Window.v1 records of one kept generation (empty when it has no eligible anchor);
+    ``digest=False`` leaves their ``content_digest`` empty, for a caller that seals them
+    (a sealed window digests its own fields, :mod:`streams.processors.window_seal`)."""
     with_routes = split == "runtime_holdout"
     anchors, cap = _anchors_and_cap(thread, with_routes, config)
     if len(anchors) == 0:
@@ -220,7 +223,7 @@ def cut_windows(
         "config_digest": config.digest(),
     }
     return [
-        _window(thread, base, index, anchors[i:j], context, with_routes)
+        _window(thread, base, index, anchors[i:j], context, with_routes, digest)
         for index, (i, j) in enumerate(groups)
     ]
 
@@ -232,6 +235,7 @@ def _window(
     group: np.ndarray,
     context: int,
     with_routes: bool,
+    digest: bool,
 ) -> dict[str, Any]:
     end = int(group[-1]) + 1
     start = max(0, end - context)
@@ -248,7 +252,8 @@ def _window(
         "turns": _turn_lineage(thread.turns, start, end),
         "routes": _routes_block(thread, group) if with_routes else None,
     }
-    window["content_digest"] = content_digest(window)
+    if digest:
+        window["content_digest"] = content_digest(window)
     return window
 
 
@@ -261,8 +266,13 @@ class WindowStage:
         config: WindowConfig,
         store: MutableMapping[str, Any],
         counters: Counters | None = None,
+        sealed: bool = False,
     ) -> None:
+        """``sealed``: every window is sealed before it is written, which gives it its own
+        id and content digest, so the plaintext digest (a canonical JSON of the whole
+        window, token ids included) is not computed."""
         self.config = config
+        self.sealed = sealed
         self.store = store
         self.counters = counters or Counters()
 
@@ -281,6 +291,7 @@ class WindowStage:
             split_rule=decision["split_rule"],
             thread_digest=decision["digest"],
             config=self.config,
+            digest=not self.sealed,
         )
         self.counters.inc("window", f"windows_{decision['split']}", len(windows))
         self.counters.inc("window", f"threads_{decision['split']}")

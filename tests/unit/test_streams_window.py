@@ -43,6 +43,7 @@ def run(
     identity: dict[str, Any] | None = None,
     spec: ThreadSpec = LONG,
     rewrite: Any = None,
+    sealed: bool = False,
 ) -> tuple[Scenario, list[dict[str, Any]]]:
     runtime = 1.0 if split == "runtime_holdout" else 0.0
     config = ProcessorConfig(
@@ -52,6 +53,7 @@ def run(
         ),
     )
     sc = Scenario(LocalPipeline(config), identity=identity)
+    sc.pipeline.window.sealed = sealed
     sc.publish_identity()
     messages = sc.messages(spec)
     for i, (kind, key, record) in enumerate(messages):
@@ -201,6 +203,18 @@ def test_window_ids_and_digests_are_deterministic() -> None:
     same_cut = [(w["window_id"], w["content_digest"]) for w in c.pipeline.windows]
     assert [i for i, _ in same_cut] == [i for i, _ in ids_a]  # same cut, same ids
     assert [d for _, d in same_cut] != [d for _, d in ids_a]  # config digest differs
+
+
+@pytest.mark.parametrize("split", ["train", "runtime_holdout"])
+def test_a_stage_whose_windows_are_sealed_skips_only_the_plaintext_digest(split: str) -> None:
+    digested, _ = run(split)
+    undigested, _ = run(split, sealed=True)
+    assert digested.pipeline.windows and all(w["content_digest"]
+                                             for w in digested.pipeline.windows)
+    assert [w["content_digest"] for w in undigested.pipeline.windows] == \
+        [""] * len(digested.pipeline.windows)
+    assert [{**w, "content_digest": ""} for w in digested.pipeline.windows] == \
+        undigested.pipeline.windows
 
 
 def test_window_config_validation() -> None:

@@ -227,3 +227,13 @@ def test_accounting_reads_sealed_headers_and_an_erased_owner_has_no_open_state(
 
     monkeypatch.setattr(window_seal, "_DEFAULT", {})  # a new process: no key cached
     assert apply_changelog(in_state, key, value) is True and in_state == {}
+
+
+def test_a_window_cut_without_its_plaintext_digest_seals_to_the_same_bytes(keys, owner):
+    """The worker's window stage leaves the plaintext ``content_digest`` empty
+    (``WindowStage(sealed=True)``): sealing gives the record its own digest, so the bytes
+    written are those of the fully digested window."""
+    sealer = _sealer(keys)
+    digested = _window(owner)
+    undigested = {**digested, "content_digest": ""}
+    assert encode_window(undigested, sealer)[0] == encode_window(digested, sealer)[0]
