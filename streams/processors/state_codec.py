@@ -162,10 +162,11 @@ def _foreign(value: Any) -> type | None:
                     return found
         return None
     if t is dict:
-        for k, v in value.items():
-            found = _foreign(k) or _foreign(v)
-            if found is not None:
-                return found
+        for k, v in value.items():  # plain keys and values need no call (most of them)
+            if type(k) not in _PLAIN or type(v) not in _PLAIN:
+                found = _foreign(k) or _foreign(v)
+                if found is not None:
+                    return found
         return None
     return t
 

@@ -129,7 +129,12 @@ def test_nested_extensions_are_refused_not_a_crash() -> None:
         loads(MAGIC + data)
 
 
-@pytest.mark.parametrize("value", [{1, 2}, object(), {"a": Path("/")}, bytearray(b"x")])
+@pytest.mark.parametrize("value", [
+    {1, 2}, object(), {"a": Path("/")}, bytearray(b"x"),
+    {"a": 1, "b": {"c": [1, memoryview(b"x")]}},  # nested under plain keys and values
+    [1, "s", {"k": [2.0, None, {"deep": bytearray(b"y")}]}],
+    {("t", 1): {"v": b"ok", "w": frozenset()}},
+])
 def test_other_types_are_refused_on_write(value: Any) -> None:
     with pytest.raises(StateEncodeError, match="state codec carries only"):
         dumps(value)
