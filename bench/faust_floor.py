@@ -2,8 +2,8 @@
 
 Run by ``bench/streams.py`` (figure ``faust_passthrough_observations_per_s``) on the
 capture topics its worker figures read, as the streams role, in a process of its own:
-one faust app (the worker's ``WorkerApp`` and consumer, its broker settings) whose one agent takes
-the capture records in the worker's batches and only counts them. No worker built on
+one faust app (the worker's ``WorkerApp``, consumer, broker settings and event loop) whose
+one agent takes the capture records in the worker's batches and only counts them. No worker built on
 faust can read these records faster on this machine, so the figure bounds
 ``faust_worker_observations_per_s`` from above, measured in the same run.
 
@@ -25,6 +25,11 @@ import faust
 from hebrus_flywheel.core import kafka
 from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 from hebrus_flywheel.streams.processors.batches import batches
+from hebrus_flywheel.streams.processors.event_loop import (
+    DEFAULT_EVENT_LOOP,
+    EVENT_LOOPS,
+    use_event_loop,
+)
 from hebrus_flywheel.streams.processors.fetch import WorkerApp
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 
@@ -81,8 +86,11 @@ def main() -> None:
     parser.add_argument("--app-id", default="flywheel-streams")
     parser.add_argument("--records", type=int, required=True,
                         help="capture records (transcripts + observations) to read")
+    parser.add_argument("--event-loop", default=DEFAULT_EVENT_LOOP, choices=EVENT_LOOPS,
+                        help="the worker's event loop (default: the worker's default)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    use_event_loop(args.event_loop)
     app = build_app(bootstrap_servers(args.bootstrap_servers), args.prefix, args.app_id,
                     Drain(args.records))
     faust.Worker(app, loglevel=logging.WARNING, quiet=True,

@@ -28,12 +28,15 @@ sends it: runs of up to ``--chunk-tokens`` observations of one request as one
 token). The figures ``faust_to_raw_ratio`` (wall) and ``faust_to_raw_cpu_ratio`` compare
 the worker on its backlog with the raw floor of the same run, which reads a backlog too.
 ``--profile FILE`` runs the backlog worker under cProfile (CPU time), stats to FILE.
+``--event-loop asyncio`` runs the workers and the floor on the standard library's loop
+instead of uvloop (the worker's default), for an A/B of the loop.
 ``broker_cpu_s``: the CPU seconds of the brokers this ``$FLYWHEEL_HOME`` started, over the
 same window (the broker shares the machine). The bench and its worker share one fresh
 owner key store (``$FLYWHEEL_OWNER_KEYS``, a temporary directory). Usage::
 
     python bench/streams.py [--threads 40] [--assistant-tokens 120] [--chunk-tokens 64]
                             [--no-worker] [--no-two-workers] [--profile FILE]
+                            [--event-loop uvloop|asyncio]
     python -m bench.streams ...   # the same
 """
 
@@ -78,6 +81,7 @@ from hebrus_flywheel.streams.broker import (
     LocalCluster,
     read_layout,
 )
+from hebrus_flywheel.streams.processors.event_loop import DEFAULT_EVENT_LOOP, EVENT_LOOPS
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
 from hebrus_flywheel.streams.processors.runs import group_members
@@ -258,8 +262,10 @@ class WorkerRun:
     """
 
     def __init__(self, bootstrap: str, prefix: str, capture: Capture, expected: int, *,
-                 workers: int, backlog: bool, profile: Path | None = None) -> None:
+                 workers: int, backlog: bool, profile: Path | None = None,
+                 event_loop: str = DEFAULT_EVENT_LOOP) -> None:
         self.bootstrap, self.capture, self.expected = bootstrap, capture, expected
+        self.event_loop = event_loop
         self.topics = StreamTopics.from_prefix(prefix)
         self.prefix, self.workers, self.backlog, self.profile = prefix, workers, backlog, profile
 
@@ -272,7 +278,8 @@ class WorkerRun:
         with tempfile.TemporaryDirectory() as tmp:
             procs = [WorkerProcess(bootstrap=self.bootstrap, prefix=self.prefix,
                                    app_id=APP_ID, log_path=Path(tmp) / f"worker-{i}.log",
-                                   flags=FLAGS, home=Path(tmp) / f"home-{i}")
+                                   flags=FLAGS, home=Path(tmp) / f"home-{i}",
+                                   extra=["--event-loop", self.event_loop])
                      for i in range(self.workers)]
             if self.profile is not None:  # CPU time, not wall: the machine may be shared
                 procs[0].args[1:3] = ["-c", PROFILED_WORKER.format(path=str(self.profile))]
@@ -339,7 +346,7 @@ class WorkerRun:
              seconds=round(t.elapsed, 2), workers=self.workers, **t.extra,
              broker_cpu_s=round(t.broker_cpu_s, 2), worker_cpu_s=round(t.cpu_s, 2),
              cpu_rate=round(t.cpu_rate, 1), observations=t.observations,
-             records=self.capture.records,
+             records=self.capture.records, event_loop=self.event_loop,
              note=f"{self.workers} worker process(es), " + (
                  "first capture record handled -> last window, records produced before "
                  "the workers started" if self.backlog else
@@ -457,6 +464,8 @@ def main() -> None:
     parser.add_argument("--no-worker", action="store_true", help="skip the faust worker figure")
     parser.add_argument("--no-two-workers", action="store_true",
                         help="skip the two-worker figure (two_worker_speedup)")
+    parser.add_argument("--event-loop", default=DEFAULT_EVENT_LOOP, choices=EVENT_LOOPS,
+                        help="the workers' (and the faust floor's) event loop")
     parser.add_argument("--profile", type=Path, default=None,
                         help="run the worker under cProfile and write its stats here")
     args = parser.parse_args()
@@ -504,9 +513,11 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
                   args: argparse.Namespace, *, raw_rate: float, raw_cpu_rate: float) -> None:
     """The worker figures: one worker on a backlog and live, then two workers of one app
     id the same two ways (unless ``--no-two-workers``), and the ratios between them."""
+    loop = args.event_loop
     one = WorkerRun(bootstrap, f"{prefix}w.", capture, expected, workers=1, backlog=True,
-                    profile=args.profile).run()
-    live = WorkerRun(bootstrap, f"{prefix}l.", capture, expected, workers=1, backlog=False).run()
+                    profile=args.profile, event_loop=loop).run()
+    live = WorkerRun(bootstrap, f"{prefix}l.", capture, expected, workers=1, backlog=False,
+                     event_loop=loop).run()
     emit("faust_to_raw_ratio", one.rate / raw_rate, "ratio", goal=">= 0.5",
          note="both read a backlog of the same records in this run")
     emit("faust_to_raw_cpu_ratio", one.cpu_rate / raw_cpu_rate, "ratio",
@@ -514,7 +525,7 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
     emit("faust_live_to_raw_ratio", live.rate / raw_rate, "ratio",
          note="the worker while the bench produces (shares the machine with the producer)")
     emit("goal_30k_worker_observations_per_s_met", float(one.rate >= 30_000), "bool")
-    floor = faust_floor(bootstrap, f"{prefix}w.", capture)
+    floor = faust_floor(bootstrap, f"{prefix}w.", capture, loop)
     emit("faust_passthrough_observations_per_s", floor.rate, "obs/s", seconds=round(
          floor.elapsed, 2), cpu_s=round(floor.cpu_s, 2), cpu_rate=round(floor.cpu_rate, 1),
          note="a faust agent that only counts the same backlog (bench/faust_floor.py): "
@@ -524,9 +535,9 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
     if args.no_two_workers:
         return
     two = WorkerRun(bootstrap, f"{prefix}w2.", capture, expected, workers=2,
-                    backlog=True).run()
+                    backlog=True, event_loop=loop).run()
     live2 = WorkerRun(bootstrap, f"{prefix}l2.", capture, expected, workers=2,
-                      backlog=False).run()
+                      backlog=False, event_loop=loop).run()
     same = _same_windows(bootstrap, [f"{prefix}{n}." for n in ("w", "l", "w2", "l2")])
     cores = os.cpu_count() or 1
     emit("two_worker_speedup", two.rate / one.rate, "ratio", goal=">= 1.5", same_windows=same,
@@ -542,14 +553,14 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
         raise SystemExit("two workers wrote another set of windows than one worker")
 
 
-def faust_floor(bootstrap: str, prefix: str, capture: Capture) -> Timing:
+def faust_floor(bootstrap: str, prefix: str, capture: Capture, event_loop: str) -> Timing:
     """``bench/faust_floor.py`` on ``prefix``'s capture backlog, as the worker's role."""
     records = sum(1 for kind, *_ in capture.encoded if kind != "identities")
     with tempfile.TemporaryDirectory() as tmp:
         done = subprocess.run(
             [sys.executable, str(Path(__file__).with_name("faust_floor.py")),
              "--bootstrap-servers", bootstrap, "--prefix", prefix, "--app-id", APP_ID,
-             "--records", str(records)],
+             "--records", str(records), "--event-loop", event_loop],
             env=streams_role_env(bootstrap, Path(tmp)), capture_output=True, text=True,
             timeout=600, check=False)
     # faust's terminal spinner writes control codes before the line: keep from its "{"

@@ -22,6 +22,11 @@ from hebrus_flywheel.core.progress import WatchdogConfig
 from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
 from hebrus_flywheel.streams.processors.dedup import DedupConfig
+from hebrus_flywheel.streams.processors.event_loop import (
+    DEFAULT_EVENT_LOOP,
+    EVENT_LOOPS,
+    use_event_loop,
+)
 from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
 from hebrus_flywheel.streams.processors.split import SplitConfig
 from hebrus_flywheel.streams.processors.window import WindowConfig
@@ -108,10 +113,13 @@ def worker_command(
     poison_after_crashes: int = typer.Option(3, help="Quarantine a record by reference as "
                                              "'poison' on the next start once it crashed the "
                                              "worker this many times in a row."),
+    event_loop: str = typer.Option(DEFAULT_EVENT_LOOP, help="Event loop of the worker: "
+                                   f"{' or '.join(EVENT_LOOPS)} (the standard library's)."),
 ) -> None:
     """Run one streams worker (start more with the same --app-id to share partitions)."""
     declare_role("streams")
     bound_malloc()  # before any thread starts: arenas are per thread
+    use_event_loop(event_loop)  # before faust creates a loop, the fetch thread's included
     from hebrus_flywheel.streams.processors.app import StreamsWorker, WorkerConfig
 
     processors = processor_config(
