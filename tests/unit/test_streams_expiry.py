@@ -18,6 +18,7 @@ from hebrus_flywheel.streams.processors import expiry
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
 from hebrus_flywheel.streams.processors.dedup import DedupConfig
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
+from hebrus_flywheel.streams.processors.split import SplitConfig
 from tests.support.streams_synthetic import Scenario, ThreadSpec, make_identity
 
 HOUR = 3_600_000
@@ -123,7 +124,12 @@ def _same_thread_later(sc: Scenario, start_ms: int) -> None:
 
 def test_a_duplicate_within_the_horizon_is_dropped_and_one_beyond_it_is_kept() -> None:
     dedup = DedupConfig(horizon_ms=2 * HOUR, bucket_ms=HOUR // 4)
-    sc = Scenario(LocalPipeline(ProcessorConfig(dedup=dedup)))
+    # One split for every thread: owner and thread ids are pseudonyms under the session's
+    # key store, so with the default draws the two copies could land in different splits
+    # (about one session in ten), and a cross-split pair gets its cross-split reason.
+    one_split = SplitConfig(validation_fraction=0.0, stress_rate=0.0,
+                            runtime_holdout_fraction=0.0)
+    sc = Scenario(LocalPipeline(ProcessorConfig(dedup=dedup, split=one_split)))
     sc.publish_identity()
     base = 1_767_225_600_000
     _same_thread_later(sc, base)
