@@ -324,7 +324,7 @@ def check_route_block(ids_TLK: np.ndarray, weights_TLK: np.ndarray,
     limit = min(geometry.expert_count, ID_LIMIT)
     _block_fail((ids < 0) | (ids >= limit), "expert_id_out_of_range",
                 f"has an id outside [0, {limit})", "expert_ids")
-    if _repeats_an_id(ids):
+    if _may_repeat_an_id(ids):
         ranked = np.sort(ids, axis=2)
         _block_fail(ranked[..., 1:] == ranked[..., :-1], "duplicate_expert_id",
                     "repeats an id", "expert_ids")
@@ -339,27 +339,26 @@ def check_route_block(ids_TLK: np.ndarray, weights_TLK: np.ndarray,
 _PAIRWISE_TOP_K_MAX = 32
 
 
-def _repeats_an_id(ids_TLK: np.ndarray) -> bool:
-    """Whether any row repeats an expert id. Compares rank columns pairwise, each column
+def _may_repeat_an_id(ids_TLK: np.ndarray) -> bool:
+    """False when no row repeats an expert id. Compares rank columns pairwise, each column
     contiguous over all rows: for a top-k of a few to a few dozen this is several times
     faster than sorting every short row (``np.sort`` along the last axis), the hot spot
-    of a clean chunk's check in the stream worker. Past ``_PAIRWISE_TOP_K_MAX`` ranks the
-    pairs outnumber a sort's comparisons, so wide rows are sorted."""
+    of a clean chunk's check in the stream worker. Rows wider than
+    ``_PAIRWISE_TOP_K_MAX`` (more pairs than a sort compares) answer True: the caller's
+    sort decides."""
     if ids_TLK.shape[-1] > _PAIRWISE_TOP_K_MAX:
-        ranked = np.sort(ids_TLK, axis=-1)
-        return bool((ranked[..., 1:] == ranked[..., :-1]).any())
+        return True
     by_rank_KR = ids_TLK.reshape(-1, ids_TLK.shape[-1]).T.copy()  # (K, T*L)
     return any(bool((by_rank_KR[i] == by_rank_KR[i + 1:]).any())
                for i in range(len(by_rank_KR) - 1))
 
 
 def _rises_along_rank(weights_TLK: np.ndarray) -> bool:
-    """Whether any row's weights increase along rank: adjacent values of the flat array,
-    the pairs that straddle two rows masked out (one pass, no strided views)."""
+    """Whether any row's weights increase along rank: one pass over the flat array, the
+    pairs that straddle two rows masked by :func:`_row_ends` (as :func:`_check_weights`)."""
+    k = weights_TLK.shape[-1]
     flat = np.ascontiguousarray(weights_TLK).ravel()
-    rises = flat[1:] > flat[:-1]
-    rises[weights_TLK.shape[-1] - 1::weights_TLK.shape[-1]] = False  # row r's last, r+1's first
-    return bool(rises.any())
+    return not _ALL(np.less_equal(flat[1:], flat[:-1]) | _row_ends(flat.size // k, k))
 
 
 def _block_fail(bad_TLK: np.ndarray, reason: str, what: str, field: str) -> None:

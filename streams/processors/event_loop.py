@@ -23,15 +23,15 @@ EVENT_LOOPS = ("uvloop", "asyncio")
 DEFAULT_EVENT_LOOP = "uvloop"
 
 
-def use_event_loop(name: str = DEFAULT_EVENT_LOOP) -> str:
-    """Make ``name`` the event loop of every loop this process creates from now on;
-    returns it. ``uvloop`` needs the uvloop package (a dependency wherever uvloop builds:
+def use_event_loop(name: str = DEFAULT_EVENT_LOOP) -> None:
+    """Make ``name`` the event loop of every loop this process creates from now on.
+    ``uvloop`` needs the uvloop package (a dependency wherever uvloop builds:
     Linux and macOS); ``asyncio`` is the standard library's loop."""
     if name not in EVENT_LOOPS:
         raise ConfigError(f"event loop {name!r} is not one of {', '.join(EVENT_LOOPS)}")
     if name == "asyncio":
         asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
-        return name
+        return
     try:
         import uvloop
     except ImportError as exc:
@@ -40,4 +40,3 @@ def use_event_loop(name: str = DEFAULT_EVENT_LOOP) -> str:
             "Linux and macOS), or run the worker with --event-loop asyncio") from exc
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     log.debug("event loop: uvloop %s", uvloop.__version__)
-    return name

@@ -8,6 +8,7 @@ boundaries, and check it is caught and located exactly as the row-by-row check l
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -45,16 +46,36 @@ def test_a_clean_block_passes_though_weights_rise_across_rows() -> None:
     assert _verdict(ids_TLK, weights_TLK) is None
 
 
+def _repeat_id(first: int, second: int) -> Callable[[np.ndarray, np.ndarray, int, int], None]:
+    def plant(ids_TLK: np.ndarray, _: np.ndarray, token: int, row: int) -> None:
+        ids_TLK[token, row, second] = ids_TLK[token, row, first]
+    return plant
+
+
+def _raise_weight(rank: int) -> Callable[[np.ndarray, np.ndarray, int, int], None]:
+    def plant(_: np.ndarray, weights_TLK: np.ndarray, token: int, row: int) -> None:
+        weights_TLK[token, row, rank] = weights_TLK[token, row, rank - 1] + 0.01
+    return plant
+
+
+FAULTS = [
+    *((_repeat_id(first, second), "duplicate_expert_id")
+      for first, second in itertools.combinations(range(K), 2)),
+    *((_raise_weight(rank), "rank_order_violation") for rank in range(1, K)),
+]
+
+
 @pytest.mark.parametrize(("token", "row"), [(0, 0), (2, 1), (TOKENS - 1, LAYERS - 1)])
-@pytest.mark.parametrize(("first", "second"), list(itertools.combinations(range(K), 2)))
-def test_a_repeated_id_at_any_two_ranks_is_caught_and_located(
-    token: int, row: int, first: int, second: int
+@pytest.mark.parametrize(("plant", "reason"), FAULTS)
+def test_a_repeated_id_or_rising_weight_at_any_rank_is_caught_and_located(
+    plant: Callable[[np.ndarray, np.ndarray, int, int], None], reason: str, token: int,
+    row: int,
 ) -> None:
     ids_TLK, weights_TLK = _block()
-    ids_TLK[token, row, second] = ids_TLK[token, row, first]
+    plant(ids_TLK, weights_TLK, token, row)
     verdict = _verdict(ids_TLK, weights_TLK)
     assert verdict is not None
-    assert verdict[0] == "duplicate_expert_id"
+    assert verdict[0] == reason
     assert f"token {token}, row {row} " in verdict[1]
 
 
@@ -63,18 +84,6 @@ def test_an_id_repeated_across_rows_or_tokens_is_no_duplicate() -> None:
     ids_TLK[1, 0] = ids_TLK[0, 0]
     ids_TLK[0, 1] = ids_TLK[0, 0]
     assert _verdict(ids_TLK, weights_TLK) is None
-
-
-@pytest.mark.parametrize(("token", "row"), [(0, 0), (3, 2), (TOKENS - 1, LAYERS - 1)])
-@pytest.mark.parametrize("rank", range(1, K))
-def test_a_weight_rising_at_any_rank_is_caught_and_located(token: int, row: int,
-                                                            rank: int) -> None:
-    ids_TLK, weights_TLK = _block()
-    weights_TLK[token, row, rank] = weights_TLK[token, row, rank - 1] + 0.01
-    verdict = _verdict(ids_TLK, weights_TLK)
-    assert verdict is not None
-    assert verdict[0] == "rank_order_violation"
-    assert f"token {token}, row {row} " in verdict[1]
 
 
 def test_the_first_faulty_token_is_named_when_several_are() -> None:
