@@ -30,7 +30,7 @@ from hebrus_flywheel.streams.processors.event_loop import (
     EVENT_LOOPS,
     use_event_loop,
 )
-from hebrus_flywheel.streams.processors.fetch import WorkerApp
+from hebrus_flywheel.streams.processors.fetch import CaptureFetch, WorkerApp
 from hebrus_flywheel.streams.processors.topology import StreamTopics
 
 APP_SUFFIX = "-floor"
@@ -59,13 +59,18 @@ class Drain:
                 "cpu_s": time.process_time() - self.started[1]}
 
 
-def build_app(bootstrap: str, prefix: str, app_id: str, drain: Drain) -> faust.App:
+def build_app(bootstrap: str, prefix: str, app_id: str, drain: Drain, *,
+              librdkafka: bool = True) -> faust.App:
     config = kafka.client_config(bootstrap)
-    app = WorkerApp(f"{prefix}{app_id}{APP_SUFFIX}", **kafka.faust_settings(config),
+    suffix = APP_SUFFIX if librdkafka else f"{APP_SUFFIX}-aiokafka"  # a group of its own
+    app = WorkerApp(f"{prefix}{app_id}{suffix}", **kafka.faust_settings(config),
                     datadir=str(flywheel_home() / "faust-floor"),  # not the working dir
                     web_enabled=False, consumer_auto_offset_reset="earliest",
                     key_serializer="raw", value_serializer="raw")
     topics = StreamTopics.from_prefix(prefix)
+    if librdkafka:  # as the worker reads them (streams.processors.fetch)
+        app.capture_fetch = CaptureFetch(librdkafka=config.librdkafka(), topics=frozenset(
+            (topics.transcripts, topics.observations)))
     capture = app.topic(topics.transcripts, topics.observations,
                         key_serializer="raw", value_serializer="raw")
 
@@ -88,11 +93,14 @@ def main() -> None:
                         help="capture records (transcripts + observations) to read")
     parser.add_argument("--event-loop", default=DEFAULT_EVENT_LOOP, choices=EVENT_LOOPS,
                         help="the worker's event loop (default: the worker's default)")
+    parser.add_argument("--capture-through", default="librdkafka",
+                        choices=("librdkafka", "aiokafka"),
+                        help="the client reading the capture topics (the worker's: librdkafka)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     use_event_loop(args.event_loop)
     app = build_app(bootstrap_servers(args.bootstrap_servers), args.prefix, args.app_id,
-                    Drain(args.records))
+                    Drain(args.records), librdkafka=args.capture_through == "librdkafka")
     faust.Worker(app, loglevel=logging.WARNING, quiet=True,
                  redirect_stdouts=False).execute_from_commandline()
 

@@ -532,6 +532,12 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
          "what any faust worker's consumer reaches here")
     emit("faust_passthrough_to_raw_ratio", floor.rate / raw_rate, "ratio")
     emit("faust_worker_to_passthrough_ratio", one.rate / floor.rate, "ratio")
+    aio = faust_floor(bootstrap, f"{prefix}w.", capture, loop, through="aiokafka")
+    emit("faust_aiokafka_passthrough_observations_per_s", aio.rate, "obs/s",
+         seconds=round(aio.elapsed, 2), cpu_s=round(aio.cpu_s, 2),
+         cpu_rate=round(aio.cpu_rate, 1), note="the same faust agent reading the capture "
+         "topics through aiokafka, as workers did before 2026-12-06")
+    emit("capture_librdkafka_to_aiokafka_passthrough_ratio", floor.rate / aio.rate, "ratio")
     if args.no_two_workers:
         return
     two = WorkerRun(bootstrap, f"{prefix}w2.", capture, expected, workers=2,
@@ -553,14 +559,17 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
         raise SystemExit("two workers wrote another set of windows than one worker")
 
 
-def faust_floor(bootstrap: str, prefix: str, capture: Capture, event_loop: str) -> Timing:
-    """``bench/faust_floor.py`` on ``prefix``'s capture backlog, as the worker's role."""
+def faust_floor(bootstrap: str, prefix: str, capture: Capture, event_loop: str, *,
+                through: str = "librdkafka") -> Timing:
+    """``bench/faust_floor.py`` on ``prefix``'s capture backlog, as the worker's role,
+    reading the capture topics ``through`` librdkafka (as the worker) or aiokafka."""
     records = sum(1 for kind, *_ in capture.encoded if kind != "identities")
     with tempfile.TemporaryDirectory() as tmp:
         done = subprocess.run(
             [sys.executable, str(Path(__file__).with_name("faust_floor.py")),
              "--bootstrap-servers", bootstrap, "--prefix", prefix, "--app-id", APP_ID,
-             "--records", str(records), "--event-loop", event_loop],
+             "--records", str(records), "--event-loop", event_loop,
+             "--capture-through", through],
             env=streams_role_env(bootstrap, Path(tmp)), capture_output=True, text=True,
             timeout=600, check=False)
     # faust's terminal spinner writes control codes before the line: keep from its "{"

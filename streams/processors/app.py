@@ -81,7 +81,7 @@ from hebrus_flywheel.streams.processors.crash import (
     record_handled,
 )
 from hebrus_flywheel.streams.processors.dedup import DedupStage
-from hebrus_flywheel.streams.processors.fetch import WorkerApp
+from hebrus_flywheel.streams.processors.fetch import CaptureFetch, WorkerApp
 from hebrus_flywheel.streams.processors.identities import IdentityBook
 from hebrus_flywheel.streams.processors.liveness import start_monitor
 from hebrus_flywheel.streams.processors.pipeline import ProcessorConfig
@@ -197,7 +197,8 @@ class StreamsWorker:
         self.config = config
         # Translated first: a property faust cannot honour stops the worker before it
         # records a run or touches a topic.
-        self.faust_kafka = kafka.faust_settings(kafka.client_config(config.bootstrap))
+        self.kafka_client = kafka.client_config(config.bootstrap)
+        self.faust_kafka = kafka.faust_settings(self.kafka_client)
         self.topics = StreamTopics.from_prefix(config.prefix, config.app_id)
         self.partitions = ensure_topics(
             config.bootstrap,
@@ -242,6 +243,15 @@ class StreamsWorker:
             raise ConfigError(f"another stream worker of {c.full_app_id} runs on the data "
                               f"directory {data_dir / c.full_app_id}: give each worker on "
                               "one machine its own --data-dir (or FLYWHEEL_HOME)")
+        app = self._worker_app(data_dir)
+        # the capture topics through librdkafka, with the worker's own client config
+        app.capture_fetch = CaptureFetch(
+            librdkafka=self.kafka_client.librdkafka(),
+            topics=frozenset((self.topics.transcripts, self.topics.observations)))
+        return app
+
+    def _worker_app(self, data_dir: Path) -> WorkerApp:
+        c = self.config
         return WorkerApp(  # a short broker-side fetch wait (streams.processors.fetch)
             c.full_app_id,
             **self.faust_kafka,  # broker list, credentials, client id

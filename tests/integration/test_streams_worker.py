@@ -194,6 +194,8 @@ def test_two_workers_share_partitions_and_produce_the_same_windows(
     assert window_pairs(read_windows(setup.bootstrap, setup.topics)) == expected
     for w in workers:
         assert '"validate/passed"' in w.log_path.read_text(), log_tail(w)
+        # its capture partitions came through librdkafka (streams.processors.fetch)
+        assert "capture partitions read through librdkafka" in w.log_path.read_text()
     # standby replicas (the default, 1): each worker keeps the other's table partitions
     # warm, so both data directories hold every partition of both tables
     held = [{p.name for p in (tmp_path / home).glob("streams/*/v1/tables/*.db")}
