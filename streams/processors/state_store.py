@@ -33,6 +33,7 @@ from typing import Any
 from faust.stores import STORES
 from faust.stores.rocksdb import RocksDBOptions
 from faust.stores.rocksdb import Store as RocksDBStore
+from faust.streams import current_event
 
 from hebrus_flywheel.core.processes import malloc_gauges
 from hebrus_flywheel.streams.owner_seal import Erased, SealOpenError
@@ -143,6 +144,7 @@ class SealedRocksDBStore(RocksDBStore):
         return self.state_sealer
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        self._drop_probe()
         skey = str(key)
         sealed = self._sealer().seal_again(skey, value)
         if sealed is None:  # the owner was erased: nothing of it is stored
@@ -192,11 +194,36 @@ class SealedRocksDBStore(RocksDBStore):
 
     def __delitem__(self, key: Any) -> None:
         self._forget(str(key))
+        self._drop_probe()
         super().__delitem__(key)
 
     def revoke_partitions(self, table: Any, tps: Any) -> None:
         self._forget()
+        self._drop_probe()
         super().revoke_partitions(table, tps)
+
+    # -- one RocksDB read per table read, not two: faust's Table.__getitem__ asks ``key in
+    # store`` (faust's _contains: a get that copies the whole value) and then gets the key
+    # again. The probe keeps what that get read for the read that follows.
+
+    def __contains__(self, key: Any) -> bool:
+        skey = str(key)
+        if skey in self._cache():
+            return True  # written by this store and still there (an erased one too)
+        if current_event() is None:  # no partition to route to: faust's search
+            return bool(super().__contains__(key))
+        raw = self._get(self._encode_key(key))
+        self.__dict__["_probe"] = (skey, raw)
+        return raw is not None
+
+    def _probed(self, key: str) -> tuple[bool, bytes | None]:
+        probe = self.__dict__.pop("_probe", None)
+        if probe is None or probe[0] != key:
+            return False, None
+        return True, probe[1]
+
+    def _drop_probe(self) -> None:
+        self.__dict__.pop("_probe", None)
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         """``Table.update`` (a chunk's staged keys) ends here after faust wrote their
@@ -207,12 +234,15 @@ class SealedRocksDBStore(RocksDBStore):
                 self[key] = value
 
     def __getitem__(self, key: Any) -> Any:
-        hit, value = self._cached(str(key))
+        skey = str(key)
+        probed, raw = self._probed(skey)
+        hit, value = self._cached(skey)
         if hit:
             if isinstance(value, Erased):
                 raise KeyError(key)
             return value
-        raw = self._get(self._encode_key(key))
+        if not probed:
+            raw = self._get(self._encode_key(key))
         if raw is None:
             raise KeyError(key)
         value = self._opened(str(key), self._decode_value(raw))
@@ -245,6 +275,7 @@ class SealedRocksDBStore(RocksDBStore):
         an erased owner's record is deleted instead, one that does not open stops the
         worker."""
         events = list(batch)
+        self._drop_probe()
         kept = [self._checked(event) for event in events]
         self.restored_records += len(events)
         self._sealer().counters.inc("state", f"{self.table_name}_restored_records", len(events))
