@@ -86,7 +86,7 @@ def test_capture_fetch_consumer_never_commits_or_joins_by_itself() -> None:
     config = spec.consumer_config("app-capture")
     assert config["security.protocol"] == "SASL_SSL"  # the worker's own client settings
     assert config["enable.auto.commit"] is False and config["enable.auto.offset.store"] is False
-    assert config["fetch.wait.max.ms"] == FETCH_MAX_WAIT_MS
+    assert config["fetch.wait.max.ms"] == fetch.CAPTURE_FETCH_WAIT_MS
     # a full prefetch is refilled promptly (librdkafka's default waits a second)
     assert config["fetch.queue.backoff.ms"] == fetch.PREFETCH_BACKOFF_MS < 100
 
