@@ -3,7 +3,11 @@
 Run by ``bench/streams.py`` (figure ``faust_passthrough_observations_per_s``) on the
 capture topics its worker figures read, as the streams role, in a process of its own:
 one faust app (the worker's ``WorkerApp``, consumer, broker settings and event loop) whose
-one agent takes the capture records in the worker's batches and only counts them. No worker built on
+one agent takes the capture records in the worker's batches and only counts them. It
+reads the capture topics as the worker does, through librdkafka
+(``streams.processors.fetch``); ``--capture-through aiokafka`` reads them through faust's
+aiokafka consumer, as workers did before 2026-12-06
+(``faust_aiokafka_passthrough_observations_per_s``). No worker built on
 faust can read these records faster on this machine, so the figure bounds
 ``faust_worker_observations_per_s`` from above, measured in the same run.
 
