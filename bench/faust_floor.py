@@ -73,8 +73,7 @@ def build_app(bootstrap: str, prefix: str, app_id: str, drain: Drain, *,
                     key_serializer="raw", value_serializer="raw")
     topics = StreamTopics.from_prefix(prefix)
     if librdkafka:  # as the worker reads them (streams.processors.fetch)
-        app.capture_fetch = CaptureFetch(librdkafka=config.librdkafka(), topics=frozenset(
-            (topics.transcripts, topics.observations)))
+        app.capture_fetch = CaptureFetch.of(config, topics)
     capture = app.topic(topics.transcripts, topics.observations,
                         key_serializer="raw", value_serializer="raw")
 

@@ -243,16 +243,7 @@ class StreamsWorker:
             raise ConfigError(f"another stream worker of {c.full_app_id} runs on the data "
                               f"directory {data_dir / c.full_app_id}: give each worker on "
                               "one machine its own --data-dir (or FLYWHEEL_HOME)")
-        app = self._worker_app(data_dir)
-        # the capture topics through librdkafka, with the worker's own client config
-        app.capture_fetch = CaptureFetch(
-            librdkafka=self.kafka_client.librdkafka(),
-            topics=frozenset((self.topics.transcripts, self.topics.observations)))
-        return app
-
-    def _worker_app(self, data_dir: Path) -> WorkerApp:
-        c = self.config
-        return WorkerApp(  # a short broker-side fetch wait (streams.processors.fetch)
+        app = WorkerApp(  # a short broker-side fetch wait (streams.processors.fetch)
             c.full_app_id,
             **self.faust_kafka,  # broker list, credentials, client id
             store=STORE_URL,  # every table: RocksDB, sealed at rest (see _table)
@@ -277,6 +268,9 @@ class StreamsWorker:
             key_serializer="raw",
             value_serializer="raw",
         )
+        # the capture topics through librdkafka, with the worker's own client config
+        app.capture_fetch = CaptureFetch.of(self.kafka_client, self.topics)
+        return app
 
     def _table(self, name: str, partitions: int) -> Any:
         # keys: faust's json codec (key_type=str); values: the state codec (MessagePack);

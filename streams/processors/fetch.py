@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import confluent_kafka
 import faust
@@ -46,6 +46,10 @@ from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 
 from hebrus_flywheel.streams.processors.exceptions import WorkerError
+
+if TYPE_CHECKING:
+    from hebrus_flywheel.core.kafka.config import KafkaClientConfig
+    from hebrus_flywheel.streams.processors.topology import StreamTopics
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +108,12 @@ class CaptureFetch:
             raise ValueError("CaptureFetch.librdkafka: wants bootstrap.servers")
         if not self.topics:
             raise ValueError("CaptureFetch.topics: wants at least one topic")
+
+    @classmethod
+    def of(cls, client: KafkaClientConfig, topics: StreamTopics) -> CaptureFetch:
+        """The capture fetch of a worker (or bench app) with ``client``'s settings."""
+        return cls(librdkafka=client.librdkafka(),
+                   topics=frozenset((topics.transcripts, topics.observations)))
 
     def consumer_config(self, group: str) -> dict[str, Any]:
         """The librdkafka consumer's config. ``group`` is required by librdkafka but never
@@ -177,13 +187,14 @@ class CaptureFetchThread(PromptConsumerThread):
     the module docstring); an app without ``capture_fetch`` reads all through aiokafka."""
 
     _capture: Any = None  # the confluent_kafka.Consumer, made on the first fetch
+    _topics: frozenset[str]  # the capture topics it reads
     _next: dict[Any, int]  # assigned capture partition -> next offset to hand faust
     _moved: set[Any]  # partitions faust seeked since: reassigned at aiokafka's position
 
     def _capture_fetch(self) -> CaptureFetch | None:
         spec: CaptureFetch | None = getattr(self.app, "capture_fetch", None)
         if spec is not None and self._capture is None:
-            self._next, self._moved = {}, set()
+            self._topics, self._next, self._moved = spec.topics, {}, set()
             self._capture = confluent_kafka.Consumer({
                 **spec.consumer_config(f"{self.app.conf.id}-capture"),
                 "error_cb": self._on_client_error})
@@ -231,10 +242,8 @@ class CaptureFetchThread(PromptConsumerThread):
         add = [tp for tp in wanted if tp not in self._next]
         if add:
             parts = []
-            for tp in add:
-                back = AIOKafkaTP(tp.topic, tp.partition)
-                consumer.pause(back)
-                self._next[tp] = await consumer.position(back)
+            for tp in add:  # aiokafka is paused there already (_fetch_records)
+                self._next[tp] = await consumer.position(AIOKafkaTP(tp.topic, tp.partition))
                 parts.append(_rd(tp, self._next[tp]))
             self._capture.incremental_assign(parts)
             log.info("capture partitions read through librdkafka from %s",
@@ -266,8 +275,7 @@ class CaptureFetchThread(PromptConsumerThread):
         return records
 
     def highwater(self, tp: Any) -> int:
-        spec: CaptureFetch | None = getattr(self.app, "capture_fetch", None)
-        if spec is None or self._capture is None or tp.topic not in spec.topics:
+        if self._capture is None or tp.topic not in self._topics:
             return super().highwater(tp)
         # aiokafka is paused there and learns no highwater; librdkafka's last fetch does
         _, high = self._capture.get_watermark_offsets(_rd(tp), cached=True)

@@ -245,7 +245,7 @@ class SealedRocksDBStore(RocksDBStore):
             raw = self._get(self._encode_key(key))
         if raw is None:
             raise KeyError(key)
-        value = self._opened(str(key), self._decode_value(raw))
+        value = self._opened(skey, self._decode_value(raw))
         if isinstance(value, Erased):
             raise KeyError(key)
         return value
