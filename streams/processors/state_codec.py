@@ -26,11 +26,13 @@ restores across the upgrade. Measured on a 64-token chunk's run value (48 layers
 top-10): JSON 1.3 ms to encode and 1.0 ms to decode, twice over once sealed (the sealed
 body is base64 again); MessagePack a few hundredths of that.
 
-How the worker treats a refused changelog record: :class:`RefusingChangelogTopic` is
-the changelog topic of every processor table; a record whose key or value does not
+How the worker treats a refused changelog record: a record whose key or value does not
 decode stops the worker during the restore with one log line naming the topic,
 partition and offset and exit status :data:`~streams.processors.crash.CRASH_EXIT_STATUS`
-(fail closed: a table restored without one of its records would be wrong state).
+(fail closed: a table restored without one of its records would be wrong state). The
+worker's tables (sealed RocksDB stores) read their changelog undecoded and refuse in the
+store, which decodes each record once (:class:`StoreDecodedChangelogTopic`); a table on
+another store refuses as faust decodes (:class:`RefusingChangelogTopic`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import json
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import msgpack
 from faust import Topic
@@ -287,13 +289,32 @@ class RefusingChangelogTopic(Topic):
     """
 
     async def on_key_decode_error(self, exc: Exception, message: Any) -> None:
-        _refuse("key", exc, message)
+        refuse_changelog_record("key", exc, message)
 
     async def on_value_decode_error(self, exc: Exception, message: Any) -> None:
-        _refuse("value", exc, message)
+        refuse_changelog_record("value", exc, message)
 
 
-def _refuse(part: str, exc: Exception, message: Any) -> None:
+class StoreDecodedChangelogTopic(RefusingChangelogTopic):
+    """The changelog topic of a table whose store decodes (and refuses) every restored
+    record itself (:class:`~streams.processors.state_store.SealedRocksDBStore`).
+
+    faust's table manager reads a changelog (restore and standby replicas) through a
+    clone of its topic, and that clone decoded each record's key and value into an
+    event that the RocksDB store then ignores: it writes the record's bytes and decoded
+    them once more to open and check them. The clone made here hands the records over
+    undecoded, so a restored record is decoded once. Records this topic *sends* are
+    encoded as before (faust passes the table's serializers with each one).
+    """
+
+    def clone_using_queue(self, queue: Any) -> Any:
+        return self.clone(queue=queue, is_iterator=True, schema=None, key_type=None,
+                          value_type=None, key_serializer="raw", value_serializer="raw")
+
+
+def refuse_changelog_record(part: str, exc: Exception, message: Any) -> NoReturn:
+    """Stop the worker on a changelog record whose ``part`` (key or value) does not
+    decode: a table restored without it would be wrong state."""
     log.critical(
         "changelog %s[%s]@%s is no state-codec record: it was written by something other "
         "than a streams worker (or by a worker older than the state codec). The table "
@@ -307,6 +328,11 @@ def _refuse(part: str, exc: Exception, message: Any) -> None:
 
 
 def refuse_bad_changelog(table: Any) -> Any:
-    """Make ``table``'s changelog topic a :class:`RefusingChangelogTopic` (same settings)."""
-    table.changelog_topic = RefusingChangelogTopic(**table.changelog_topic._clone_args())
+    """Make ``table``'s changelog topic refuse records that do not decode (same
+    settings): a :class:`StoreDecodedChangelogTopic` when the table's store decodes
+    restored records itself (``decodes_restored``), a :class:`RefusingChangelogTopic`
+    otherwise."""
+    kind = (StoreDecodedChangelogTopic if getattr(table.data, "decodes_restored", False)
+            else RefusingChangelogTopic)
+    table.changelog_topic = kind(**table.changelog_topic._clone_args())
     return table

@@ -30,6 +30,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from faust.exceptions import KeyDecodeError, ValueDecodeError
 from faust.stores import STORES
 from faust.stores.rocksdb import RocksDBOptions
 from faust.stores.rocksdb import Store as RocksDBStore
@@ -38,7 +39,11 @@ from faust.streams import current_event
 from hebrus_flywheel.core.processes import malloc_gauges
 from hebrus_flywheel.streams.owner_seal import Erased, SealOpenError
 from hebrus_flywheel.streams.processors.crash import crash
-from hebrus_flywheel.streams.processors.state_codec import SealedState, StateDecodeError
+from hebrus_flywheel.streams.processors.state_codec import (
+    SealedState,
+    StateDecodeError,
+    refuse_changelog_record,
+)
 from hebrus_flywheel.streams.processors.state_seal import StateSealer
 
 log = logging.getLogger(__name__)
@@ -127,6 +132,9 @@ class SealedRocksDBStore(RocksDBStore):
     """faust's RocksDB store holding owner values sealed (see the module docstring)."""
 
     seals_at_rest = True
+    decodes_restored = True
+    """Restored changelog records reach :meth:`apply_changelog_batch` undecoded
+    (:func:`~streams.processors.state_codec.refuse_bad_changelog`): it decodes each once."""
     state_sealer: StateSealer | None = None
     """Set by :func:`streams.processors.state_seal.seal_table` before the table is used."""
     restored_records: int = 0
@@ -285,15 +293,15 @@ class SealedRocksDBStore(RocksDBStore):
         # the restored record replaces what was written under its key (only that key: a
         # standby batch of the other worker's partitions leaves this one's cache alone)
         msg = event.message
+        key = str(self._restored_part("key", self._decode_key, msg))
+        self._forget(key)
+        if msg.value is None:
+            return event
+        value = self._restored_part("value", self._decode_value, msg)
         try:
-            key = str(self._decode_key(msg.key))
-            self._forget(key)
-            if msg.value is None:
-                return event
-            value = self._decode_value(msg.value)
             opened = (self._sealer().open(key, value) if isinstance(value, SealedState)
                       else value)
-        except (SealOpenError, StateDecodeError, ValueError, TypeError) as exc:
+        except (SealOpenError, ValueError, TypeError) as exc:
             log.critical(
                 "changelog %s[%s]@%s holds a sealed value that does not open (and its owner was "
                 "not erased): point $FLYWHEEL_OWNER_KEYS at the key store the capture was "
@@ -305,6 +313,17 @@ class SealedRocksDBStore(RocksDBStore):
             self._sealer().counters.inc("sealing", f"{self.table_name}_erased_on_restore")
             return _Tombstone(event)
         return event
+
+    @staticmethod
+    def _restored_part(part: str, decode: Callable[[Any], Any], msg: Any) -> Any:
+        """A restored record's key or value, decoded here only (the changelog topic hands
+        records over undecoded, :class:`StoreDecodedChangelogTopic`); one that does not
+        decode stops the worker."""
+        try:
+            return decode(getattr(msg, part))
+        except (KeyDecodeError, ValueDecodeError, StateDecodeError, ValueError,
+                TypeError) as exc:
+            refuse_changelog_record(part, exc, msg)
 
 
 class _Tombstone:
