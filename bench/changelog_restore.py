@@ -10,7 +10,9 @@ run (``--run-kib`` of bytes) in turn. Two ways, in the same run:
 * ``store_decoded``: the worker's changelog topic (:class:`StoreDecodedChangelogTopic`),
   whose channel hands records over undecoded; the store decodes each once;
 * ``channel_decoded``: :class:`RefusingChangelogTopic`, whose channel decodes each record
-  and the store decodes it again (the worker before 2026-12-06).
+  and the store decodes it again (the worker before 2026-12-06);
+* ``store_decoded_logged``: as ``store_decoded``, RocksDB writing its write-ahead log
+  too (``state_store.WRITE_AHEAD_LOG``; the worker before 2026-12-06).
 
 Usage::
 
@@ -35,6 +37,7 @@ if str(ROOT) not in sys.path:
 import faust  # noqa: E402
 from faust.types import TP, Message  # noqa: E402
 
+from hebrus_flywheel.streams.processors import state_store  # noqa: E402
 from hebrus_flywheel.streams.processors.state_codec import (  # noqa: E402
     RefusingChangelogTopic,
     StateValue,
@@ -110,19 +113,28 @@ def main() -> None:
     args = parser.parse_args()
     recs = records(args.records, args.run_kib)
     best: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for round_ in range(args.repeat):  # alternated: the machine is noisy
-            for name, kind in (("store_decoded", StoreDecodedChangelogTopic),
-                               ("channel_decoded", RefusingChangelogTopic)):
-                seconds = restore_seconds(kind, recs, Path(tmp) / f"{name}-{round_}")
-                best[name] = min(best.get(name, seconds), seconds)
+    variants = (("store_decoded", StoreDecodedChangelogTopic, False),
+                ("channel_decoded", RefusingChangelogTopic, False),
+                ("store_decoded_logged", StoreDecodedChangelogTopic, True))
+    default = state_store.WRITE_AHEAD_LOG
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for round_ in range(args.repeat):  # alternated: the machine is noisy
+                for name, kind, logged in variants:
+                    state_store.WRITE_AHEAD_LOG = logged
+                    seconds = restore_seconds(kind, recs, Path(tmp) / f"{name}-{round_}")
+                    best[name] = min(best.get(name, seconds), seconds)
+    finally:
+        state_store.WRITE_AHEAD_LOG = default
     for name, seconds in best.items():
         emit(f"changelog_restore_{name}_records_per_s", args.records / seconds, "records/s",
              records=args.records, run_kib=args.run_kib, best_of=args.repeat)
     emit("changelog_restore_store_to_channel_decoded_ratio",
          best["channel_decoded"] / best["store_decoded"], "ratio",
          note="restore speed, one decode per record against two")
-
+    emit("changelog_restore_unlogged_to_logged_ratio",
+         best["store_decoded_logged"] / best["store_decoded"], "ratio",
+         note="restore speed, RocksDB without its write-ahead log against with it")
 
 if __name__ == "__main__":
     main()

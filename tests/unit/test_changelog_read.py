@@ -133,5 +133,7 @@ def test_the_restore_bench_prints_its_figures(capsys: pytest.CaptureFixture[str]
     assert [line["figure"] for line in lines] == [
         "changelog_restore_store_decoded_records_per_s",
         "changelog_restore_channel_decoded_records_per_s",
-        "changelog_restore_store_to_channel_decoded_ratio"]
+        "changelog_restore_store_decoded_logged_records_per_s",
+        "changelog_restore_store_to_channel_decoded_ratio",
+        "changelog_restore_unlogged_to_logged_ratio"]
     assert all(line["value"] > 0 for line in lines)
