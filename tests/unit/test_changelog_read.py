@@ -13,24 +13,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import faust
 import pytest
 from faust.types import TP, Message
 
 from hebrus_flywheel.streams.processors import state_codec
 from hebrus_flywheel.streams.processors.state_codec import (
     STATE_CODEC,
-    StateValue,
     StoreDecodedChangelogTopic,
     dumps,
     refuse_bad_changelog,
 )
-from hebrus_flywheel.streams.processors.state_seal import StateSealer
-from hebrus_flywheel.streams.processors.state_store import (
-    ROCKSDB_OPTIONS,
-    STORE_URL,
-    SealedRocksDBStore,
-)
+from tests.support.tables import close_databases, sealed_table
 
 HEADER = "h:thread-a"
 
@@ -43,18 +36,11 @@ class Refused(Exception):
 def table(tmp_path: Path) -> Iterator[Any]:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    app = faust.App("changelog-read", store=STORE_URL, datadir=str(tmp_path), web_enabled=False)
-    table = app.Table("t", partitions=1, key_type=str, value_type=StateValue,
-                      options=dict(ROCKSDB_OPTIONS))
-    store = table.data
-    assert isinstance(store, SealedRocksDBStore)
-    store.state_sealer = StateSealer(sealer=None, table="t")  # no owner keys here
-    refuse_bad_changelog(table)
+    table = refuse_bad_changelog(sealed_table("changelog-read", tmp_path))
     try:
         yield table
     finally:
-        for db in store._dbs.values():
-            db.close()
+        close_databases(table)
         loop.close()
         asyncio.set_event_loop(None)
 

@@ -11,19 +11,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import faust
 import pytest
 from faust.streams import _current_event
 from faust.types import TP
 
 from hebrus_flywheel.streams.processors import state_store
-from hebrus_flywheel.streams.processors.state_codec import StateValue
-from hebrus_flywheel.streams.processors.state_seal import StateSealer
-from hebrus_flywheel.streams.processors.state_store import (
-    ROCKSDB_OPTIONS,
-    STORE_URL,
-    SealedRocksDBStore,
-)
+from tests.support.tables import close_databases, sealed_table
 
 VALUE = {"routes": bytes(range(256)) * 40, "first": 0}  # ~10 KB
 KEYS = [f"o:thread-{i}:r0" for i in range(50)]
@@ -51,22 +44,11 @@ _EVENT = _Event(0)
 
 
 def _table(datadir: Path) -> Any:
-    app = faust.App("store-wal", store=STORE_URL, datadir=str(datadir), web_enabled=False)
-    table = app.Table("t", partitions=1, key_type=str, value_type=StateValue,
-                      options=dict(ROCKSDB_OPTIONS))
-    store = table.data
-    assert isinstance(store, SealedRocksDBStore)
-    store.state_sealer = StateSealer(sealer=None, table="t")  # no owner keys here
-    return table
+    return sealed_table("store-wal", datadir)
 
 
 def _files(datadir: Path, suffix: str) -> list[Path]:
     return [p for p in datadir.rglob(f"*{suffix}") if p.is_file()]
-
-
-def _close(table: Any) -> None:
-    for db in table.data._dbs.values():
-        db.close()
 
 
 @pytest.mark.parametrize("wal", [False, True])
@@ -80,7 +62,7 @@ def test_writes_skip_the_write_ahead_log(tmp_path: Path, loop: Any, wal: bool,
         logged = sum(p.stat().st_size for p in _files(tmp_path, ".log") if p.name != "LOG")
         assert (logged > len(KEYS) * 10_000) is wal, logged
     finally:
-        _close(table)
+        close_databases(table)
 
 
 def test_a_stop_leaves_every_write_on_disk(tmp_path: Path, loop: Any) -> None:
@@ -96,7 +78,7 @@ def test_a_stop_leaves_every_write_on_disk(tmp_path: Path, loop: Any) -> None:
     try:
         assert all(again.data[key] == VALUE for key in KEYS)
     finally:
-        _close(again)
+        close_databases(again)
 
 
 def test_a_revocation_flushes_the_revoked_partitions(tmp_path: Path, loop: Any) -> None:
@@ -113,4 +95,4 @@ def test_a_revocation_flushes_the_revoked_partitions(tmp_path: Path, loop: Any) 
         assert 0 not in table.data._dbs
         held.close()
     finally:
-        _close(table)
+        close_databases(table)
