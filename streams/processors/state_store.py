@@ -25,7 +25,7 @@ written after what the RocksDB files hold, not the whole changelog.
 RocksDB writes here skip its write-ahead log (:data:`WRITE_AHEAD_LOG`), as Kafka
 Streams' stores do: the changelog is the table's log. Every put and every restored batch
 was a second copy and a ``write`` call into the log file; a worker draining a backlog
-took 12 % less CPU without it, and a restore applies records 2.3 times as fast
+took 12 % less CPU without it, and a restore applies records 1.7 times as fast
 (``bench/changelog_restore.py``). The memtables are flushed when faust lets a
 database go (a stop, a revocation).
 """
