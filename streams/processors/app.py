@@ -270,6 +270,7 @@ class StreamsWorker:
         )
         # the capture topics through librdkafka, with the worker's own client config
         app.capture_fetch = CaptureFetch.of(self.kafka_client, self.topics)
+        app.declare_retry = self.kafka_client.retry
         return app
 
     def _table(self, name: str, partitions: int) -> Any:

@@ -45,6 +45,8 @@ from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 
+from hebrus_flywheel.core.kafka.retry import RetryPolicy
+from hebrus_flywheel.streams.processors.declare import RetryingDeclare
 from hebrus_flywheel.streams.processors.exceptions import WorkerError
 
 if TYPE_CHECKING:
@@ -320,7 +322,14 @@ class PromptConsumer(AIOKafkaConsumer):
         return CaptureFetchThread(self, loop=self.loop, beacon=self.beacon)
 
 
-class PromptTransport(AIOKafkaTransport):
+class DeclaringTransport(RetryingDeclare, AIOKafkaTransport):
+    """faust's aiokafka transport whose topic declarations retry transient failures
+    (:mod:`streams.processors.declare`)."""
+
+
+class PromptTransport(DeclaringTransport):
+    """:class:`DeclaringTransport` with :class:`PromptConsumer`."""
+
     Consumer = PromptConsumer
 
 
@@ -329,6 +338,16 @@ class WorkerApp(faust.App):
     topics through librdkafka once :attr:`capture_fetch` is set."""
 
     capture_fetch: CaptureFetch | None = None
+    declare_retry: RetryPolicy = RetryPolicy()
+    """How faust's own topic declarations are retried (the worker's Kafka retry policy)."""
 
     def _new_transport(self) -> PromptTransport:
-        return PromptTransport(self.conf.broker_consumer, self)
+        transport = PromptTransport(self.conf.broker_consumer, self)
+        transport.declare_retry = self.declare_retry
+        return transport
+
+    def _new_producer_transport(self) -> DeclaringTransport:
+        # faust declares its topics through the producer's transport, not the consumer's
+        transport = DeclaringTransport(self.conf.broker_producer, self)
+        transport.declare_retry = self.declare_retry
+        return transport
