@@ -202,22 +202,46 @@ def resolve_parity(config: SealConfig, root: Path, boundary: EpochBoundary,
 
 
 def check_policy(parity: dict[str, Any], override: str | None, identity_id: str) -> None:
-    """Refuse a non-authoritative identity unless an override reason is given."""
+    """Refuse a non-authoritative identity unless an override reason is given.
+
+    The refusal names the first mismatches with their router-score margins (a flip at a
+    margin of a few float32 roundings is a kernel difference; one at a large margin is a
+    replay bug), and the whole parity result is logged, so a refusal can be diagnosed
+    from the seal's log alone.
+    """
     if parity.get("authoritative") is True or override is not None:
         return
     keys = ("windows_compared", "windows_skipped", "pairs", "mismatched_pairs",
-            "weight_violations", "teacher_dtype", "kernel_path", "source")
+            "primary_mismatches", "set_mismatches", "rank_only_mismatches",
+            "weight_violations", "max_weight_abs_diff", "token_id_mismatches",
+            "position_mismatches", "teacher_dtype", "kernel_path", "source")
     summary = {k: parity.get(k) for k in keys if k in parity}
     if not parity.get("pairs") and not parity.get("windows_compared"):
         why = ("no runtime_holdout window with captured routes could be compared, so parity "
                "is unproven. Pass the result of `flywheel parity` with --parity FILE")
     else:
-        why = ("replayed routes do not exactly match decode. Fix the replay path and re-run "
-               "the parity gate")
+        why = (f"replayed routes do not exactly match decode{_first_mismatches(parity)}. "
+               "Fix the replay path and re-run the parity gate")
+    log.error("parity refused for identity %s: %s", identity_id,
+              json.dumps(parity, sort_keys=True, default=str))
     raise SealError(
         f"identity {identity_id} is not authoritative (parity {summary or parity}): {why}, "
         "or seal anyway with --override-parity \"<reason>\" (recorded in the manifest)"
     )
+
+
+_EXAMPLE_KEYS = ("window_id", "anchor_ordinal", "layer_slot", "kind", "primary",
+                 "boundary_margin", "label_margin", "decode_ids", "replay_ids")
+
+
+def _first_mismatches(parity: dict[str, Any], shown: int = 3) -> str:
+    """`` (first mismatches: [...])`` from the parity result's examples, or ``""``."""
+    examples = [e for e in parity.get("examples") or [] if isinstance(e, dict)]
+    if not examples:
+        return ""
+    listed = [{k: e[k] for k in _EXAMPLE_KEYS if k in e} for e in examples[:shown]]
+    more = f" and {len(examples) - shown} more" if len(examples) > shown else ""
+    return f" (first mismatches: {listed}{more})"
 
 
 def capture_source(config: SealConfig, prefix: str, boundary: EpochBoundary) -> dict[str, Any]:

@@ -197,6 +197,26 @@ def test_non_authoritative_identity_needs_an_override() -> None:
     check_policy({"authoritative": False}, "bf16 study, parity known to fail", "i" * 64)
 
 
+def test_a_parity_refusal_names_its_mismatches_and_their_margins(
+        caplog: pytest.LogCaptureFixture) -> None:
+    example = {"window_id": "w1", "anchor_ordinal": 17, "layer_slot": 2, "kind": "rank_order",
+               "primary": True, "boundary_margin": 0.31, "label_margin": 2.4e-07,
+               "decode_ids": [5, 9, 1], "replay_ids": [9, 5, 1]}
+    parity = {"authoritative": False, "pairs": 198, "mismatched_pairs": 4,
+              "rank_only_mismatches": 4, "token_id_mismatches": 0,
+              "examples": [example, *({**example, "anchor_ordinal": n} for n in (18, 19, 20))]}
+    with caplog.at_level("ERROR", logger="hebrus_flywheel.consumers.seal"), \
+            pytest.raises(SealError) as refused:
+        check_policy(parity, None, "i")
+    message = str(refused.value)
+    assert "'rank_only_mismatches': 4" in message and "'token_id_mismatches': 0" in message
+    assert "first mismatches: [{'window_id': 'w1', 'anchor_ordinal': 17" in message
+    assert "'label_margin': 2.4e-07" in message and "'replay_ids': [9, 5, 1]" in message
+    assert "and 1 more" in message and "'anchor_ordinal': 20" not in message
+    logged = caplog.records[-1].getMessage()
+    assert logged.startswith("parity refused for identity i: ") and '"anchor_ordinal": 20' in logged
+
+
 def test_an_override_is_recorded_in_the_manifest(tmp_path: Path) -> None:
     write_block(tmp_path, 0, 0, 3)
     manifest = build_manifest(
