@@ -67,6 +67,7 @@ os.environ.setdefault("FLYWHEEL_OWNER_KEYS",
                       os.path.join(tempfile.mkdtemp(prefix="flywheel-bench-"), "owner-keys"))
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka.admin import OffsetSpec
 from fastavro import schemaless_reader
 
 from hebrus_flywheel.core import kafka
@@ -86,7 +87,13 @@ from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
 from hebrus_flywheel.streams.processors.runs import group_members
 from hebrus_flywheel.streams.processors.topology import StreamTopics
-from hebrus_flywheel.streams.topics import catalogue, create_topics, delete_topics, describe_topics
+from hebrus_flywheel.streams.topics import (
+    admin_client,
+    catalogue,
+    create_topics,
+    delete_topics,
+    describe_topics,
+)
 from tests.support.chunks import chunked
 from tests.support.streams_harness import (
     WorkerProcess,
@@ -417,33 +424,44 @@ def _cpu_seconds(pid: int) -> float:
 
 
 class WindowWatch:
-    """How many windows the worker has published, read from the window topics'
-    watermarks through one consumer kept open for the whole wait: polled every 0.1 s
-    while a worker drains, a fresh SASL_SSL consumer per poll took CPU from the worker
-    and the broker it is timing. The first quarantined record stops the wait (clean
-    bench data is refused by nothing, so the expected windows would never come)."""
+    """How many windows the worker has published, read from the window topics' high
+    watermarks while it drains (polled every 0.1 s). The low watermarks and partitions
+    are read once; each poll is then one ListOffsets request (the admin client's, all
+    partitions at once). Per-partition watermark queries sent two requests per window and
+    quarantine partition per poll, over a thousand a second: a tenth of the broker's CPU
+    samples during a drain went to answering them (async-profiler, 2026-12-06), on the
+    cores the worker being timed runs on. The first quarantined record stops the wait
+    (clean bench data is refused by nothing, so the expected windows would never come)."""
 
     def __init__(self, bootstrap: str, topics: StreamTopics) -> None:
         self.bootstrap, self.topics = bootstrap, topics
         self.config = kafka.client_config(bootstrap)
-        self.consumer = kafka.make_consumer(self.config)
+        consumer = kafka.make_consumer(self.config)
+        try:
+            self.low = kafka.watermarks(consumer, [*topics.windows.values(), topics.quarantine],
+                                        retry=self.config.retry, timeout_s=10)
+        finally:
+            consumer.close()
+        self.admin = admin_client(bootstrap)
+        self.latest = {TopicPartition(t, p): OffsetSpec.latest() for t, p in self.low}
 
     def __enter__(self) -> WindowWatch:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.consumer.close()
+        pass
 
     def published(self) -> int:
-        marks = self._marks([*self.topics.windows.values(), self.topics.quarantine])
-        if any(high > low for (topic, _), (low, high) in marks.items()
-               if topic == self.topics.quarantine):
+        high = self.config.retry.call(self._high, what="the window topics' high watermarks")
+        if any(high[tp] > low for tp, (low, _) in self.low.items()
+               if tp[0] == self.topics.quarantine):
             self._refuse()
-        return sum(high - low for (topic, _), (low, high) in marks.items()
-                   if topic != self.topics.quarantine)
+        return sum(high[tp] - low for tp, (low, _) in self.low.items()
+                   if tp[0] != self.topics.quarantine)
 
-    def _marks(self, topics: list[str]) -> dict[tuple[str, int], tuple[int, int]]:
-        return kafka.watermarks(self.consumer, topics, retry=self.config.retry, timeout_s=10)
+    def _high(self) -> dict[tuple[str, int], int]:
+        futures = self.admin.list_offsets(self.latest, request_timeout=10)
+        return {(tp.topic, tp.partition): fut.result().offset for tp, fut in futures.items()}
 
     def _refuse(self) -> None:
         reasons = Counter(
