@@ -156,8 +156,12 @@ class Arm:
             "seal", "--epoch", "0", "--dataset", str(self.run.dataset), "--bootstrap-servers",
             self.config.bootstrap, "--json", "--timeout-s", "1200"),
             capture_output=True, text=True, check=False)
+        # whole, in the kept work directory: a refusal logs the full parity result
+        (self.config.work_dir / "seal.log").write_text(out.stdout + out.stderr,
+                                                       encoding="utf-8")
         if out.returncode != 0:
-            raise SystemExit(f"seal of {self.name} exited {out.returncode}: "
+            raise SystemExit(f"seal of {self.name} exited {out.returncode} (its output: "
+                             f"{self.config.work_dir / 'seal.log'}): "
                              f"{out.stdout[-2000:]}{out.stderr[-2000:]}")
         summary = _json_tail(out.stdout.splitlines())
         self.run.snapshot = Path(summary["manifest"]).parent
