@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
@@ -339,10 +339,12 @@ def create_topics(
         for s in specs
         if s.name not in known
     ]
-    futures = admin.create_topics(new, operation_timeout=timeout_s,
-                                  request_timeout=timeout_s) if new else {}
-    for name, fut in futures.items():
-        result[name] = _creation_state(name, fut, bootstrap, timeout_s)
+    if new:
+        result.update(create_retrying(
+            lambda topics: admin.create_topics(topics, operation_timeout=timeout_s,
+                                               request_timeout=timeout_s),
+            new, policy=kafka.client_config(bootstrap).retry, where=_where(bootstrap),
+            timeout_s=timeout_s))
     existing = [s for s in specs if result.get(s.name) == "exists"]
     if strict and existing:
         problems = check_topics(bootstrap, existing, timeout_s=timeout_s)
@@ -372,8 +374,56 @@ def _require_reachable(admin: AdminClient, bootstrap: kafka.KafkaTarget,
     return set(metadata.topics)
 
 
-def _creation_state(name: str, fut: Any, bootstrap: kafka.KafkaTarget,
-                    timeout_s: float) -> TopicState:
+_CREATE_TRANSIENT_CODES = frozenset({
+    # what a node answers while the KRaft controller it forwards to dies or moves
+    KafkaError.UNKNOWN,
+    KafkaError.NOT_CONTROLLER,
+})
+
+
+def is_transient_create_error(err: KafkaError) -> bool:
+    """Whether a topic creation that failed with ``err`` is worth asking for again: the
+    Kafka layer's retriable errors, plus the unknown-server and not-controller answers of a
+    cluster whose controller is changing (the topic's fate is then unknown; asking again
+    answers TOPIC_ALREADY_EXISTS if it was made)."""
+    return kafka.is_retriable(err) or (not err.fatal() and err.code() in _CREATE_TRANSIENT_CODES)
+
+
+def create_retrying(create: Callable[[list[NewTopic]], Mapping[str, Any]],
+                    new: Sequence[NewTopic], *, policy: kafka.RetryPolicy, where: str,
+                    timeout_s: float) -> dict[str, TopicState]:
+    """Ask ``create`` (one CreateTopics request; name -> future) for ``new``, then again
+    for those that failed transiently, backing off by ``policy``. Raises
+    :class:`TopicError` for a refusal at once, and for a topic still failing transiently
+    after ``policy.attempts`` requests."""
+    pending = {topic.topic: topic for topic in new}
+    result: dict[str, TopicState] = {}
+    attempt = 0
+    while True:
+        attempt += 1
+        transient: dict[str, KafkaError] = {}
+        for name, fut in create(list(pending.values())).items():
+            outcome = _creation_state(name, fut, where, timeout_s)
+            if isinstance(outcome, KafkaError):
+                transient[name] = outcome
+            else:
+                result[name] = outcome
+        if not transient:
+            return result
+        name, err = next(iter(transient.items()))
+        what = f"creating topic{'s' if len(transient) > 1 else ''} {', '.join(transient)}"
+        if attempt == policy.attempts:
+            raise TopicError(
+                f"could not create topic {name} on {where}: {policy.attempts} requests failed "
+                f"transiently, last {kafka.describe(err)}; check that the cluster has a "
+                "controller (`flywheel broker status`) and run again") from KafkaException(err)
+        policy.wait(attempt, what, err)
+        pending = {n: pending[n] for n in transient}
+
+
+def _creation_state(name: str, fut: Any, where: str,
+                    timeout_s: float) -> TopicState | KafkaError:
+    """The topic's state, or the KafkaError of a transient failure (to ask again)."""
     try:
         fut.result(timeout=timeout_s + 5)
     except KafkaException as exc:
@@ -382,11 +432,13 @@ def _creation_state(name: str, fut: Any, bootstrap: kafka.KafkaTarget,
             return "exists"
         if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
             raise TopicError(
-                f"topic {name} is missing on {_where(bootstrap)} and this process's Kafka "
+                f"topic {name} is missing on {where} and this process's Kafka "
                 "principal may not create it; create the catalogue as the admin "
                 "(`flywheel topics create`) and run again") from exc
+        if isinstance(err, KafkaError) and is_transient_create_error(err):
+            return err
         raise TopicError(
-            f"could not create topic {name} on {_where(bootstrap)}: {exc}; check that the "
+            f"could not create topic {name} on {where}: {exc}; check that the "
             "broker is "
             "running (`flywheel broker status`) and accepts topic creation"
         ) from exc
