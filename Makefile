@@ -62,14 +62,30 @@ storage-down:
 demo: broker-up
 	$(BIN)/python -m hebrus_flywheel.demo
 
+# The per-family selftest matrix (marker family_matrix: one capture-to-train run per
+# generated family, each on its own topic namespace and work directory, mostly waiting on
+# the broker and on worker start-up) runs after the rest in FAMILY_WORKERS pytest
+# processes (pytest-xdist). The rest stays in one process: some of its tests stop and
+# restart the session broker. Both runs always happen; either failing fails the target.
+FAMILY_WORKERS ?= 3
+
 test: broker-up storage-up
-	$(BIN)/python -m pytest -q --durations=30 tests
+	@status=0; \
+	$(BIN)/python -m pytest -q --durations=30 -m "not family_matrix" tests || status=$$?; \
+	$(BIN)/python -m pytest -q --durations=10 -n $(FAMILY_WORKERS) -m family_matrix \
+	  tests/integration || status=$$?; \
+	exit $$status
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
 test-integration: broker-up storage-up
-	$(BIN)/python -m pytest -q -m integration tests/integration
+	@status=0; \
+	$(BIN)/python -m pytest -q -m "integration and not family_matrix" tests/integration \
+	  || status=$$?; \
+	$(BIN)/python -m pytest -q -n $(FAMILY_WORKERS) -m family_matrix tests/integration \
+	  || status=$$?; \
+	exit $$status
 
 lint: install
 	$(BIN)/python tools/lockfile.py check

@@ -54,6 +54,7 @@ def _topics_gone(bootstrap: str, namespace: str) -> bool:
     return True
 
 
+@pytest.mark.family_matrix
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_selftest_passes_with_exact_parity(
     family: str, teachers: Path, kafka_bootstrap: str, tmp_path: Path
