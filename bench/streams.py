@@ -294,6 +294,7 @@ class WorkerRun:
                 worker.start()
             try:
                 timing = self._drain(procs) if self.backlog else self._live(procs)
+                timing.extra.update(agent_cpu([w.log_path for w in procs]))
             except BaseException:
                 for worker in procs:
                     print(worker.log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
@@ -358,6 +359,46 @@ class WorkerRun:
                  "first capture record handled -> last window, records produced before "
                  "the workers started" if self.backlog else
                  "first record produced -> last window, the bench producing meanwhile"))
+
+
+AGENTS = ("capture", "dedup", "window")
+
+
+def agent_cpu(log_paths: list[Path]) -> dict[str, float]:
+    """Each agent's CPU seconds (``cpu/<agent>_us``) and the threads decided (``split/*``)
+    of the workers' last counters lines, summed over workers, read once the counters
+    logged after the drain are in (the workers log them every second)."""
+    time.sleep(1.5)
+    totals: dict[str, float] = {f"{agent}_agent_cpu_s": 0.0 for agent in AGENTS}
+    totals["threads_decided"] = 0
+    for path in log_paths:
+        lines = [line for line in path.read_text(errors="replace").splitlines()
+                 if "streams counters " in line]
+        counts = json.loads(lines[-1].split("streams counters ", 1)[1]) if lines else {}
+        for agent in AGENTS:
+            totals[f"{agent}_agent_cpu_s"] += counts.get(f"cpu/{agent}_us", 0) / 1e6
+        totals["threads_decided"] += sum(v for k, v in counts.items() if k.startswith("split/"))
+    return {k: round(v, 3) for k, v in totals.items()}
+
+
+def emit_dedup_share(one: Timing) -> None:
+    """How much of one worker the dedup agent takes, the one stage that does not spread
+    over workers (its table has one partition), and what that alone would allow two."""
+    dedup_s = one.extra.get("dedup_agent_cpu_s", 0.0)
+    if not dedup_s or not one.cpu_s:
+        print("no dedup agent CPU in the worker's counters: dedup share not measured",
+              file=sys.stderr)
+        return
+    share = dedup_s / one.cpu_s
+    emit("dedup_agent_cpu_share", share, "ratio", dedup_agent_cpu_s=dedup_s,
+         worker_cpu_s=round(one.cpu_s, 2), note="the dedup agent's CPU (its handlers and "
+         "table flushes) over the one worker's whole CPU in the timed drain")
+    emit("dedup_agent_threads_per_cpu_s", one.extra["threads_decided"] / dedup_s,
+         "threads/s", note="thread decisions per CPU second of the dedup agent: the rate "
+         "at which that one partition would hold up every worker")
+    emit("dedup_bound_two_worker_speedup", 1 / (share + (1 - share) / 2), "ratio",
+         note="Amdahl's bound on two workers if the dedup agent were the only work that "
+         "does not spread (two free cores, no broker on them)")
 
 
 class CpuSampler(threading.Thread):
@@ -543,6 +584,7 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
     emit("faust_live_to_raw_ratio", live.rate / raw_rate, "ratio",
          note="the worker while the bench produces (shares the machine with the producer)")
     emit("goal_30k_worker_observations_per_s_met", float(one.rate >= 30_000), "bool")
+    emit_dedup_share(one)
     floor = faust_floor(bootstrap, f"{prefix}w.", capture, loop)
     emit("faust_passthrough_observations_per_s", floor.rate, "obs/s", seconds=round(
          floor.elapsed, 2), cpu_s=round(floor.cpu_s, 2), cpu_rate=round(floor.cpu_rate, 1),

@@ -45,7 +45,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,7 @@ from hebrus_flywheel.streams.processors import expiry, liveness
 from hebrus_flywheel.streams.processors.batches import (
     all_delivered,
     batches,
+    cpu_us_since,
     handle_in_batches,
     handling,
 )
@@ -346,7 +347,13 @@ class StreamsWorker:
     # -- agents -----------------------------------------------------------------------
 
     async def _capture_agent(self, stream: Any) -> None:
-        await handle_in_batches(stream, self._capture_one, flush=self._flush_tables)
+        await handle_in_batches(stream, self._capture_one, flush=self._flush_tables,
+                                on_cpu=self._cpu_counter("capture"))
+
+    def _cpu_counter(self, agent: str) -> Callable[[int], None]:
+        """Adds an agent's CPU microseconds to ``cpu/<agent>_us``."""
+        name = f"{agent}_us"
+        return lambda us: self.counters.inc("cpu", name, us)
 
     def _flush_tables(self) -> None:
         """Write the tables' cached writes: at the end of every batch, before its records
@@ -390,7 +397,8 @@ class StreamsWorker:
             await self._send_emits(self._process(msg))
 
     async def _dedup_agent(self, stream: Any) -> None:
-        await handle_in_batches(stream, self._decide, flush=self._flush_tables)
+        await handle_in_batches(stream, self._decide, flush=self._flush_tables,
+                                on_cpu=self._cpu_counter("dedup"))
 
     async def _decide(self, msg: Any) -> list[Any]:
         """Split and dedup one thread summary; the decision's delivery (sent)."""
@@ -413,19 +421,24 @@ class StreamsWorker:
     async def _window_agent(self, stream: Any) -> None:
         registry = codec.default_registry()
         headers = {v: codec.kafka_headers(registry.get(f"Window.v{v}")) for v in (1, 2)}
+        count_cpu = self._cpu_counter("window")
         async for events in batches(stream):
             # a generation is retired (its content dropped) only after its windows were
             # acknowledged; a second decision for it in one batch waits for the first's
             done: list[tuple[Any, dict[str, Any]]] = []
             deliveries: list[Any] = []
+            started = time.thread_time_ns()
             for event in events:
                 with handling(event):
                     retire = await self._publish_windows(event.message, headers, deliveries,
                                                          done)
                 if retire is not None:
                     done.append((event, retire))
+            count_cpu(cpu_us_since(started))
             await self._retire(done, deliveries)
+            started = time.thread_time_ns()
             self._flush_tables()
+            count_cpu(cpu_us_since(started))
 
     async def _publish_windows(self, msg: Any, headers: Mapping[int, list[Any]],
                                deliveries: list[Any], done: list[tuple[Any, dict[str, Any]]]

@@ -1,7 +1,9 @@
 """Batched agents (streams.processors.batches): each record of a batch is faust's
 current event while it is handled (tables route by it), a crash names the record being
 handled (not the last one buffered), and one while the batch waits for its deliveries
-names none (a failed delivery must not count towards a record's poison verdict)."""
+names none (a failed delivery must not count towards a record's poison verdict). Each
+batch reports the CPU of its handling and flush, not of its wait: checked with a thread
+CPU clock that the handler, the flush and the deliveries advance by known amounts."""
 
 from __future__ import annotations
 
@@ -9,12 +11,15 @@ import asyncio
 import subprocess
 import sys
 import textwrap
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
+from typing import Any
 
 import faust
 import pytest
 
-from hebrus_flywheel.streams.processors.batches import all_delivered, handling
+from hebrus_flywheel.streams.processors import batches
+from hebrus_flywheel.streams.processors.batches import all_delivered, handle_in_batches, handling
 from hebrus_flywheel.streams.processors.crash import CRASH_EXIT_STATUS
 
 
@@ -35,7 +40,8 @@ def test_each_record_is_the_current_event_while_handled() -> None:
     with handling(first):
         assert faust.current_event() is first
         with handling(second):
-            assert faust.current_event().message.partition == 3
+            current = faust.current_event()
+            assert current is not None and current.message.partition == 3
         assert faust.current_event() is first
     assert faust.current_event() is None
 
@@ -93,3 +99,80 @@ def test_batched_crash_names_the_record_handled(where: str, named: str | None) -
     else:
         assert f"agent capture failed {named}: RuntimeError: bad record" in line
         assert "HOOK ('cap', 1, 11)" in done.stdout
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def spend(self, us: int) -> None:
+        self.ns += us * 1000
+
+
+class BatchedStream:
+    """What ``handle_in_batches`` uses of a faust stream: ``take_events`` batches."""
+
+    def __init__(self, batch_sizes: list[int]) -> None:
+        self.batch_sizes = batch_sizes
+
+    async def take_events(self, max_records: int, within: float) -> AsyncIterator[list[Any]]:
+        offset = 0
+        for size in self.batch_sizes:
+            yield [event(0, offset + i) for i in range(size)]
+            offset += size
+
+
+def _run(batch_sizes: list[int], clock: FakeClock) -> tuple[list[int], list[int], list[str]]:
+    reported: list[int] = []
+    handled: list[int] = []
+    order: list[str] = []
+
+    async def delivery() -> None:
+        clock.spend(100_000)  # what other tasks do while the batch waits: not the agent's
+        order.append("delivered")
+
+    async def handle(msg: Any) -> list[Any]:
+        current = faust.current_event()
+        assert current is not None and current.message is msg  # the record is the current event
+        clock.spend(700)
+        handled.append(msg.offset)
+        order.append("handled")
+        return [delivery()]
+
+    def flush() -> None:
+        clock.spend(300)
+        order.append("flushed")
+
+    asyncio.run(handle_in_batches(BatchedStream(batch_sizes), handle, flush=flush,
+                                  on_cpu=reported.append))
+    return reported, handled, order
+
+
+def test_each_batch_reports_the_cpu_of_its_handling_and_flush_not_of_its_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(batches.time, "thread_time_ns", lambda: clock.ns)
+    reported, handled, order = _run([3, 1, 2], clock)
+    assert reported == [3 * 700 + 300, 700 + 300, 2 * 700 + 300]
+    assert handled == list(range(6))
+    # a batch's records are handled, then its table writes flushed, then its deliveries
+    # awaited, before the next batch is taken
+    assert order[:8] == ["handled"] * 3 + ["flushed"] + ["delivered"] * 3 + ["handled"]
+
+
+def test_without_a_cpu_counter_nothing_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(batches.time, "thread_time_ns", lambda: clock.ns)
+
+    async def handle(msg: Any) -> list[Any]:
+        clock.spend(5)
+        return []
+
+    asyncio.run(handle_in_batches(BatchedStream([2]), handle))
+    assert clock.ns == 2 * 5000
+
+
+def test_cpu_us_since_counts_this_thread_s_cpu_in_microseconds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batches.time, "thread_time_ns", lambda: 12_345_678)
+    assert batches.cpu_us_since(2_345_000) == 10_000
