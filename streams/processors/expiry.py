@@ -12,6 +12,16 @@ it was scheduled moves on lazily, so a hot key costs no index write per update.
 Deleting a table key writes a changelog tombstone, so a restored worker does not bring
 expired state back; a popped bucket is deleted the same way.
 
+A bucket holds at most ``CHUNK_KEYS`` keys in its own value; a full bucket's keys move to
+a numbered chunk (``x<SEP><partition><SEP><bucket><SEP><n>``, their count under
+``...<SEP>chunks``) and it starts over. So one schedule costs the same however many keys
+fall due in one bucket, and no table value (nor its changelog record) grows with the
+traffic: the dedup table files every thread of an hour under one bucket, and as one list
+that bucket passed a producer's 1 MiB request limit at about 12,000 threads an hour
+(two schedules each) and cost every further thread a copy of it. Buckets written as
+one long list before chunking are read the same way and move to a chunk when next
+written.
+
 The schedule is a hint, never the truth: the callback re-reads the key and decides on
 its current value, so a key scheduled twice, or one deleted meanwhile, is harmless.
 
@@ -36,8 +46,22 @@ Decide = Callable[[str, int], "int | None"]
 the time in ms it falls due next (it is scheduled again)."""
 
 
+CHUNK_KEYS = 256
+"""Most keys one bucket value holds before they move to a chunk of their own."""
+
+
 def bucket_key(partition: int, bucket: int) -> str:
     return f"{EXPIRY_KIND}{SEP}{partition}{SEP}{bucket:013d}"
+
+
+def chunk_key(partition: int, bucket: int, chunk: int) -> str:
+    """Where the ``chunk``-th full set of a bucket's keys went."""
+    return f"{bucket_key(partition, bucket)}{SEP}{chunk:06d}"
+
+
+def chunk_count_key(partition: int, bucket: int) -> str:
+    """How many chunks a bucket has moved out (absent: none)."""
+    return f"{bucket_key(partition, bucket)}{SEP}chunks"
 
 
 def cursor_key(partition: int) -> str:
@@ -53,10 +77,16 @@ def schedule(store: MutableMapping[str, Any], key: str, *, partition: int, due_m
     """Put ``key`` in the bucket of ``due_ms`` (once; a repeat changes nothing)."""
     bucket = max(0, int(due_ms)) // bucket_ms
     bkey = bucket_key(partition, bucket)
-    keys = store.get(bkey)
-    if keys is not None and key in keys:
+    keys = store.get(bkey) or []
+    if key in keys:
         return
-    store[bkey] = [*(keys or ()), key]
+    if len(keys) >= CHUNK_KEYS:
+        count_key = chunk_count_key(partition, bucket)
+        moved = int(store.get(count_key, 0))
+        store[chunk_key(partition, bucket, moved)] = keys
+        store[count_key] = moved + 1
+        keys = []
+    store[bkey] = [*keys, key]
     ckey = cursor_key(partition)
     cursor = store.get(ckey)
     if cursor is None or bucket < int(cursor):
@@ -80,11 +110,7 @@ def sweep(store: MutableMapping[str, Any], *, partition: int, now_ms: int, bucke
     later: list[tuple[str, int]] = []
     seen = 0
     for bucket in range(first, last + 1):
-        bkey = bucket_key(partition, bucket)
-        keys = store.get(bkey)
-        if keys is None:
-            continue
-        del store[bkey]  # a tombstone: the bucket is gone once swept
+        keys = _pop_bucket(store, partition, bucket)
         for key in sorted(set(keys)):  # one order, whatever the arrival order
             seen += 1
             due = decide(key, now_ms)
@@ -94,6 +120,27 @@ def sweep(store: MutableMapping[str, Any], *, partition: int, now_ms: int, bucke
     for key, due in later:
         schedule(store, key, partition=partition, due_ms=max(due, now_ms), bucket_ms=bucket_ms)
     return seen
+
+
+def _pop_bucket(store: MutableMapping[str, Any], partition: int, bucket: int) -> list[str]:
+    """Every key of one bucket, its chunks' included; each of its table keys is deleted
+    (a tombstone: the bucket is gone once swept)."""
+    keys: list[str] = []
+    count_key = chunk_count_key(partition, bucket)
+    moved = store.get(count_key)
+    if moved is not None:
+        for chunk in range(int(moved)):
+            ckey = chunk_key(partition, bucket, chunk)
+            keys.extend(store.get(ckey) or ())
+            if ckey in store:
+                del store[ckey]
+        del store[count_key]
+    bkey = bucket_key(partition, bucket)
+    head = store.get(bkey)
+    if head is not None:
+        keys.extend(head)
+        del store[bkey]
+    return keys
 
 
 def caught_up(processed: int | None, committed: int | None, highwater: int | None) -> bool:

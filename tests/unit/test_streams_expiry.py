@@ -58,6 +58,43 @@ def test_schedule_and_sweep_delete_due_keys_and_move_touched_ones() -> None:
     assert expiry.sweep(store, partition=3, now_ms=6_000, bucket_ms=1_000, decide=decide) == 1
 
 
+def _sweep_all(store: dict[str, Any], partition: int, now_ms: int) -> list[str]:
+    seen: list[str] = []
+
+    def decide(key: str, _: int) -> int | None:
+        seen.append(key)
+        return None
+
+    expiry.sweep(store, partition=partition, now_ms=now_ms, bucket_ms=1_000, decide=decide)
+    return seen
+
+
+def test_a_crowded_bucket_moves_its_keys_to_chunks_and_no_value_outgrows_one() -> None:
+    store: dict[str, Any] = {}
+    keys = [f"d|{i:05d}" for i in range(3 * expiry.CHUNK_KEYS + 10)]
+    for key in keys:
+        expiry.schedule(store, key, partition=0, due_ms=1_200, bucket_ms=1_000)
+    expiry.schedule(store, keys[-1], partition=0, due_ms=1_700, bucket_ms=1_000)  # once
+    assert store[expiry.chunk_count_key(0, 1)] == 3
+    lists = [v for v in store.values() if isinstance(v, list)]
+    assert max(len(v) for v in lists) == expiry.CHUNK_KEYS
+    assert sorted(k for v in lists for k in v) == keys
+    assert _sweep_all(store, 0, now_ms=2_000) == keys  # each once, in one order
+    assert store == {expiry.cursor_key(0): 2}  # every bucket and chunk key tombstoned
+
+
+def test_a_bucket_written_as_one_long_list_is_read_and_chunked_as_is() -> None:
+    legacy = [f"s|{i:05d}" for i in range(expiry.CHUNK_KEYS + 40)]  # before chunking
+    store: dict[str, Any] = {expiry.bucket_key(2, 7): list(legacy), expiry.cursor_key(2): 7}
+    expiry.schedule(store, "s|new", partition=2, due_ms=7_100, bucket_ms=1_000)
+    assert store[expiry.chunk_key(2, 7, 0)] == legacy
+    assert store[expiry.bucket_key(2, 7)] == ["s|new"]
+    assert _sweep_all(store, 2, now_ms=8_000) == sorted([*legacy, "s|new"])
+    legacy_only: dict[str, Any] = {expiry.bucket_key(2, 7): list(legacy),
+                                   expiry.cursor_key(2): 7}
+    assert _sweep_all(legacy_only, 2, now_ms=8_000) == legacy
+
+
 def _assembly(**fields: Any) -> AssembleConfig:
     return AssembleConfig(idle_timeout_ms=1_000, finished_ttl_ms=10_000, counter_ttl_ms=20_000,
                           expiry_bucket_ms=500, **fields)
