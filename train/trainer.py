@@ -23,6 +23,7 @@ thread count give the same checkpoint id on CPU.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -381,6 +382,7 @@ def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
     if config.threads:
         torch.set_num_threads(config.threads)
     ctx = ddp.init_distributed(config.device)
+    trainer: Trainer | None = None
     try:
         opened = Snapshot(snapshot, expected_id=expected_id, verify=config.data.verify)
         if consent is not None:
@@ -404,4 +406,10 @@ def train(snapshot: Path, out_dir: Path, config: TrainConfig, *,
             _resume(trainer, resume)
         return trainer.run(weights)
     finally:
+        # The trainer outlives this call in a reference cycle (the optimizer's construction
+        # leaves frames that reach it), so its model, a DDP wrapper bound to the process
+        # group, would otherwise be freed whenever the collector next runs, possibly while
+        # the interpreter shuts down, after the group is gone: free it while both stand.
+        trainer = None
+        gc.collect()
         ddp.shutdown(ctx)

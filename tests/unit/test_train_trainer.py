@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import json
 import subprocess
 import sys
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,32 @@ def test_the_same_seed_gives_the_same_checkpoint(small: PlantedSnapshot, tmp_pat
     ids = [train(small.directory, tmp_path / name, quick(seed=seed)).lineage["checkpoint_id"]
            for name, seed in (("a", 4), ("b", 4), ("c", 5))]
     assert ids[0] == ids[1] != ids[2]
+
+
+def test_train_frees_its_model_before_it_leaves_the_process_group(
+        small: PlantedSnapshot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under torchrun the model is a DDP wrapper bound to the gloo group: freed later by the
+    # collector (at interpreter exit, say) it outlives the group it was bound to.
+    alive: list[weakref.ref[torch.nn.Module]] = []
+    left_with: list[bool] = []
+    built = Trainer.__init__
+
+    def tracked(self: Trainer, *args: Any, **kwargs: Any) -> None:
+        built(self, *args, **kwargs)
+        alive.append(weakref.ref(self.model))
+
+    monkeypatch.setattr(Trainer, "__init__", tracked)
+    monkeypatch.setattr("hebrus_flywheel.train.ddp.shutdown",
+                        lambda ctx: left_with.append(alive[0]() is not None))
+    collecting = gc.isenabled()
+    gc.disable()  # the collector must not free it by chance
+    try:
+        train(small.directory, tmp_path, quick(optim={"max_steps": 2},
+                                               schedule={"eval_every": 1}))
+    finally:
+        if collecting:
+            gc.enable()
+    assert left_with == [False]
 
 
 def test_early_stopping_ends_a_run_that_stops_improving(small: PlantedSnapshot,
