@@ -70,7 +70,7 @@ from hebrus_flywheel.streams.processors import expiry, liveness
 from hebrus_flywheel.streams.processors.batches import (
     all_delivered,
     batches,
-    cpu_us_since,
+    counting_cpu,
     handle_in_batches,
     handling,
 )
@@ -427,18 +427,16 @@ class StreamsWorker:
             # acknowledged; a second decision for it in one batch waits for the first's
             done: list[tuple[Any, dict[str, Any]]] = []
             deliveries: list[Any] = []
-            started = time.thread_time_ns()
-            for event in events:
-                with handling(event):
-                    retire = await self._publish_windows(event.message, headers, deliveries,
-                                                         done)
-                if retire is not None:
-                    done.append((event, retire))
-            count_cpu(cpu_us_since(started))
+            with counting_cpu(count_cpu):
+                for event in events:
+                    with handling(event):
+                        retire = await self._publish_windows(event.message, headers,
+                                                             deliveries, done)
+                    if retire is not None:
+                        done.append((event, retire))
             await self._retire(done, deliveries)
-            started = time.thread_time_ns()
-            self._flush_tables()
-            count_cpu(cpu_us_since(started))
+            with counting_cpu(count_cpu):
+                self._flush_tables()
 
     async def _publish_windows(self, msg: Any, headers: Mapping[int, list[Any]],
                                deliveries: list[Any], done: list[tuple[Any, dict[str, Any]]]
