@@ -23,7 +23,7 @@ import typer
 from hebrus_flywheel.core.errors import ConfigError
 
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda", "mps")
-COMPUTE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+COMPUTE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")
 ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "eager")
 ATTENTION_CHOICES: tuple[str, ...] = ("auto", *ATTENTION_IMPLEMENTATIONS)
 """``auto`` resolves when the checkpoint is read: sdpa where its transformers model class
@@ -42,8 +42,9 @@ def device_option(default: str | None = DEFAULT_DEVICE, *, what: str = "Teacher"
 
 DEVICE_OPTION: Any = device_option()
 DTYPE_OPTION: Any = typer.Option(
-    DEFAULT_DTYPE, "--dtype", help="Teacher compute dtype: float32, bfloat16 or float16 "
-    "(part of the runtime identity).")
+    DEFAULT_DTYPE, "--dtype", help="Teacher compute dtype: float32, bfloat16, float16 or "
+    "float64 (part of the runtime identity; float64 also raises the float32 parts of the "
+    "modeling code, so decode and replay agree to ~1e-14: see replay.float64).")
 ATTENTION_OPTION: Any = typer.Option(
     DEFAULT_ATTENTION, "--attention", help="Attention kernel: auto, sdpa or eager (part of "
     "the kernel path recorded in the runtime identity; auto: sdpa where the checkpoint's "
@@ -88,7 +89,7 @@ class Execution:
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``; only its type enters the kernel
             path (``cuda:0`` and ``cuda:1`` run the same kernels).
         dtype: compute dtype the weights are cast to (``float32``, ``bfloat16``,
-            ``float16``).
+            ``float16``, ``float64``: :mod:`replay.float64`).
         attention: attention implementation (``sdpa`` or ``eager``); replay needs a
             materialised mask, which both give. ``auto`` until the checkpoint is read
             (:meth:`with_attention`); a kernel path needs it resolved.

@@ -153,7 +153,8 @@ class RouteGeometry:
         )
 
 
-WEIGHT_DTYPE_BYTES: dict[str, float] = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
+WEIGHT_DTYPE_BYTES: dict[str, float] = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0,
+                                       "float64": 8.0}
 """Bytes per weight element of each dtype a teacher executes (the identity's ``dtype``)."""
 UNQUANTIZED = "none"
 

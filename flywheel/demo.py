@@ -32,6 +32,7 @@ from hebrus_flywheel.core.settings import bootstrap_servers, flywheel_home
 from hebrus_flywheel.demo_context import (
     ACCOUNTING_FILE,
     DEFAULT_PRESET,
+    DEMO_DTYPE,
     DemoContext,
     run_flywheel,
     teacher_name,
@@ -130,6 +131,7 @@ def _stage_consent(ctx: DemoContext) -> None:
 
 
 def _stage_capture(ctx: DemoContext) -> None:
+    from hebrus_flywheel.core.execution import Execution
     from hebrus_flywheel.replay.capture import CaptureConfig
     from hebrus_flywheel.replay.capture_cli import _print_summary, run_capture
 
@@ -137,7 +139,8 @@ def _stage_capture(ctx: DemoContext) -> None:
     threads = _epoch_threads(ctx)
     started_ms = time.time() * 1000
     summary = run_capture(teacher_dir=ctx.teacher_dir, threads=threads, config=config,
-                          bootstrap=ctx.bootstrap, expected=ctx.threads)
+                          bootstrap=ctx.bootstrap, expected=ctx.threads,
+                          execution=Execution(dtype=DEMO_DTYPE))
     # The temporal holdout is "the newest period": threads whose first record was
     # published in the last fifth of this capture.
     ctx.temporal_cut_ms = int(started_ms + 0.8 * (time.time() * 1000 - started_ms))
@@ -218,6 +221,7 @@ def _stage_replay(ctx: DemoContext) -> None:
     worker = subprocess.Popen(
         [sys.executable, "-m", "hebrus_flywheel.cli", "replay", "worker", "--teacher",
          str(ctx.teacher_dir), "--dataset", str(ctx.dataset_dir), "--drain",
+         "--dtype", DEMO_DTYPE,
          "--prefix", ""],  # the demo uses the shared namespace (its own broker)
         stdout=create_file(log_path), stderr=subprocess.STDOUT,
     )

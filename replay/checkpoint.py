@@ -39,7 +39,8 @@ MEMORY_HEADROOM = 1.25
 DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2,
                "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4,
                "U64": 8}
-COMPUTE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+COMPUTE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+STORED_DTYPES = ("float32", "bfloat16", "float16")  # what init_teacher writes
 _HEADER_LIMIT = 100 << 20
 
 
@@ -58,8 +59,8 @@ class CheckpointStorage:
     max_shard_size: str | int = "50GB"
 
     def __post_init__(self) -> None:
-        if self.weights_dtype not in COMPUTE_BYTES:
-            raise ConfigError(f"weights_dtype must be one of {sorted(COMPUTE_BYTES)}, got "
+        if self.weights_dtype not in STORED_DTYPES:
+            raise ConfigError(f"weights_dtype must be one of {sorted(STORED_DTYPES)}, got "
                               f"{self.weights_dtype!r}")
         size = self.max_shard_size
         if isinstance(size, bool) or (isinstance(size, int) and size < 1) or (

@@ -47,6 +47,7 @@ from torch import nn
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import atomic_replace_dir, make_dirs
 from hebrus_flywheel.core.geometry import RouteGeometry
+from hebrus_flywheel.replay import float64
 from hebrus_flywheel.replay.adapters import (
     FamilyAdapter,
     RouterPass,
@@ -80,7 +81,8 @@ if TYPE_CHECKING:
 
 MANIFEST_FILE = "flywheel_teacher.json"
 MANIFEST_FORMAT = "hebrus-flywheel-teacher/v1"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}  # float64: replay.float64
 # tiled_mm (replay.experts) computes every (token, expert) pair at one fixed tile shape,
 # independently of the other tokens in the batch, so prefill and single-token decode
 # take the same arithmetic per row; unlike batched_mm it gathers expert weights once per
@@ -222,22 +224,28 @@ class Teacher:
         return int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
 
     def route(self, router_logits_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ranked top-k ids and weights under this teacher's rule (last two dims L, E)."""
-        return topk_with_tie_break(
-            router_logits_TE, self.geometry.top_k, weight_rule=self.geometry.weight_rule,
-            bias_TE=self.score_bias_LE, expert_scale_TE=self.expert_scale_LE,
-        )
+        """Ranked top-k ids and weights under this teacher's rule (last two dims L, E);
+        in the teacher's numerics, like the gates that executed them."""
+        with float64.numerics(self.dtype):
+            return topk_with_tie_break(
+                router_logits_TE, self.geometry.top_k, weight_rule=self.geometry.weight_rule,
+                bias_TE=self.score_bias_LE, expert_scale_TE=self.expert_scale_LE,
+            )
 
     def weights_of(self, router_logits_TE: torch.Tensor, expert_ids_TK: torch.Tensor
                    ) -> torch.Tensor:
-        """Float32 weights of the given ids under this teacher's rule (last dims L, E/K)."""
-        return topk_weights(router_logits_TE, expert_ids_TK, self.geometry.weight_rule,
-                            self.expert_scale_LE)
+        """Weights of the given ids under this teacher's rule (last dims L, E/K): float32,
+        float64 for a float64 teacher."""
+        with float64.numerics(self.dtype):
+            return topk_weights(router_logits_TE, expert_ids_TK, self.geometry.weight_rule,
+                                self.expert_scale_LE)
 
     def selection_scores(self, router_logits_XLE: torch.Tensor) -> torch.Tensor:
         """What the rule ranks experts by (the logits themselves for softmax routers);
         margins are gaps of these. The last two dims are (routed layer, expert)."""
-        return selection_scores(router_logits_XLE, self.geometry.weight_rule, self.score_bias_LE)
+        with float64.numerics(self.dtype):
+            return selection_scores(router_logits_XLE, self.geometry.weight_rule,
+                                    self.score_bias_LE)
 
     def forward_routes(
         self, input_ids_BT: torch.Tensor, *, attention_mask_BT: torch.Tensor | None = None,
@@ -552,6 +560,8 @@ def load_teacher(
     model = _load_model(path, DTYPES[dtype], experts_implementation, execution,
                         config.model_type)
     model.eval().requires_grad_(False)
+    if dtype == float64.FLOAT64:
+        float64.install(model)
     geometry = adapter.geometry(model.config)
     layers = adapter.decoder_layers(model)
     for index in geometry.routed_layers:

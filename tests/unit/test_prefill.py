@@ -193,7 +193,7 @@ def test_malformed_windows_are_refused(
 
 def test_config_is_validated(teacher: Teacher) -> None:
     for name, value in [("feature_dim", 0), ("max_batch_tokens", -1), ("pad_multiple", 0),
-                        ("feature_dtype", "int8"), ("dtype", "float64"),
+                        ("feature_dtype", "int8"), ("dtype", "float128"),
                         ("diagnostic_hidden_every_n", -2), ("projection_seed", -1),
                         ("sort_by_length", 1)]:
         with pytest.raises(ConfigError, match=name):
