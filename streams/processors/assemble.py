@@ -54,6 +54,7 @@ from hebrus_flywheel.streams.processors.common import (
     ranges_contains,
     ranges_count,
     ranges_covers,
+    ranges_minus,
     ranges_overlap,
     run_key,
     turn_key,
@@ -353,7 +354,7 @@ def _single_ordinals(header: Mapping[str, Any]) -> list[int]:
     in_runs: Ranges = []
     for first, n in runs:
         in_runs = ranges_add(in_runs, first, first + n)
-    return [o for o in iter_ranges(header["obs"]) if not ranges_contains(in_runs, o)]
+    return list(iter_ranges(ranges_minus(header["obs"], in_runs)))
 
 
 def completion(header: Mapping[str, Any], config: AssembleConfig, *, idle: bool) -> str:

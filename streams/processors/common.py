@@ -95,6 +95,24 @@ def ranges_covers(outer: Ranges, inner: Ranges) -> bool:
     return all(any(lo <= s and e <= hi for lo, hi in outer) for s, e in inner)
 
 
+def ranges_minus(ranges: Ranges, removed: Ranges) -> Ranges:
+    """The ordinals of ``ranges`` not in ``removed`` (both sorted, disjoint), as ranges."""
+    out: Ranges = []
+    cuts = sorted(removed)
+    for lo, hi in ranges:
+        for cut_lo, cut_hi in cuts:
+            if cut_hi <= lo or cut_lo >= hi:
+                continue
+            if cut_lo > lo:
+                out.append([lo, cut_lo])
+            lo = max(lo, cut_hi)
+            if lo >= hi:
+                break
+        if lo < hi:
+            out.append([lo, hi])
+    return out
+
+
 def ranges_count(ranges: Ranges) -> int:
     return sum(hi - lo for lo, hi in ranges)
 

@@ -15,6 +15,7 @@ from hebrus_flywheel.streams.processors.common import (
     ranges_add,
     ranges_contains,
     ranges_covers,
+    ranges_minus,
     turn_key,
 )
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
@@ -64,6 +65,25 @@ def test_ranges_helpers() -> None:
     assert r == [[0, 7]]
     assert ranges_contains(r, 6) and not ranges_contains(r, 7)
     assert ranges_covers(r, [[1, 3], [4, 7]]) and not ranges_covers(r, [[6, 8]])
+
+
+def test_ranges_minus_matches_the_ordinal_sets() -> None:
+    rng = random.Random(7)
+
+    def random_ranges() -> list[list[int]]:
+        out: list[list[int]] = []
+        for _ in range(rng.randint(0, 6)):
+            start = rng.randint(0, 60)
+            out = ranges_add(out, start, start + rng.randint(1, 12))
+        return out
+
+    for _ in range(500):
+        kept, removed = random_ranges(), random_ranges()
+        ordinals = {o for lo, hi in kept for o in range(lo, hi)}
+        ordinals -= {o for lo, hi in removed for o in range(lo, hi)}
+        got = ranges_minus(kept, removed)
+        assert [o for lo, hi in got for o in range(lo, hi)] == sorted(ordinals)
+        assert all(lo < hi for lo, hi in got)
 
 
 def test_interleaving_across_threads_gives_the_same_windows() -> None:
