@@ -103,6 +103,9 @@ class Execution:
         check_device_name(self.device)
         if self.dtype not in COMPUTE_DTYPES:
             raise ConfigError(f"dtype must be one of {list(COMPUTE_DTYPES)}, got {self.dtype!r}")
+        if self.dtype == "float64" and self.device_type == "mps":
+            raise ConfigError("dtype float64: Apple MPS has no float64 kernels; run float64 "
+                              "on --device cpu or cuda, or pick float32")
         if self.attention not in ATTENTION_CHOICES:
             raise ConfigError(f"attention must be one of {list(ATTENTION_CHOICES)}, "
                               f"got {self.attention!r}")

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.execution import Execution
 from hebrus_flywheel.replay.adapters import capture_routes
 from hebrus_flywheel.replay.decode import DecodeRuntime
@@ -63,6 +64,11 @@ def test_float64_replay_reaches_parity_with_identical_weights(teacher64: Teacher
     assert result.authoritative and result.mismatched_pairs == 0
     assert result.teacher_dtype == "float64"
     assert result.max_weight_abs_diff is not None and result.max_weight_abs_diff <= 1e-7
+
+
+def test_float64_on_mps_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="MPS has no float64"):
+        Execution(device="mps", dtype="float64")
 
 
 def test_float64_is_its_own_runtime_identity(teacher_dir: Path, teacher64: Teacher) -> None:
