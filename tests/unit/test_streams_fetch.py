@@ -122,3 +122,38 @@ def test_librdkafka_errors_stop_the_worker_only_when_waiting_cannot_mend_them(
             fetch._check(error(code))
     with pytest.raises(WorkerError):
         fetch._check(error(error._FATAL, fatal=True))
+
+
+def test_a_fetch_returns_when_faust_stops_its_flow_instead_of_spinning(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """faust's own fetch answers {} at once while its flow is stopped (rebalance,
+    shutdown); the capture fetch must hand that back, not ask again until its deadline
+    (it spun ~200,000 times a second for up to a second)."""
+    from types import SimpleNamespace
+
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+    from faust.types import TP
+
+    asked: list[float] = []
+    consumer = SimpleNamespace(flow_active=True, assignment=lambda: set(),
+                               pause=lambda *tps: None)
+
+    async def faust_fetch(self: object, _consumer: object, partitions: object,
+                          timeout: float | None = None, max_records: int | None = None) -> dict:
+        asked.append(timeout or 0.0)
+        consumer.flow_active = False  # a rebalance began while this fetch ran
+        return {}
+
+    async def no_assign(_consumer: object, _wanted: object) -> None:
+        return None
+
+    monkeypatch.setattr(AIOKafkaConsumerThread, "_fetch_records", faust_fetch)
+    thread = object.__new__(fetch.CaptureFetchThread)
+    spec = SimpleNamespace(topics=frozenset({"capture"}))
+    monkeypatch.setattr(thread, "_capture_fetch", lambda: spec, raising=False)
+    monkeypatch.setattr(thread, "_assign", no_assign, raising=False)
+    monkeypatch.setattr(thread, "_take", lambda wanted, limit: {}, raising=False)
+    monkeypatch.setattr(fetch.CaptureFetchThread, "consumer", consumer, raising=False)
+    partitions = {TP("capture", 0), TP("summaries", 0)}
+    got = asyncio.run(thread._fetch_records(consumer, partitions, timeout=1.0))
+    assert got == {} and len(asked) == 1
