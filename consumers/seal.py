@@ -221,7 +221,9 @@ def check_policy(parity: dict[str, Any], override: str | None, identity_id: str)
                "is unproven. Pass the result of `flywheel parity` with --parity FILE")
     else:
         why = (f"replayed routes do not exactly match decode{_first_mismatches(parity)}. "
-               "Fix the replay path and re-run the parity gate")
+               "Fix the replay path and re-run the parity gate (a first flip at a near tie, "
+               "a small boundary or label margin, is float32 kernel rounding: capture and "
+               "replay with --dtype float64, its own identity, as make demo does)")
     log.error("parity refused for identity %s: %s", identity_id,
               json.dumps(parity, sort_keys=True, default=str))
     raise SealError(
