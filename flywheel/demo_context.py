@@ -15,8 +15,8 @@ from hebrus_flywheel.core.files import create_file
 DEFAULT_PRESET = "tiny-qwen3-next"
 # The demo's decode runtime and its replay both run the teacher in float64
 # (replay.float64): in float32 their kernels round router logits up to ~4e-6 apart, and
-# on an AVX-512 CPU about one (anchor, layer) pair in 5,000 then flipped its rank order,
-# so the exact parity gate refused most epochs.
+# on an AVX-512 CPU about one (anchor, layer) pair in 3,000 then flipped its rank order,
+# so the exact parity gate refused 3 of 3 epochs.
 DEMO_DTYPE = "float64"
 ACCOUNTING_FILE = "streams-accounting.json"
 
