@@ -71,4 +71,3 @@ def install(model: torch.nn.Module) -> None:
 
     forward_in_float64._float64_islands = True  # type: ignore[attr-defined]
     model.forward = forward_in_float64
-

@@ -98,9 +98,8 @@ def ranges_covers(outer: Ranges, inner: Ranges) -> bool:
 def ranges_minus(ranges: Ranges, removed: Ranges) -> Ranges:
     """The ordinals of ``ranges`` not in ``removed`` (both sorted, disjoint), as ranges."""
     out: Ranges = []
-    cuts = sorted(removed)
     for lo, hi in ranges:
-        for cut_lo, cut_hi in cuts:
+        for cut_lo, cut_hi in removed:
             if cut_hi <= lo or cut_lo >= hi:
                 continue
             if cut_lo > lo:
