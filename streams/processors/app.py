@@ -70,9 +70,9 @@ from hebrus_flywheel.streams.processors import expiry, liveness
 from hebrus_flywheel.streams.processors.batches import (
     all_delivered,
     batches,
-    counting_cpu,
     handle_in_batches,
     handling,
+    own_cpu,
 )
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
 from hebrus_flywheel.streams.processors.crash import (
@@ -423,20 +423,20 @@ class StreamsWorker:
         headers = {v: codec.kafka_headers(registry.get(f"Window.v{v}")) for v in (1, 2)}
         count_cpu = self._cpu_counter("window")
         async for events in batches(stream):
-            # a generation is retired (its content dropped) only after its windows were
-            # acknowledged; a second decision for it in one batch waits for the first's
-            done: list[tuple[Any, dict[str, Any]]] = []
-            deliveries: list[Any] = []
-            with counting_cpu(count_cpu):
-                for event in events:
-                    with handling(event):
-                        retire = await self._publish_windows(event.message, headers,
-                                                             deliveries, done)
-                    if retire is not None:
-                        done.append((event, retire))
-            await self._retire(done, deliveries)
-            with counting_cpu(count_cpu):
-                self._flush_tables()
+            await own_cpu(self._window_batch(events, headers), count_cpu)
+
+    async def _window_batch(self, events: list[Any], headers: Mapping[int, list[Any]]) -> None:
+        # a generation is retired (its content dropped) only after its windows were
+        # acknowledged; a second decision for it in one batch waits for the first's
+        done: list[tuple[Any, dict[str, Any]]] = []
+        deliveries: list[Any] = []
+        for event in events:
+            with handling(event):
+                retire = await self._publish_windows(event.message, headers, deliveries, done)
+            if retire is not None:
+                done.append((event, retire))
+        await self._retire(done, deliveries)
+        self._flush_tables()
 
     async def _publish_windows(self, msg: Any, headers: Mapping[int, list[Any]],
                                deliveries: list[Any], done: list[tuple[Any, dict[str, Any]]]

@@ -16,7 +16,9 @@ drop repeats by id, as after any crash).
 Each agent reports the CPU its event-loop thread spent handling a batch (``on_cpu``, in
 microseconds: the handlers and the batch's table flush, not the wait for deliveries): the
 worker counts it per agent (``cpu/<agent>_us``), which shows how much of a worker a
-stage takes (the dedup agent is the one stage that does not spread over workers).
+stage takes (the dedup agent is the one stage that does not spread over workers). Only
+the agent's own steps count (:func:`own_cpu`): a handler's ``send`` can yield to the
+event loop, and what the other agents do until it resumes is theirs.
 
 faust routes every table read and write to the partition of the *current event*. In a
 batch the stream's current event is the last one buffered, so :func:`handling` makes
@@ -27,9 +29,17 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Iterator,
+)
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from faust.streams import _current_event  # faust's own context variable, no public setter
 
@@ -39,6 +49,8 @@ BATCH_RECORDS = 256
 """Most records one agent handles before it waits for their outputs."""
 BATCH_WITHIN_S = 0.02
 """Longest an agent waits for a batch to fill before it handles what it has."""
+
+T = TypeVar("T")
 
 
 def batches(stream: Any, max_records: int = BATCH_RECORDS,
@@ -68,34 +80,65 @@ async def handle_in_batches(stream: Any,
     for every record of a batch (as the current event), ``flush()`` (the batch's cached
     table writes), then one wait for them all. ``on_cpu`` gets the thread CPU
     microseconds of each batch's handling and flush."""
-    async for events in batches(stream):
+
+    async def handle_batch(events: list[Any]) -> list[Any]:
         deliveries: list[Any] = []
-        with counting_cpu(on_cpu):
-            for event in events:
-                with handling(event):
-                    deliveries.extend(await handle(event.message))
-            if flush is not None:
-                flush()
+        for event in events:
+            with handling(event):
+                deliveries.extend(await handle(event.message))
+        if flush is not None:
+            flush()
+        return deliveries
+
+    async for events in batches(stream):
+        deliveries = await own_cpu(handle_batch(events), on_cpu)
         with record_handled(None):
             await all_delivered(deliveries)  # before faust acks the batch's records
 
 
-@contextmanager
-def counting_cpu(on_cpu: Callable[[int], None] | None) -> Iterator[None]:
-    """Give ``on_cpu`` the thread CPU microseconds the block took (when it completes;
-    nothing without ``on_cpu``)."""
-    started = time.thread_time_ns()
-    yield
-    if on_cpu is not None:
-        on_cpu(cpu_us_since(started))
+def own_cpu(coro: Coroutine[Any, Any, T],
+            on_cpu: Callable[[int], None] | None) -> Awaitable[T]:
+    """``coro`` to await, giving ``on_cpu`` the thread CPU microseconds of its own steps
+    (when it completes; nothing without ``on_cpu``).
+
+    The coroutine is stepped here, in the awaiting task, and the clock runs only while a
+    step runs: the time it is suspended (a send waiting for the producer's buffer, say)
+    belongs to whatever other tasks the event loop ran meanwhile, not to it. Awaiting it
+    is otherwise the same as awaiting ``coro``: what it yields goes to the task, what the
+    task sends or throws (cancellation) goes back into it.
+    """
+    return _OwnCpu(coro, on_cpu)
 
 
-def cpu_us_since(started_ns: int) -> int:
-    """This thread's CPU microseconds since ``started_ns`` (a ``time.thread_time_ns()``).
-    While an agent's handler runs without yielding to the event loop, that is the agent's
-    own CPU; a handler that waits (producer backpressure) also counts what other tasks
-    did meanwhile."""
-    return (time.thread_time_ns() - started_ns) // 1000
+class _OwnCpu(Awaitable[T]):
+    __slots__ = ("_coro", "_on_cpu")
+
+    def __init__(self, coro: Coroutine[Any, Any, T],
+                 on_cpu: Callable[[int], None] | None) -> None:
+        self._coro = coro
+        self._on_cpu = on_cpu
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        coro, spent_ns = self._coro, 0
+        step: Callable[[Any], Any] = coro.send
+        value: Any = None
+        while True:
+            started = time.thread_time_ns()
+            try:
+                yielded = step(value)
+            except StopIteration as stop:
+                spent_ns += time.thread_time_ns() - started
+                if self._on_cpu is not None:
+                    self._on_cpu(spent_ns // 1000)
+                return stop.value
+            spent_ns += time.thread_time_ns() - started
+            try:
+                value, step = (yield yielded), coro.send
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # thrown into the task: on into the coroutine
+                value, step = exc, coro.throw
 
 
 async def all_delivered(deliveries: Iterable[Awaitable[Any]]) -> None:

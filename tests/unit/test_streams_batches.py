@@ -172,7 +172,66 @@ def test_without_a_cpu_counter_nothing_is_reported(monkeypatch: pytest.MonkeyPat
     assert clock.ns == 2 * 5000
 
 
-def test_cpu_us_since_counts_this_thread_s_cpu_in_microseconds(
+def test_own_cpu_counts_only_the_coroutine_s_own_steps_not_other_tasks_meanwhile(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batches.time, "thread_time_ns", lambda: 12_345_678)
-    assert batches.cpu_us_since(2_345_000) == 10_000
+    """A handler whose send yields to the event loop (the producer's buffer is full) is
+    charged for its own work only: what another agent does until it resumes is not its."""
+    clock = FakeClock()
+    monkeypatch.setattr(batches.time, "thread_time_ns", lambda: clock.ns)
+    reported: list[int] = []
+
+    async def main() -> str:
+        buffer_free = asyncio.get_running_loop().create_future()
+
+        async def other_agent() -> None:
+            clock.spend(50_000)
+            buffer_free.set_result(None)
+
+        async def handler() -> str:
+            clock.spend(300)
+            other = asyncio.ensure_future(other_agent())
+            await buffer_free  # suspended: the other agent runs
+            clock.spend(200)
+            await other
+            return "sent"
+
+        return await batches.own_cpu(handler(), reported.append)
+
+    assert asyncio.run(main()) == "sent"
+    assert reported == [500]
+
+
+def test_own_cpu_passes_a_cancellation_into_the_coroutine_and_reports_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(batches.time, "thread_time_ns", lambda: clock.ns)
+    reported: list[int] = []
+    cleaned: list[str] = []
+
+    async def handler() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            cleaned.append("finally ran")
+
+    async def main() -> None:
+        task = asyncio.ensure_future(batches.own_cpu(handler(), reported.append))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert cleaned == ["finally ran"] and reported == []
+
+
+def test_own_cpu_raises_what_the_coroutine_raises() -> None:
+    async def handler() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("bad record")
+
+    async def main() -> None:
+        await batches.own_cpu(handler(), None)
+
+    with pytest.raises(ValueError, match="bad record"):
+        asyncio.run(main())
