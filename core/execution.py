@@ -20,10 +20,10 @@ from typing import Any
 
 import typer
 
+from hebrus_flywheel.core.dtypes import COMPUTE_DTYPES
 from hebrus_flywheel.core.errors import ConfigError
 
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda", "mps")
-COMPUTE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")
 ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "eager")
 ATTENTION_CHOICES: tuple[str, ...] = ("auto", *ATTENTION_IMPLEMENTATIONS)
 """``auto`` resolves when the checkpoint is read: sdpa where its transformers model class

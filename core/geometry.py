@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hebrus_flywheel.core.dtypes import COMPUTE_DTYPE_BYTES
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.identity import TIE_BREAK_SCORE_DESC_ID_ASC
 
@@ -153,8 +154,8 @@ class RouteGeometry:
         )
 
 
-WEIGHT_DTYPE_BYTES: dict[str, float] = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0,
-                                       "float64": 8.0}
+WEIGHT_DTYPE_BYTES: dict[str, float] = {name: float(size)
+                                       for name, size in COMPUTE_DTYPE_BYTES.items()}
 """Bytes per weight element of each dtype a teacher executes (the identity's ``dtype``)."""
 UNQUANTIZED = "none"
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hebrus_flywheel.core.dtypes import COMPUTE_DTYPE_BYTES
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.replay.exceptions import TeacherError
 
@@ -39,7 +40,6 @@ MEMORY_HEADROOM = 1.25
 DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2,
                "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4,
                "U64": 8}
-COMPUTE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 STORED_DTYPES = ("float32", "bfloat16", "float16")  # what init_teacher writes
 _HEADER_LIMIT = 100 << 20
 
@@ -140,7 +140,7 @@ def stored_dtypes(directory: Path) -> list[str]:
 
 def weight_bytes(directory: Path, compute_dtype: str) -> int:
     """Bytes the weights take once loaded: floating tensors at ``compute_dtype``."""
-    size = COMPUTE_BYTES[compute_dtype]
+    size = COMPUTE_DTYPE_BYTES[compute_dtype]
     total = 0
     for tensor in tensor_table(directory):
         floating = tensor.dtype.startswith(("F", "BF"))

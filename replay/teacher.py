@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
+from hebrus_flywheel.core.dtypes import COMPUTE_DTYPES
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.core.files import atomic_replace_dir, make_dirs
 from hebrus_flywheel.core.geometry import RouteGeometry
@@ -81,8 +82,8 @@ if TYPE_CHECKING:
 
 MANIFEST_FILE = "flywheel_teacher.json"
 MANIFEST_FORMAT = "hebrus-flywheel-teacher/v1"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}  # float64: replay.float64
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in COMPUTE_DTYPES}
+"""The torch dtype of each compute dtype (float64: :mod:`replay.float64`)."""
 # tiled_mm (replay.experts) computes every (token, expert) pair at one fixed tile shape,
 # independently of the other tokens in the batch, so prefill and single-token decode
 # take the same arithmetic per row; unlike batched_mm it gathers expert weights once per
