@@ -69,23 +69,25 @@ demo: broker-up
 # restart the session broker. Both runs always happen; either failing fails the target.
 FAMILY_WORKERS ?= 3
 
+# $(call suite_then_matrix,MARKERS,PATHS): the tests of PATHS that MARKERS select (the
+# matrix left out), then the matrix, as above (test and test-integration).
+define suite_then_matrix
+@status=0; \
+$(BIN)/python -m pytest -q --durations=30 -m "$(1)" $(2) \
+  || status=$$?; \
+$(BIN)/python -m pytest -q --durations=10 -n $(FAMILY_WORKERS) -m family_matrix \
+  tests/integration || status=$$?; \
+exit $$status
+endef
+
 test: broker-up storage-up
-	@status=0; \
-	$(BIN)/python -m pytest -q --durations=30 -m "not family_matrix" tests || status=$$?; \
-	$(BIN)/python -m pytest -q --durations=10 -n $(FAMILY_WORKERS) -m family_matrix \
-	  tests/integration || status=$$?; \
-	exit $$status
+	$(call suite_then_matrix,not family_matrix,tests)
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
 test-integration: broker-up storage-up
-	@status=0; \
-	$(BIN)/python -m pytest -q -m "integration and not family_matrix" tests/integration \
-	  || status=$$?; \
-	$(BIN)/python -m pytest -q -n $(FAMILY_WORKERS) -m family_matrix tests/integration \
-	  || status=$$?; \
-	exit $$status
+	$(call suite_then_matrix,integration and not family_matrix,tests/integration)
 
 lint: install
 	$(BIN)/python tools/lockfile.py check
