@@ -413,10 +413,8 @@ def create_retrying(create: Callable[[list[NewTopic]], Mapping[str, Any]],
         name, err = next(iter(transient.items()))
         what = f"creating topic{'s' if len(transient) > 1 else ''} {', '.join(transient)}"
         if attempt == policy.attempts:
-            raise TopicError(
-                f"could not create topic {name} on {where}: {policy.attempts} requests failed "
-                f"transiently, last {kafka.describe(err)}; check that the cluster has a "
-                "controller (`flywheel broker status`) and run again") from KafkaException(err)
+            raise TopicError(f"could not create topic {name} on {where}: "
+                             f"{policy.give_up(what, err)}") from KafkaException(err)
         policy.wait(attempt, what, err)
         pending = {n: pending[n] for n in transient}
 

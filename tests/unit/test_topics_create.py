@@ -104,9 +104,10 @@ def test_an_unauthorized_creation_says_who_should_create_it() -> None:
 def test_a_controller_that_stays_away_stops_after_the_policy_s_attempts() -> None:
     cluster = ScriptedCluster({"a": [KafkaError.UNKNOWN] * 3, "b": [OK]})
     policy, waits = _policy(attempts=3)
-    with pytest.raises(TopicError, match=r"topic a on 127.0.0.1:9092: 3 requests failed "
-                                         r"transiently, last UNKNOWN") as info:
+    with pytest.raises(TopicError, match=r"topic a on 127.0.0.1:9092: creating topic a failed "
+                                         r"3 times with retriable errors, last UNKNOWN") as info:
         _create(cluster, ["a", "b"], policy)
+    assert "flywheel.retry.attempts" in str(info.value)  # the policy's own advice
     assert cluster.requests == [["a", "b"], ["a"], ["a"]]
     assert waits == list(policy.delays())
     cause = info.value.__cause__
