@@ -16,8 +16,15 @@ uuid-prefixed topics on the broker, then, in the same run:
    to the last window, the bench's producer sharing the machine meanwhile;
 4. ``two_worker_speedup``: two worker processes of one app id (each its own data
    directory) against the one worker, both on a backlog (``two_worker_live_speedup``:
-   both live), and whether all four runs wrote the same set of windows
-   (``--no-two-workers`` skips them).
+   both live), and whether all four runs wrote the same set of windows as each other and
+   as the in-process pipeline (``--no-two-workers`` skips them).
+
+``--exact-copies N`` makes N threads exact copies of the thread before them (their
+tokens and routes, their own owner and thread ids): dedup keeps one member of each pair
+by the order the two complete in, so ``same_windows`` then tests that order dependence
+(the synthetic threads hold no duplicates otherwise). The window count is then not
+known in advance: a run ends when the workers' counters (logged every second) show every
+thread decided and every window sent on the broker.
 
 Rates count token-observations (one per decoded token) per wall second, however they
 are carried; ``cpu_rate`` is the same count per CPU second of the process that did the
@@ -36,7 +43,7 @@ owner key store (``$FLYWHEEL_OWNER_KEYS``, a temporary directory). Usage::
 
     python bench/streams.py [--threads 40] [--assistant-tokens 120] [--chunk-tokens 64]
                             [--no-worker] [--no-two-workers] [--profile FILE]
-                            [--event-loop uvloop|asyncio]
+                            [--event-loop uvloop|asyncio] [--exact-copies N]
     python -m bench.streams ...   # the same
 """
 
@@ -107,6 +114,7 @@ from tests.support.streams_harness import (
 )
 from tests.support.streams_synthetic import (
     ProducerClock,
+    ThreadSpec,
     encode_message,
     identity_message,
     make_identity,
@@ -196,18 +204,36 @@ def pipeline_feeder(topics: StreamTopics) -> tuple[LocalPipeline, Any]:
     return pipeline, handle
 
 
+def with_exact_copies(specs: list[ThreadSpec], copies: int) -> list[ThreadSpec]:
+    """``specs`` with ``copies`` of them, spread evenly, made exact copies of the thread
+    before them (its tokens and routes, under their own owner and thread ids): pairs the
+    dedup stage decides by the order the two threads complete in."""
+    if copies < 0 or 2 * copies > len(specs):
+        raise SystemExit(f"--exact-copies must be between 0 and half of --threads, got {copies}")
+    out = list(specs)
+    step = len(specs) // copies if copies else 0
+    for n in range(copies):
+        j = n * step + 1
+        source = out[j - 1]
+        out[j] = ThreadSpec(**{**source.__dict__, "owner": out[j].owner,
+                               "thread": out[j].thread, "start_ms": out[j].start_ms})
+    return out
+
+
 class Capture:
     """The bench's capture records, encoded once: ``messages`` (kind, key, record) as the
     stream sees them, ``encoded`` (kind, key, value, headers) as they are produced, with
     each run of up to ``chunk_tokens`` observations of one request as one
     ``RouteObservationChunk.v1`` (0: one ``RouteObservation.v3`` per token)."""
 
-    def __init__(self, threads: int, assistant_tokens: int, chunk_tokens: int) -> None:
+    def __init__(self, threads: int, assistant_tokens: int, chunk_tokens: int,
+                 exact_copies: int = 0) -> None:
         identity = make_identity(layers=48, experts=512, top_k=10)
         clock = ProducerClock()
         self.messages = [identity_message(identity)]
-        for spec in random_specs(threads, n_owners=16, seed=7,
-                                 assistant_tokens=assistant_tokens):
+        for spec in with_exact_copies(random_specs(threads, n_owners=16, seed=7,
+                                                   assistant_tokens=assistant_tokens),
+                                      exact_copies):
             self.messages.extend(thread_messages(spec, identity, clock))
         self.observations = sum(1 for m in self.messages if m[0] == "observations")
         if chunk_tokens:
@@ -220,6 +246,8 @@ class Capture:
             self.encoded = [(kind, key, *encode_message(kind, record))
                             for kind, key, record in self.messages]
         self.records = len(self.encoded)
+        self.threads = threads
+        self.exact_copies = exact_copies
 
     def produce(self, bootstrap: str, topics: StreamTopics) -> None:
         """Consent grants for every owner, then every record in order (acknowledged)."""
@@ -315,7 +343,7 @@ class WorkerRun:
         start = time.perf_counter()
         self.capture.produce(self.bootstrap, self.topics)
         produced_s = time.perf_counter() - start
-        self._wait_for_windows(interval_s=0.5)
+        self._wait_for_windows(interval_s=0.5, procs=procs)
         elapsed = time.perf_counter() - start
         cpu_s, broker_s = _total_cpu(pids) - cpu_start, _total_cpu(brokers) - broker_start
         return Timing(self.capture.observations, elapsed, cpu_s, broker_s,
@@ -327,7 +355,7 @@ class WorkerRun:
         for sampler in samplers:
             sampler.start()
         try:
-            self._wait_for_windows(interval_s=0.1)
+            self._wait_for_windows(interval_s=0.1, procs=procs)
             end = time.time()
         finally:
             for sampler in samplers:
@@ -341,10 +369,27 @@ class WorkerRun:
                       {"startup_seconds": round(t0 - started, 2),
                        "last_worker_began_s": round(max(first) - t0, 2)})
 
-    def _wait_for_windows(self, interval_s: float) -> None:
+    def _wait_for_windows(self, interval_s: float, procs: list[WorkerProcess]) -> None:
         with WindowWatch(self.bootstrap, self.topics) as watch:
-            wait_until(lambda: watch.published() >= self.expected, timeout_s=900,
-                       interval_s=interval_s, what="the worker's windows")
+            if not self.capture.exact_copies:
+                wait_until(lambda: watch.published() >= self.expected, timeout_s=900,
+                           interval_s=interval_s, what="the worker's windows")
+                return
+            # which member of a copied pair is kept decides the window count: wait for
+            # every thread decided and every window the counters say were sent (the
+            # workers log their counters every second: the end is known to about 1 s)
+            wait_until(lambda: self._all_decided(procs, watch), timeout_s=900,
+                       interval_s=interval_s, what="every thread decided and windowed")
+
+    def _all_decided(self, procs: list[WorkerProcess], watch: WindowWatch) -> bool:
+        counts: Counter[str] = Counter()
+        for worker in procs:
+            counts.update(last_counters(worker.log_path))
+        decided = sum(v for k, v in counts.items() if k.startswith("split/"))
+        windowed = sum(v for k, v in counts.items() if k.startswith("window/threads_"))
+        sent = sum(v for k, v in counts.items() if k.startswith("window/windows_"))
+        return (decided >= self.capture.threads and windowed >= counts["dedup/unique"]
+                and watch.published() >= sent)
 
     def _emit(self, t: Timing) -> None:
         base = "faust_worker" if self.workers == 1 else f"faust_{self.workers}_workers"
@@ -355,6 +400,7 @@ class WorkerRun:
              broker_cpu_s=round(t.broker_cpu_s, 2), worker_cpu_s=round(t.cpu_s, 2),
              cpu_rate=round(t.cpu_rate, 1), observations=t.observations,
              records=self.capture.records, event_loop=self.event_loop,
+             exact_copies=self.capture.exact_copies,
              note=f"{self.workers} worker process(es), " + (
                  "first capture record handled -> last window, records produced before "
                  "the workers started" if self.backlog else
@@ -372,13 +418,18 @@ def agent_cpu(log_paths: list[Path]) -> dict[str, float]:
     totals: dict[str, float] = {f"{agent}_agent_cpu_s": 0.0 for agent in AGENTS}
     totals["threads_decided"] = 0
     for path in log_paths:
-        lines = [line for line in path.read_text(errors="replace").splitlines()
-                 if "streams counters " in line]
-        counts = json.loads(lines[-1].split("streams counters ", 1)[1]) if lines else {}
+        counts = last_counters(path)
         for agent in AGENTS:
             totals[f"{agent}_agent_cpu_s"] += counts.get(f"cpu/{agent}_us", 0) / 1e6
         totals["threads_decided"] += sum(v for k, v in counts.items() if k.startswith("split/"))
     return {k: round(v, 3) for k, v in totals.items()}
+
+
+def last_counters(log_path: Path) -> dict[str, int]:
+    """The last ``streams counters`` line a worker logged ({} before its first)."""
+    lines = [line for line in log_path.read_text(errors="replace").splitlines()
+             if "streams counters " in line]
+    return json.loads(lines[-1].split("streams counters ", 1)[1]) if lines else {}
 
 
 def emit_dedup_share(one: Timing) -> None:
@@ -447,11 +498,20 @@ def _pid(worker: WorkerProcess) -> int:
     return worker.proc.pid
 
 
-def _same_windows(bootstrap: str, prefixes: list[str]) -> bool:
-    """Whether the namespaces' window topics hold the same set of windows."""
+def _same_windows(bootstrap: str, prefixes: list[str], expected: Any = None) -> bool:
+    """Whether the namespaces' window topics hold the same set of windows (and the same
+    as ``expected``, the in-process pipeline's, when given); prints which differ."""
     sets = [window_pairs(read_windows(bootstrap, StreamTopics.from_prefix(p)))
             for p in prefixes]
-    return all(s == sets[0] for s in sets[1:]) and bool(sets[0])
+    named = dict(zip(prefixes, sets, strict=True))
+    if expected is not None:
+        named["in-process"] = expected
+    first = next(iter(named.values()))
+    differ = {name: len(s ^ first) for name, s in named.items() if s != first}
+    if differ:
+        print(f"window sets differ from {next(iter(named))}: {differ} windows not shared",
+              file=sys.stderr)
+    return not differ and bool(first)
 
 
 def _total_cpu(pids: list[int]) -> float:
@@ -527,11 +587,15 @@ def main() -> None:
                         help="the workers' (and the faust floor's) event loop")
     parser.add_argument("--profile", type=Path, default=None,
                         help="run the worker under cProfile and write its stats here")
+    parser.add_argument("--exact-copies", type=int, default=0,
+                        help="make this many threads exact copies of the thread before "
+                        "them (dedup decides each pair by completion order)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     bootstrap = bootstrap_servers(args.bootstrap_servers)
     prefix = f"bench-{uuid.uuid4().hex[:8]}."
-    capture = Capture(args.threads, args.assistant_tokens, args.chunk_tokens)
+    capture = Capture(args.threads, args.assistant_tokens, args.chunk_tokens,
+                      args.exact_copies)
     topics = StreamTopics.from_prefix(prefix)
     create_topics(bootstrap, catalogue(prefix))
     grant_catalogue(bootstrap, prefix)  # the streams worker runs as the streams role
@@ -563,13 +627,15 @@ def main() -> None:
         emit("goal_10k_observations_per_s_met", float(proc_rate >= 10_000), "bool")
         if not args.no_worker:
             bench_workers(bootstrap, prefix, capture, len(pipeline.windows), args,
-                          raw_rate=raw_rate, raw_cpu_rate=n_obs / raw_cpu)
+                          raw_rate=raw_rate, raw_cpu_rate=n_obs / raw_cpu,
+                          pipeline_windows=window_pairs(pipeline.windows))
     finally:
         cleanup(bootstrap, prefix)
 
 
 def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
-                  args: argparse.Namespace, *, raw_rate: float, raw_cpu_rate: float) -> None:
+                  args: argparse.Namespace, *, raw_rate: float, raw_cpu_rate: float,
+                  pipeline_windows: Any) -> None:
     """The worker figures: one worker on a backlog and live, then two workers of one app
     id the same two ways (unless ``--no-two-workers``), and the ratios between them."""
     loop = args.event_loop
@@ -604,7 +670,8 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
                     backlog=True, event_loop=loop).run()
     live2 = WorkerRun(bootstrap, f"{prefix}l2.", capture, expected, workers=2,
                       backlog=False, event_loop=loop).run()
-    same = _same_windows(bootstrap, [f"{prefix}{n}." for n in ("w", "l", "w2", "l2")])
+    same = _same_windows(bootstrap, [f"{prefix}{n}." for n in ("w", "l", "w2", "l2")],
+                         expected=pipeline_windows)
     cores = os.cpu_count() or 1
     emit("two_worker_speedup", two.rate / one.rate, "ratio", goal=">= 1.5", same_windows=same,
          cpu_count=cores, note="two workers of one app id against one, each draining a "
