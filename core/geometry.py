@@ -154,9 +154,6 @@ class RouteGeometry:
         )
 
 
-WEIGHT_DTYPE_BYTES: dict[str, float] = {name: float(size)
-                                       for name, size in COMPUTE_DTYPE_BYTES.items()}
-"""Bytes per weight element of each dtype a teacher executes (the identity's ``dtype``)."""
 UNQUANTIZED = "none"
 
 
@@ -172,10 +169,10 @@ def weight_dtype_bytes(dtype: str, quantization: str = UNQUANTIZED) -> float:
     if quantization != UNQUANTIZED:
         raise ConfigError(f"quantization {quantization!r}: expert bytes are only derived for "
                           "unquantized teachers (quantization 'none')")
-    if dtype not in WEIGHT_DTYPE_BYTES:
+    if dtype not in COMPUTE_DTYPE_BYTES:
         raise ConfigError(f"dtype {dtype!r} has no known element size; one of "
-                          f"{sorted(WEIGHT_DTYPE_BYTES)}")
-    return WEIGHT_DTYPE_BYTES[dtype]
+                          f"{sorted(COMPUTE_DTYPE_BYTES)}")
+    return float(COMPUTE_DTYPE_BYTES[dtype])
 
 
 @dataclass(frozen=True, kw_only=True)
