@@ -28,6 +28,7 @@ each record the current event while it is handled (and names it to the crash han
 from __future__ import annotations
 
 import time
+import types
 import weakref
 from collections.abc import (
     AsyncIterator,
@@ -96,9 +97,10 @@ async def handle_in_batches(stream: Any,
             await all_delivered(deliveries)  # before faust acks the batch's records
 
 
+@types.coroutine
 def own_cpu(coro: Coroutine[Any, Any, T],
-            on_cpu: Callable[[int], None] | None) -> Awaitable[T]:
-    """``coro`` to await, giving ``on_cpu`` the thread CPU microseconds of its own steps
+            on_cpu: Callable[[int], None] | None) -> Generator[Any, Any, T]:
+    """Await ``coro``, giving ``on_cpu`` the thread CPU microseconds of its own steps
     (when it completes; nothing without ``on_cpu``).
 
     The coroutine is stepped here, in the awaiting task, and the clock runs only while a
@@ -107,38 +109,26 @@ def own_cpu(coro: Coroutine[Any, Any, T],
     is otherwise the same as awaiting ``coro``: what it yields goes to the task, what the
     task sends or throws (cancellation) goes back into it.
     """
-    return _OwnCpu(coro, on_cpu)
-
-
-class _OwnCpu(Awaitable[T]):
-    __slots__ = ("_coro", "_on_cpu")
-
-    def __init__(self, coro: Coroutine[Any, Any, T],
-                 on_cpu: Callable[[int], None] | None) -> None:
-        self._coro = coro
-        self._on_cpu = on_cpu
-
-    def __await__(self) -> Generator[Any, Any, T]:
-        coro, spent_ns = self._coro, 0
-        step: Callable[[Any], Any] = coro.send
-        value: Any = None
-        while True:
-            started = time.thread_time_ns()
-            try:
-                yielded = step(value)
-            except StopIteration as stop:
-                spent_ns += time.thread_time_ns() - started
-                if self._on_cpu is not None:
-                    self._on_cpu(spent_ns // 1000)
-                return stop.value
+    spent_ns = 0
+    step: Callable[[Any], Any] = coro.send
+    value: Any = None
+    while True:
+        started = time.thread_time_ns()
+        try:
+            yielded = step(value)
+        except StopIteration as stop:
             spent_ns += time.thread_time_ns() - started
-            try:
-                value, step = (yield yielded), coro.send
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # thrown into the task: on into the coroutine
-                value, step = exc, coro.throw
+            if on_cpu is not None:
+                on_cpu(spent_ns // 1000)
+            return stop.value
+        spent_ns += time.thread_time_ns() - started
+        try:
+            value, step = (yield yielded), coro.send
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # thrown into the task: on into the coroutine
+            value, step = exc, coro.throw
 
 
 async def all_delivered(deliveries: Iterable[Awaitable[Any]]) -> None:
