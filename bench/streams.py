@@ -385,11 +385,9 @@ class WorkerRun:
         counts: Counter[str] = Counter()
         for worker in procs:
             counts.update(last_counters(worker.log_path))
-        decided = sum(v for k, v in counts.items() if k.startswith("split/"))
-        windowed = sum(v for k, v in counts.items() if k.startswith("window/threads_"))
-        sent = sum(v for k, v in counts.items() if k.startswith("window/windows_"))
-        return (decided >= self.capture.threads and windowed >= counts["dedup/unique"]
-                and watch.published() >= sent)
+        return (summed(counts, "split/") >= self.capture.threads
+                and summed(counts, "window/threads_") >= counts["dedup/unique"]
+                and watch.published() >= summed(counts, "window/windows_"))
 
     def _emit(self, t: Timing) -> None:
         base = "faust_worker" if self.workers == 1 else f"faust_{self.workers}_workers"
@@ -421,15 +419,27 @@ def agent_cpu(log_paths: list[Path]) -> dict[str, float]:
         counts = last_counters(path)
         for agent in AGENTS:
             totals[f"{agent}_agent_cpu_s"] += counts.get(f"cpu/{agent}_us", 0) / 1e6
-        totals["threads_decided"] += sum(v for k, v in counts.items() if k.startswith("split/"))
+        totals["threads_decided"] += summed(counts, "split/")
     return {k: round(v, 3) for k, v in totals.items()}
 
 
+COUNTERS_TAIL_BYTES = 1 << 16
+"""How much of a worker log's end holds its last counters line (a line is a few KB)."""
+
+
 def last_counters(log_path: Path) -> dict[str, int]:
-    """The last ``streams counters`` line a worker logged ({} before its first)."""
-    lines = [line for line in log_path.read_text(errors="replace").splitlines()
-             if "streams counters " in line]
+    """The last ``streams counters`` line a worker logged ({} before its first). Only the
+    log's tail is read: the wait for a run's end reads it ten times a second."""
+    with log_path.open("rb") as log:
+        log.seek(max(0, log_path.stat().st_size - COUNTERS_TAIL_BYTES))
+        tail = log.read().decode(errors="replace")
+    lines = [line for line in tail.splitlines() if "streams counters " in line]
     return json.loads(lines[-1].split("streams counters ", 1)[1]) if lines else {}
+
+
+def summed(counts: dict[str, int], prefix: str) -> int:
+    """The sum of the counters named ``prefix…`` (``split/``: the threads decided)."""
+    return sum(v for k, v in counts.items() if k.startswith(prefix))
 
 
 def emit_dedup_share(one: Timing) -> None:
