@@ -17,6 +17,7 @@ import base64
 import hashlib
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,8 +150,14 @@ class LocalStore:
         out = {}
         for path in sorted(self.root.rglob("*")):
             key = path.relative_to(self.root).as_posix()
-            if path.is_file() and key.startswith(prefix):
-                out[key] = path.stat().st_size
+            if not key.startswith(prefix):
+                continue
+            try:
+                found = path.stat()
+            except FileNotFoundError:  # deleted since it was listed (a racing sealer's
+                continue  # claim): not listed, as an object store would not list it
+            if stat.S_ISREG(found.st_mode):
+                out[key] = found.st_size
         return out
 
     def delete(self, keys: list[str]) -> None:

@@ -155,6 +155,7 @@ def test_racing_sealers_never_both_win(sealed: Path, tmp_path: Path,
             thread.start()
         for thread in threads:
             thread.join()
+        assert set(outcome) == {"a", "b"}, outcome  # each sealer won or refused: none crashed
         winners = [v for v in outcome.values() if not isinstance(v, Exception)]
         assert len(winners) <= 1, outcome
         published = store.get_bytes("epoch=0/manifest.json")
