@@ -4,7 +4,8 @@ Topology (``N`` = partitions of the capture topics, 4 in the catalogue)::
 
     transcripts ─┐                                    ┌─▶ quarantine
     observations ├─▶ capture agent (validate+assemble)┤
-    ticks (N) ───┘     table ``capture-state`` (N)    └─▶ threads (1 partition)
+    ticks (N) ───┘     table ``capture-state`` (N)    └─▶ threads (1 partition:
+                                                              summaries and marks)
                                                               │
                        dedup agent (split + dedup) ◀──────────┘
                          table ``dedup-state`` (1)  ──▶ decisions (N, to the thread's partition)
@@ -33,10 +34,15 @@ finished repeats its last emit. Window ids and content digests depend only on th
 thread's content and the configuration, so a repeated window is byte-identical and
 downstream readers drop it by ``window_id``. A window is marked done only after its
 windows were acknowledged by the broker, so no window is lost. Quarantine records carry
-ids derived from their source coordinates and may also repeat. What is *not*
-guaranteed: dedup decisions follow the order threads complete; of a train thread and a
-near-identical evaluation thread, the one that completes second is dropped
-(``near_duplicate_of_train`` or ``near_duplicate_of_evaluation``).
+ids derived from their source coordinates and may also repeat.
+
+Dedup decides in event-time order, not arrival order: after each batch the capture
+agent sends each capture partition's *mark* to the threads topic, and the dedup agent
+decides a summary once every partition's mark has passed its end
+(:mod:`streams.processors.decision_order`). Which member of a duplicate pair survives
+then depends on the records, not on the number of workers or their timing; what is
+still decided on arrival (idle closures, records later than ``order_lateness_ms``,
+live records after a partition was caught up) is counted ``dedup/late_summaries``.
 """
 
 from __future__ import annotations
@@ -75,12 +81,14 @@ from hebrus_flywheel.streams.processors.batches import (
     own_cpu,
 )
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
+from hebrus_flywheel.streams.processors.common import thread_key
 from hebrus_flywheel.streams.processors.crash import (
     crash_only_agent,
     crash_only_timer,
     on_crash,
     record_handled,
 )
+from hebrus_flywheel.streams.processors.decision_order import DecisionOrder, MarkPolicy
 from hebrus_flywheel.streams.processors.dedup import DedupStage
 from hebrus_flywheel.streams.processors.fetch import CaptureFetch, WorkerApp
 from hebrus_flywheel.streams.processors.identities import IdentityBook
@@ -109,6 +117,8 @@ SUMMARY_SEALED = ("digest", "minhash")
 """Fields of a thread summary sealed on the threads topic (content fingerprints)."""
 DECISION_SEALED = ("digest",)
 """Fields of a decision sealed on the decisions topic."""
+MARK_KEY = b"mark"
+"""The key of a capture partition's mark on the threads topic (owner keys hold a '/')."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +155,10 @@ class WorkerConfig:
             system (:func:`core.processes.release_free_heap`; a few milliseconds each):
             freed buffers between live blocks otherwise stay resident, and resident
             memory creeps up with the traffic (``bench/soak.py``).
+        order_grace_s: how long a capture partition caught up with live records stays
+            caught up before its mark lets the dedup stage decide past everything it
+            read (:class:`~streams.processors.decision_order.MarkPolicy`): longer, fewer
+            live generations decided out of event-time order, decisions later.
     """
 
     bootstrap: str
@@ -160,6 +174,7 @@ class WorkerConfig:
     poison_after_crashes: int = 3
     standby_replicas: int = 1
     heap_release_interval_s: float = 5.0
+    order_grace_s: float = 0.5
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -170,6 +185,7 @@ class WorkerConfig:
             "session_timeout_s",
             "stats_interval_s",
             "heap_release_interval_s",
+            "order_grace_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"WorkerConfig.{name} must be > 0")
@@ -307,6 +323,8 @@ class StreamsWorker:
         self.dedup = DedupStage(
             split_config=p.split, dedup_config=p.dedup, store=dedup_table, counters=self.counters
         )
+        self.order = DecisionOrder(self.dedup, partitions=self.partitions)
+        self.marks = MarkPolicy(grace_s=self.config.order_grace_s)
         self.window = WindowStage(config=p.window, store=capture_table, counters=self.counters,
                                   sealed=True)
         self._declare_agents()
@@ -336,6 +354,8 @@ class StreamsWorker:
                 crash_only_agent(name, body)
             )
         app.timer(self.config.tick_interval_s)(crash_only_timer("send_ticks", self._send_ticks))
+        app.timer(max(0.05, self.config.order_grace_s / 2))(
+            crash_only_timer("release_marks", self._release_marks))
         app.timer(self.config.stats_interval_s)(crash_only_timer("log_stats", self._log_stats))
         app.timer(self.config.heap_release_interval_s)(
             crash_only_timer("release_heap", self._release_heap))
@@ -348,7 +368,41 @@ class StreamsWorker:
 
     async def _capture_agent(self, stream: Any) -> None:
         await handle_in_batches(stream, self._capture_one, flush=self._flush_tables,
-                                on_cpu=self._cpu_counter("capture"))
+                                on_cpu=self._cpu_counter("capture"), before=self._hold_marks,
+                                after=self._send_marks)
+
+    async def _hold_marks(self, messages: list[Any]) -> list[Any]:
+        """Before a capture batch's summaries: records again for a partition whose mark
+        passed everything, so every such mark holds again (:meth:`MarkPolicy.resume`)."""
+        lateness_ms = self.config.processors.dedup.order_lateness_ms
+        held = self.marks.resume(
+            {int(m.partition) for m in messages if m.topic != self.topics.ticks},
+            lambda partition: self.capture.clocks.bound(partition, lateness_ms))
+        return [await self._send_mark(partition, at) for partition, at in held]
+
+    async def _send_mark(self, partition: int, at: int | None) -> Any:
+        return await self.threads_topic.send(
+            key=MARK_KEY, value=json.dumps({"mark": partition, "at": at}).encode(), partition=0)
+
+    async def _send_marks(self, messages: list[Any]) -> list[Any]:
+        """After a capture batch, the mark of each capture partition read or assigned
+        here for the dedup stage's event-time order (:mod:`streams.processors.
+        decision_order`), when it moved: after the batch's summaries on the threads topic,
+        so none is overtaken by its mark. A caught-up partition passes everything."""
+        assigned = set(self.app.consumer.assignment())
+        read = {int(m.partition) for m in messages if m.topic != self.topics.ticks}
+        partitions = read | {tp.partition for tp in assigned
+                             if tp.topic == self.topics.transcripts}
+        deliveries, now_s = [], time.monotonic()
+        lateness_ms = self.config.processors.dedup.order_lateness_ms
+        for partition in sorted(partitions):
+            send, at = self.marks.next_mark(
+                partition, caught_up=self._capture_caught_up(partition, assigned, known=True),
+                bound=self.capture.clocks.bound(partition, lateness_ms), now_s=now_s,
+                read=partition in read)
+            if send:
+                deliveries.append(await self._send_mark(partition, at))
+        return deliveries
 
     def _cpu_counter(self, agent: str) -> Callable[[int], None]:
         """Adds an agent's CPU microseconds to ``cpu/<agent>_us``."""
@@ -405,18 +459,27 @@ class StreamsWorker:
         if await self._skipped_poison(msg):
             return []
         wire = json.loads(msg.value)
+        if "mark" in wire:  # a capture partition's progress: decides what it lets pass
+            return await self._send_decisions(self.order.mark(wire["mark"], wire["at"]))
         summary = open_fields(wire, self.sealer, context=str(wire["iid"]))
         if isinstance(summary, Erased):
             self.counters.inc("sealing", "erased_summaries")  # no decision: erased
             return []
-        decision = self.dedup.process(summary)
-        try:
-            sealed = seal_fields(decision, DECISION_SEALED, self.sealer, context=decision["iid"])
-        except OwnerKeyDestroyedError:
-            self.counters.inc("sealing", "erased_decisions")
-            return []
-        return [await self.decisions_topic.send(
-            key=msg.key, value=json.dumps(sealed).encode(), partition=decision["partition"])]
+        return await self._send_decisions(self.order.arrive(summary))
+
+    async def _send_decisions(self, decisions: list[dict[str, Any]]) -> list[Any]:
+        deliveries = []
+        for decision in decisions:
+            try:
+                sealed = seal_fields(decision, DECISION_SEALED, self.sealer,
+                                     context=decision["iid"])
+            except OwnerKeyDestroyedError:
+                self.counters.inc("sealing", "erased_decisions")
+                continue
+            deliveries.append(await self.decisions_topic.send(
+                key=thread_key(decision["owner"], decision["thread"]).encode(),
+                value=json.dumps(sealed).encode(), partition=decision["partition"]))
+        return deliveries
 
     async def _window_agent(self, stream: Any) -> None:
         registry = codec.default_registry()
@@ -542,11 +605,25 @@ class StreamsWorker:
             else:  # behind a backlog: nothing is idle yet (expiry.caught_up)
                 self.counters.inc("expiry", "ticks_deferred_behind_backlog")
 
-    def _capture_caught_up(self, partition: int, assigned: set[Any]) -> bool:
+    async def _release_marks(self) -> None:
+        """A tick to each caught-up capture partition whose grace ended (its batch sends
+        the mark that lets the dedup stage decide past it)."""
+        assigned = set(self.app.consumer.assignment())
+        for partition in self.marks.due(time.monotonic()):
+            # still caught up: a tick behind a backlog could close threads as idle
+            if self._capture_caught_up(partition, assigned, known=True):
+                await self.ticks_topic.send(key=b"tick", value=b"", partition=partition)
+
+    def _capture_caught_up(self, partition: int, assigned: set[Any], *,
+                           known: bool = False) -> bool:
+        """Whether every record of the capture partition this worker knows of was
+        processed here; ``known``: and its ends are known (fetched) and it is assigned."""
         consumer = self.app.consumer
         for topic in (self.topics.transcripts, self.topics.observations):
             tp = TP(topic, partition)
             highwater = consumer.highwater(tp) if tp in assigned else None
+            if known and highwater is None:
+                return False
             committed = liveness.committed_offset(consumer, tp)
             if not expiry.caught_up(self._processed.get((topic, partition)), committed,
                                     highwater):
@@ -581,7 +658,9 @@ class StreamsWorker:
         self.app.flow_control.suspend()
         # before faust's seek: partitions without a commit go back to their start too
         seek_uncommitted_to_start(self.app)
-        self.dedup.reset()
+        self.order.reset()
+        self.order.pending()  # what waits in the partition now held (the drain waits for it)
+        self.marks.forget()
         for cache in self.caches:  # empty: faust acks every batch before it revokes
             cache.discard()
         # offsets this worker processed before the rebalance may be behind what another
@@ -592,7 +671,7 @@ class StreamsWorker:
         """Run until SIGINT/SIGTERM, or until the watchdog stops the worker (drained:
         status 0; stalled, broker lost, drain timeout: non-zero)."""
         start_monitor(self.app, self.topics, self.config.full_app_id, self.config.bootstrap,
-                      self.config.watchdog)
+                      self.config.watchdog, holding=lambda: self.order.held)
         worker = faust.Worker(
             self.app,
             loglevel=logging.getLogger().level or logging.WARNING,
