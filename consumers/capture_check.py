@@ -37,7 +37,7 @@ from typing import Any
 
 from hebrus_flywheel.consumers.exceptions import RebuildError
 from hebrus_flywheel.consumers.intake import WINDOW_SCHEMA
-from hebrus_flywheel.consumers.kafka_io import read_ranges
+from hebrus_flywheel.consumers.kafka_io import end_offsets, read_ranges
 from hebrus_flywheel.core.privacy import OwnerKeyDestroyedError
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
@@ -51,7 +51,6 @@ from hebrus_flywheel.streams.processors.window_seal import (
     default_sealer,
     encode_window,
 )
-from hebrus_flywheel.streams.topics import describe_topics
 
 _SHOWN = 10
 Ranges = dict[tuple[str, int], tuple[int, int]]
@@ -176,11 +175,10 @@ def release_order(bootstrap: str, app_id: str, prefix: str) -> list[str]:
         records.append(record)
     if not any("mark" in r for r in records):
         return [str(r["iid"]) for r in records]
-    described = describe_topics(bootstrap, [topics.transcripts])
-    if topics.transcripts not in described:
-        raise RebuildError(f"the capture topic {topics.transcripts} is gone: the decision "
-                           "order cannot be replayed without its partition count")
-    return decision_sequence(records, described[topics.transcripts].partitions)
+    # the partition count from the end offsets: the rebuild role reads the capture
+    # topics but may not describe their configs
+    partitions = end_offsets(bootstrap, [topics.transcripts], error=RebuildError)
+    return decision_sequence(records, len(partitions[topics.transcripts]))
 
 
 def _messages(bootstrap: str, topics: Mapping[str, str], ranges: Ranges,
