@@ -378,10 +378,13 @@ class WorkerRun:
                 wait_until(lambda: watch.published() >= self.expected, timeout_s=900,
                            interval_s=interval_s, what="the worker's windows")
                 return
-            # which member of a copied pair is kept decides the window count: wait for
-            # every thread decided and every window the counters say were sent (the
-            # workers log their counters every second: the end is known to about 1 s)
-            wait_until(lambda: self._all_decided(procs, watch), timeout_s=900,
+            # which member of a copied pair is kept decides the window count. Decided in
+            # event-time order, the workers write the in-process pipeline's count; one
+            # that decided some pair otherwise ends when every thread is decided and
+            # every window the counters say was sent is on the broker (the workers log
+            # their counters every second: that end is known to about 1 s)
+            wait_until(lambda: watch.published() >= self.expected
+                       or self._all_decided(procs, watch), timeout_s=900,
                        interval_s=interval_s, what="every thread decided and windowed")
 
     def _all_decided(self, procs: list[WorkerProcess], watch: WindowWatch) -> bool:
