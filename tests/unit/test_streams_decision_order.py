@@ -227,8 +227,14 @@ def test_pipeline_in_event_order_makes_the_same_windows_in_any_interleaving(
         copied_capture: list[tuple[str, int, int, bytes, bytes]]) -> None:
     runs = [pipeline_windows(copied_capture, seed, event_order=True) for seed in range(6)]
     assert runs[0] and all(run == runs[0] for run in runs)
-    arrival = [pipeline_windows(copied_capture, seed, event_order=False) for seed in range(6)]
-    assert len({frozenset(run) for run in arrival}) > 1  # the control: it does differ
+    # the control: in arrival order some interleaving keeps other members (the owner
+    # pseudonyms, hence the partitions, change from run to run: try until one does)
+    arrival = {frozenset(pipeline_windows(copied_capture, 0, event_order=False))}
+    for seed in range(1, 40):
+        arrival.add(frozenset(pipeline_windows(copied_capture, seed, event_order=False)))
+        if len(arrival) > 1:
+            break
+    assert len(arrival) > 1
 
 
 def test_pipeline_takes_one_order_only() -> None:
