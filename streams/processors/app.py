@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Any
 
 import faust
-from faust.types import TP
 from mode import CrashingSupervisor
 
 from hebrus_flywheel.core import kafka
@@ -72,7 +71,6 @@ from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits, quarantine
 from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.owner_seal import Erased, OwnerSealer, open_fields, seal_fields
-from hebrus_flywheel.streams.processors import expiry, liveness
 from hebrus_flywheel.streams.processors.batches import (
     all_delivered,
     batches,
@@ -81,6 +79,7 @@ from hebrus_flywheel.streams.processors.batches import (
     own_cpu,
 )
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
+from hebrus_flywheel.streams.processors.capture_progress import CaptureProgress
 from hebrus_flywheel.streams.processors.common import thread_key
 from hebrus_flywheel.streams.processors.crash import (
     crash_only_agent,
@@ -88,7 +87,7 @@ from hebrus_flywheel.streams.processors.crash import (
     on_crash,
     record_handled,
 )
-from hebrus_flywheel.streams.processors.decision_order import DecisionOrder, MarkPolicy
+from hebrus_flywheel.streams.processors.decision_order import DecisionOrder
 from hebrus_flywheel.streams.processors.dedup import DedupStage
 from hebrus_flywheel.streams.processors.fetch import CaptureFetch, WorkerApp
 from hebrus_flywheel.streams.processors.identities import IdentityBook
@@ -117,8 +116,6 @@ SUMMARY_SEALED = ("digest", "minhash")
 """Fields of a thread summary sealed on the threads topic (content fingerprints)."""
 DECISION_SEALED = ("digest",)
 """Fields of a decision sealed on the decisions topic."""
-MARK_KEY = b"mark"
-"""The key of a capture partition's mark on the threads topic (owner keys hold a '/')."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,7 +229,6 @@ class StreamsWorker:
             config=config.processors, capture_topics=self.topics.capture_kinds().values(),
         )
         self.counters = Counters()
-        self._processed: dict[tuple[str, int], int] = {}  # capture offsets processed here
         self._first_capture_s: float | None = None  # when its first capture record came
         # owner data keys (a reader: never creates one) for everything written to Kafka
         self.sealer = OwnerSealer()
@@ -324,7 +320,6 @@ class StreamsWorker:
             split_config=p.split, dedup_config=p.dedup, store=dedup_table, counters=self.counters
         )
         self.order = DecisionOrder(self.dedup, partitions=self.partitions)
-        self.marks = MarkPolicy(grace_s=self.config.order_grace_s)
         self.window = WindowStage(config=p.window, store=capture_table, counters=self.counters,
                                   sealed=True)
         self._declare_agents()
@@ -343,6 +338,11 @@ class StreamsWorker:
         self.ticks_topic = app.topic(t.ticks, partitions=self.partitions, **raw)
         self.quarantine_topic = app.topic(t.quarantine, **raw)
         self.window_topics = {s: app.topic(name, **raw) for s, name in t.windows.items()}
+        self.progress = CaptureProgress(
+            app=app, topics=t, clocks=self.capture.clocks, counters=self.counters,
+            lateness_ms=self.config.processors.dedup.order_lateness_ms,
+            grace_s=self.config.order_grace_s, threads_topic=self.threads_topic,
+            ticks_topic=self.ticks_topic)
         # crash-only (streams.processors.crash): an error stops the worker, never skips
         for topic, name, body in (
             (self.capture_topic, "capture", self._capture_agent),
@@ -353,9 +353,10 @@ class StreamsWorker:
             app.agent(topic, name=name, supervisor_strategy=CrashingSupervisor)(
                 crash_only_agent(name, body)
             )
-        app.timer(self.config.tick_interval_s)(crash_only_timer("send_ticks", self._send_ticks))
+        app.timer(self.config.tick_interval_s)(
+            crash_only_timer("send_ticks", self.progress.send_ticks))
         app.timer(max(0.05, self.config.order_grace_s / 2))(
-            crash_only_timer("release_marks", self._release_marks))
+            crash_only_timer("release_marks", self.progress.release_marks))
         app.timer(self.config.stats_interval_s)(crash_only_timer("log_stats", self._log_stats))
         app.timer(self.config.heap_release_interval_s)(
             crash_only_timer("release_heap", self._release_heap))
@@ -368,41 +369,8 @@ class StreamsWorker:
 
     async def _capture_agent(self, stream: Any) -> None:
         await handle_in_batches(stream, self._capture_one, flush=self._flush_tables,
-                                on_cpu=self._cpu_counter("capture"), before=self._hold_marks,
-                                after=self._send_marks)
-
-    async def _hold_marks(self, messages: list[Any]) -> list[Any]:
-        """Before a capture batch's summaries: records again for a partition whose mark
-        passed everything, so every such mark holds again (:meth:`MarkPolicy.resume`)."""
-        lateness_ms = self.config.processors.dedup.order_lateness_ms
-        held = self.marks.resume(
-            {int(m.partition) for m in messages if m.topic != self.topics.ticks},
-            lambda partition: self.capture.clocks.bound(partition, lateness_ms))
-        return [await self._send_mark(partition, at) for partition, at in held]
-
-    async def _send_mark(self, partition: int, at: int | None) -> Any:
-        return await self.threads_topic.send(
-            key=MARK_KEY, value=json.dumps({"mark": partition, "at": at}).encode(), partition=0)
-
-    async def _send_marks(self, messages: list[Any]) -> list[Any]:
-        """After a capture batch, the mark of each capture partition read or assigned
-        here for the dedup stage's event-time order (:mod:`streams.processors.
-        decision_order`), when it moved: after the batch's summaries on the threads topic,
-        so none is overtaken by its mark. A caught-up partition passes everything."""
-        assigned = set(self.app.consumer.assignment())
-        read = {int(m.partition) for m in messages if m.topic != self.topics.ticks}
-        partitions = read | {tp.partition for tp in assigned
-                             if tp.topic == self.topics.transcripts}
-        deliveries, now_s = [], time.monotonic()
-        lateness_ms = self.config.processors.dedup.order_lateness_ms
-        for partition in sorted(partitions):
-            send, at = self.marks.next_mark(
-                partition, caught_up=self._capture_caught_up(partition, assigned, known=True),
-                bound=self.capture.clocks.bound(partition, lateness_ms), now_s=now_s,
-                read=partition in read)
-            if send:
-                deliveries.append(await self._send_mark(partition, at))
-        return deliveries
+                                on_cpu=self._cpu_counter("capture"),
+                                before=self.progress.hold_marks, after=self.progress.send_marks)
 
     def _cpu_counter(self, agent: str) -> Callable[[int], None]:
         """Adds an agent's CPU microseconds to ``cpu/<agent>_us``."""
@@ -418,7 +386,7 @@ class StreamsWorker:
     async def _capture_one(self, msg: Any) -> list[Any]:
         """Handle one capture record; its outputs' deliveries (sent, not yet awaited)."""
         if msg.topic != self.topics.ticks:  # handled here, even if skipped as poison
-            self._processed[(msg.topic, msg.partition)] = msg.offset
+            self.progress.processed[(msg.topic, msg.partition)] = msg.offset
             if self._first_capture_s is None:
                 self._log_first_capture(msg)
         if await self._skipped_poison(msg):
@@ -595,41 +563,6 @@ class StreamsWorker:
 
     # -- timers and signals -------------------------------------------------------------
 
-    async def _send_ticks(self) -> None:
-        assigned = set(self.app.consumer.assignment())
-        for tp in assigned:
-            if tp.topic != self.topics.transcripts:
-                continue
-            if self._capture_caught_up(tp.partition, assigned):
-                await self.ticks_topic.send(key=b"tick", value=b"", partition=tp.partition)
-            else:  # behind a backlog: nothing is idle yet (expiry.caught_up)
-                self.counters.inc("expiry", "ticks_deferred_behind_backlog")
-
-    async def _release_marks(self) -> None:
-        """A tick to each caught-up capture partition whose grace ended (its batch sends
-        the mark that lets the dedup stage decide past it)."""
-        assigned = set(self.app.consumer.assignment())
-        for partition in self.marks.due(time.monotonic()):
-            # still caught up: a tick behind a backlog could close threads as idle
-            if self._capture_caught_up(partition, assigned, known=True):
-                await self.ticks_topic.send(key=b"tick", value=b"", partition=partition)
-
-    def _capture_caught_up(self, partition: int, assigned: set[Any], *,
-                           known: bool = False) -> bool:
-        """Whether every record of the capture partition this worker knows of was
-        processed here; ``known``: and its ends are known (fetched) and it is assigned."""
-        consumer = self.app.consumer
-        for topic in (self.topics.transcripts, self.topics.observations):
-            tp = TP(topic, partition)
-            highwater = consumer.highwater(tp) if tp in assigned else None
-            if known and highwater is None:
-                return False
-            committed = liveness.committed_offset(consumer, tp)
-            if not expiry.caught_up(self._processed.get((topic, partition)), committed,
-                                    highwater):
-                return False
-        return True
-
     async def _release_heap(self) -> None:
         started = time.perf_counter()
         released = release_free_heap()
@@ -660,12 +593,9 @@ class StreamsWorker:
         seek_uncommitted_to_start(self.app)
         self.order.reset()
         self.order.pending()  # what waits in the partition now held (the drain waits for it)
-        self.marks.forget()
         for cache in self.caches:  # empty: faust acks every batch before it revokes
             cache.discard()
-        # offsets this worker processed before the rebalance may be behind what another
-        # worker has processed of a partition since: positions start at the commit again
-        self._processed.clear()
+        self.progress.forget()  # positions start at the commit again, marks afresh
 
     def run(self) -> None:
         """Run until SIGINT/SIGTERM, or until the watchdog stops the worker (drained:
