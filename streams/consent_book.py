@@ -11,6 +11,7 @@ role may read the topic (``streams.acls``); a missing topic or a refused read ra
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -40,6 +41,7 @@ class ConsentBook:
         self._misses: dict[str, float] = {}
         self._load_lock = threading.Lock()  # one reader at a time: records apply in order
         self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
 
     def load(self) -> int:
         """Read the topic from where this book stopped to its current end; returns how
@@ -57,14 +59,25 @@ class ConsentBook:
                 try:
                     self.load()
                 except ConsentError as exc:
-                    log.warning("consent ledger refresh failed: %s", exc)
-        threading.Thread(target=run, name="consent-refresh", daemon=True).start()
+                    if not self._stop.is_set():
+                        log.warning("consent ledger refresh failed: %s", exc)
+        self._refresher = threading.Thread(target=run, name="consent-refresh", daemon=True)
+        self._refresher.start()
 
     def close(self) -> None:
+        """Stop the refresher; a read that is retrying gives up at its next back-off (a
+        closed publisher must not go on calling an unreachable broker for minutes)."""
         self._stop.set()
+
+    def _pause(self, delay_s: float) -> None:
+        """The retry back-off of this book's reads: cut short, with an error, by close."""
+        if self._stop.wait(delay_s):
+            raise ConsentError(f"the consent book of {self.topic} was closed during a retry")
 
     def _load(self) -> int:
         config = kafka.client_config(self.bootstrap)
+        config = dataclasses.replace(config, retry=dataclasses.replace(config.retry,
+                                                                       sleep=self._pause))
         try:
             ends = kafka.end_watermarks(config, [self.topic], timeout_s=self.timeout_s,
                                         log_name=_LOG)
