@@ -192,8 +192,11 @@ def raw_decoder() -> Any:
     return handle
 
 
-def pipeline_feeder(topics: StreamTopics) -> tuple[LocalPipeline, Any]:
-    pipeline = LocalPipeline(worker_processor_config(FLAGS), prefix=topics.prefix)
+def pipeline_feeder(topics: StreamTopics, partitions: int) -> tuple[LocalPipeline, Any]:
+    """The in-process chain, deciding in event-time order as the worker does (over the
+    capture topics' ``partitions``), and its consume handler."""
+    pipeline = LocalPipeline(worker_processor_config(FLAGS), prefix=topics.prefix,
+                             event_order=partitions)
     kinds = {v: k for k, v in topics.capture_kinds().items()}
 
     def handle(msg: Any) -> None:
@@ -375,10 +378,13 @@ class WorkerRun:
                 wait_until(lambda: watch.published() >= self.expected, timeout_s=900,
                            interval_s=interval_s, what="the worker's windows")
                 return
-            # which member of a copied pair is kept decides the window count: wait for
-            # every thread decided and every window the counters say were sent (the
-            # workers log their counters every second: the end is known to about 1 s)
-            wait_until(lambda: self._all_decided(procs, watch), timeout_s=900,
+            # which member of a copied pair is kept decides the window count. Decided in
+            # event-time order, the workers write the in-process pipeline's count; one
+            # that decided some pair otherwise ends when every thread is decided and
+            # every window the counters say was sent is on the broker (the workers log
+            # their counters every second: that end is known to about 1 s)
+            wait_until(lambda: watch.published() >= self.expected
+                       or self._all_decided(procs, watch), timeout_s=900,
                        interval_s=interval_s, what="every thread decided and windowed")
 
     def _all_decided(self, procs: list[WorkerProcess], watch: WindowWatch) -> bool:
@@ -414,12 +420,15 @@ def agent_cpu(log_paths: list[Path]) -> dict[str, float]:
     logged after the drain are in (the workers log them every second)."""
     time.sleep(1.5)
     totals: dict[str, float] = {f"{agent}_agent_cpu_s": 0.0 for agent in AGENTS}
-    totals["threads_decided"] = 0
+    totals["threads_decided"] = totals["late_summaries"] = totals["summaries_waited"] = 0
     for path in log_paths:
         counts = last_counters(path)
         for agent in AGENTS:
             totals[f"{agent}_agent_cpu_s"] += counts.get(f"cpu/{agent}_us", 0) / 1e6
         totals["threads_decided"] += summed(counts, "split/")
+        # decided out of event-time order / held for their turn (decision_order)
+        totals["late_summaries"] += counts.get("dedup/late_summaries", 0)
+        totals["summaries_waited"] += counts.get("dedup/summaries_waited", 0)
     return {k: round(v, 3) for k, v in totals.items()}
 
 
@@ -614,9 +623,15 @@ def main() -> None:
         n_obs = capture.observations
         names = [topics.transcripts, topics.observations]
         _, raw_s, raw_cpu = consume_all(bootstrap, names, raw_decoder())
-        pipeline, feeder = pipeline_feeder(topics)
+        partitions = describe_topics(bootstrap, [topics.transcripts])[
+            topics.transcripts].partitions
+        pipeline, feeder = pipeline_feeder(topics, partitions)
         consume_all(bootstrap, [topics.identities], feeder)  # the worker loads them at start
         _, proc_s, proc_cpu = consume_all(bootstrap, names, feeder)
+        flushed, flushed_cpu = time.perf_counter(), time.process_time()
+        pipeline.flush()  # every partition caught up: what still waits is decided
+        proc_s += time.perf_counter() - flushed
+        proc_cpu += time.process_time() - flushed_cpu
         raw_rate, proc_rate = n_obs / raw_s, n_obs / proc_s
         geometry = {"layers": 48, "top_k": 10, "experts": 512, "observations": n_obs,
                     "records": capture.records, "chunk_tokens": args.chunk_tokens}

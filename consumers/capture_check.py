@@ -12,9 +12,11 @@ the manifest's ``source.capture``:
   configuration, the state carried over, as the restarted worker carried its tables.
 
 Completed threads reach the split and dedup stage in the order the worker's dedup agent
-read them from its threads topic (``<app id>-threads-v1``, kept forever): near-duplicate
-decisions are first-come, and that order followed timing in the worker. Everything else
-is computed afresh. Then every record of the snapshot's window topics (offset 0 up to
+decided them, replayed from its threads topic (``<app id>-threads-v1``, kept forever:
+the summaries and the capture partitions' marks, in the order the agent read them):
+near-duplicate decisions are first-come, and a generation decided on arrival, not in
+event-time order, followed timing. Everything else is computed afresh.
+Then every record of the snapshot's window topics (offset 0 up to
 the manifest's end offsets) must be regenerated with the same ``window_id`` and
 ``content_digest``, and the replay uses those fresh windows in the recorded window-topic
 offset order: at-least-once delivery may repeat a window on the topic, so which offset
@@ -35,10 +37,11 @@ from typing import Any
 
 from hebrus_flywheel.consumers.exceptions import RebuildError
 from hebrus_flywheel.consumers.intake import WINDOW_SCHEMA
-from hebrus_flywheel.consumers.kafka_io import read_ranges
+from hebrus_flywheel.consumers.kafka_io import end_offsets, read_ranges
 from hebrus_flywheel.core.privacy import OwnerKeyDestroyedError
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.schemas.exceptions import SchemaError
+from hebrus_flywheel.streams.processors.decision_order import decision_sequence
 from hebrus_flywheel.streams.processors.inspect import read_topic
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline
 from hebrus_flywheel.streams.processors.runs import StreamsRun, StreamsRunError
@@ -154,18 +157,28 @@ def _start(run: StreamsRun, topic: str, partition: int) -> int:
 
 
 def release_order(bootstrap: str, app_id: str, prefix: str) -> list[str]:
-    """Thread generation ids in the order the worker group's dedup agent read them."""
+    """Thread generation ids in the order the worker group's dedup agent decided them:
+    replayed from its threads topic (summaries and the capture partitions' marks,
+    :func:`streams.processors.decision_order.decision_sequence`); a topic without marks
+    (workers before event-time order) was decided in the order it was read."""
     if not app_id.startswith(prefix):
         raise RebuildError(f"streams app {app_id} does not use the topic prefix {prefix!r}")
-    topic = StreamTopics.from_prefix(prefix, app_id[len(prefix):]).threads
-    order = []
-    for msg in read_topic(bootstrap, topic):
+    topics = StreamTopics.from_prefix(prefix, app_id[len(prefix):])
+    records = []
+    for msg in read_topic(bootstrap, topics.threads):
         try:
-            order.append(str(json.loads(msg.value() or b"")["iid"]))
+            record = json.loads(msg.value() or b"")
+            str(record["mark"] if "mark" in record else record["iid"])
         except (ValueError, KeyError, TypeError) as exc:
-            raise RebuildError(f"{topic}@{msg.offset()} is not a thread summary ({exc}); the "
-                               "streams internal topic is corrupt") from exc
-    return order
+            raise RebuildError(f"{topics.threads}@{msg.offset()} is no thread summary nor mark "
+                               f"({exc}); the streams internal topic is corrupt") from exc
+        records.append(record)
+    if not any("mark" in r for r in records):
+        return [str(r["iid"]) for r in records]
+    # the partition count from the end offsets: the rebuild role reads the capture
+    # topics but may not describe their configs
+    partitions = end_offsets(bootstrap, [topics.transcripts], error=RebuildError)
+    return decision_sequence(records, len(partitions[topics.transcripts]))
 
 
 def _messages(bootstrap: str, topics: Mapping[str, str], ranges: Ranges,

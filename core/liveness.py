@@ -48,12 +48,13 @@ class Monitor(threading.Thread):
                  agents: Callable[[], Mapping[str, str]] | None = None,
                  consumed: Callable[[], Mapping[tuple[str, int], int]] | None = None,
                  read: Callable[[], Mapping[tuple[str, int], int]] | None = None,
-                 dropped: Callable[[], Mapping[str, int]] | None = None) -> None:
+                 dropped: Callable[[], Mapping[str, int]] | None = None,
+                 holding: Callable[[], int] | None = None) -> None:
         super().__init__(name=f"{target.kind}-watchdog", daemon=True)
         self.target, self.client = target, client
         self.watchdog = Watchdog(watchdog, started=time.monotonic())
         self.on_verdict, self.agents, self.consumed = on_verdict, agents, consumed
-        self.dropped, self.read = dropped, read
+        self.dropped, self.read, self.holding = dropped, read, holding
         self._stop_event = threading.Event()
         self._probe: kafka.LagProbe | None = None
 
@@ -88,7 +89,9 @@ class Monitor(threading.Thread):
             ends, committed = self._probe.read()
             consumed = dict(self.consumed()) if self.consumed is not None else None
             read = dict(self.read()) if self.read is not None else None
-            verdict = self.watchdog.observe(time.monotonic(), ends, committed, consumed, read)
+            held = self.holding() if self.holding is not None else 0
+            verdict = self.watchdog.observe(time.monotonic(), ends, committed, consumed, read,
+                                            holding=held)
         except kafka.KafkaIOError as exc:
             verdict = self.watchdog.broker_failed(time.monotonic(), str(exc)[:300])
         self.write_health()

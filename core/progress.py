@@ -134,8 +134,12 @@ class Watchdog:
     def observe(self, now: float, ends: Mapping[TP, tuple[int, int]],
                 committed: Mapping[TP, int],
                 consumed: Mapping[TP, int] | None = None,
-                read: Mapping[TP, int] | None = None) -> Verdict:
+                read: Mapping[TP, int] | None = None, *, holding: int = 0) -> Verdict:
         """One successful read of the end and committed offsets at time ``now``.
+
+        ``holding``: records the worker keeps in its state to finish later although
+        their offsets are committed (the streams worker's summaries waiting for their
+        turn in decision order); while it holds any, it is not drained.
 
         ``read`` (the last offset the worker read, per partition) is for workers that
         commit on an interval (the streams worker): a read offset that moved is progress
@@ -162,7 +166,7 @@ class Watchdog:
         # Two reads in a row at lag 0 with the same end offsets (an output written by
         # a hop between the two reads moves the next hop's end offset).
         done = drain_complete(self.ends, ends, committed) and self.ends is not None \
-            and not any(partition_lag(self.ends, self.resume).values())
+            and not any(partition_lag(self.ends, self.resume).values()) and not holding
         self.resume, self.ends = resume, dict(ends)
         self.lag = partition_lag(ends, committed)
         self.last_ok, self.broker_error = now, ""

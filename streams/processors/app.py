@@ -4,7 +4,8 @@ Topology (``N`` = partitions of the capture topics, 4 in the catalogue)::
 
     transcripts ─┐                                    ┌─▶ quarantine
     observations ├─▶ capture agent (validate+assemble)┤
-    ticks (N) ───┘     table ``capture-state`` (N)    └─▶ threads (1 partition)
+    ticks (N) ───┘     table ``capture-state`` (N)    └─▶ threads (1 partition:
+                                                              summaries and marks)
                                                               │
                        dedup agent (split + dedup) ◀──────────┘
                          table ``dedup-state`` (1)  ──▶ decisions (N, to the thread's partition)
@@ -33,10 +34,15 @@ finished repeats its last emit. Window ids and content digests depend only on th
 thread's content and the configuration, so a repeated window is byte-identical and
 downstream readers drop it by ``window_id``. A window is marked done only after its
 windows were acknowledged by the broker, so no window is lost. Quarantine records carry
-ids derived from their source coordinates and may also repeat. What is *not*
-guaranteed: dedup decisions follow the order threads complete; of a train thread and a
-near-identical evaluation thread, the one that completes second is dropped
-(``near_duplicate_of_train`` or ``near_duplicate_of_evaluation``).
+ids derived from their source coordinates and may also repeat.
+
+Dedup decides in event-time order, not arrival order: after each batch the capture
+agent sends each capture partition's *mark* to the threads topic, and the dedup agent
+decides a summary once every partition's mark has passed its end
+(:mod:`streams.processors.decision_order`). Which member of a duplicate pair survives
+then depends on the records, not on the number of workers or their timing; what is
+still decided on arrival (idle closures, records later than ``order_lateness_ms``,
+live records after a partition was caught up) is counted ``dedup/late_summaries``.
 """
 
 from __future__ import annotations
@@ -51,7 +57,6 @@ from pathlib import Path
 from typing import Any
 
 import faust
-from faust.types import TP
 from mode import CrashingSupervisor
 
 from hebrus_flywheel.core import kafka
@@ -66,7 +71,6 @@ from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits, quarantine
 from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.owner_seal import Erased, OwnerSealer, open_fields, seal_fields
-from hebrus_flywheel.streams.processors import expiry, liveness
 from hebrus_flywheel.streams.processors.batches import (
     all_delivered,
     batches,
@@ -75,12 +79,15 @@ from hebrus_flywheel.streams.processors.batches import (
     own_cpu,
 )
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, CaptureStage, Emit
+from hebrus_flywheel.streams.processors.capture_progress import CaptureProgress
+from hebrus_flywheel.streams.processors.common import thread_key
 from hebrus_flywheel.streams.processors.crash import (
     crash_only_agent,
     crash_only_timer,
     on_crash,
     record_handled,
 )
+from hebrus_flywheel.streams.processors.decision_order import DecisionOrder
 from hebrus_flywheel.streams.processors.dedup import DedupStage
 from hebrus_flywheel.streams.processors.fetch import CaptureFetch, WorkerApp
 from hebrus_flywheel.streams.processors.identities import IdentityBook
@@ -145,6 +152,10 @@ class WorkerConfig:
             system (:func:`core.processes.release_free_heap`; a few milliseconds each):
             freed buffers between live blocks otherwise stay resident, and resident
             memory creeps up with the traffic (``bench/soak.py``).
+        order_grace_s: how long a capture partition caught up with live records stays
+            caught up before its mark lets the dedup stage decide past everything it
+            read (:class:`~streams.processors.decision_order.MarkPolicy`): longer, fewer
+            live generations decided out of event-time order, decisions later.
     """
 
     bootstrap: str
@@ -160,6 +171,7 @@ class WorkerConfig:
     poison_after_crashes: int = 3
     standby_replicas: int = 1
     heap_release_interval_s: float = 5.0
+    order_grace_s: float = 0.5
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -170,6 +182,7 @@ class WorkerConfig:
             "session_timeout_s",
             "stats_interval_s",
             "heap_release_interval_s",
+            "order_grace_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"WorkerConfig.{name} must be > 0")
@@ -216,7 +229,6 @@ class StreamsWorker:
             config=config.processors, capture_topics=self.topics.capture_kinds().values(),
         )
         self.counters = Counters()
-        self._processed: dict[tuple[str, int], int] = {}  # capture offsets processed here
         self._first_capture_s: float | None = None  # when its first capture record came
         # owner data keys (a reader: never creates one) for everything written to Kafka
         self.sealer = OwnerSealer()
@@ -307,6 +319,7 @@ class StreamsWorker:
         self.dedup = DedupStage(
             split_config=p.split, dedup_config=p.dedup, store=dedup_table, counters=self.counters
         )
+        self.order = DecisionOrder(self.dedup, partitions=self.partitions)
         self.window = WindowStage(config=p.window, store=capture_table, counters=self.counters,
                                   sealed=True)
         self._declare_agents()
@@ -325,6 +338,11 @@ class StreamsWorker:
         self.ticks_topic = app.topic(t.ticks, partitions=self.partitions, **raw)
         self.quarantine_topic = app.topic(t.quarantine, **raw)
         self.window_topics = {s: app.topic(name, **raw) for s, name in t.windows.items()}
+        self.progress = CaptureProgress(
+            app=app, topics=t, clocks=self.capture.clocks, counters=self.counters,
+            lateness_ms=self.config.processors.dedup.order_lateness_ms,
+            grace_s=self.config.order_grace_s, threads_topic=self.threads_topic,
+            ticks_topic=self.ticks_topic)
         # crash-only (streams.processors.crash): an error stops the worker, never skips
         for topic, name, body in (
             (self.capture_topic, "capture", self._capture_agent),
@@ -335,7 +353,10 @@ class StreamsWorker:
             app.agent(topic, name=name, supervisor_strategy=CrashingSupervisor)(
                 crash_only_agent(name, body)
             )
-        app.timer(self.config.tick_interval_s)(crash_only_timer("send_ticks", self._send_ticks))
+        app.timer(self.config.tick_interval_s)(
+            crash_only_timer("send_ticks", self.progress.send_ticks))
+        app.timer(max(0.05, self.config.order_grace_s / 2))(
+            crash_only_timer("release_marks", self.progress.release_marks))
         app.timer(self.config.stats_interval_s)(crash_only_timer("log_stats", self._log_stats))
         app.timer(self.config.heap_release_interval_s)(
             crash_only_timer("release_heap", self._release_heap))
@@ -348,7 +369,8 @@ class StreamsWorker:
 
     async def _capture_agent(self, stream: Any) -> None:
         await handle_in_batches(stream, self._capture_one, flush=self._flush_tables,
-                                on_cpu=self._cpu_counter("capture"))
+                                on_cpu=self._cpu_counter("capture"),
+                                before=self.progress.hold_marks, after=self.progress.send_marks)
 
     def _cpu_counter(self, agent: str) -> Callable[[int], None]:
         """Adds an agent's CPU microseconds to ``cpu/<agent>_us``."""
@@ -364,7 +386,7 @@ class StreamsWorker:
     async def _capture_one(self, msg: Any) -> list[Any]:
         """Handle one capture record; its outputs' deliveries (sent, not yet awaited)."""
         if msg.topic != self.topics.ticks:  # handled here, even if skipped as poison
-            self._processed[(msg.topic, msg.partition)] = msg.offset
+            self.progress.processed[(msg.topic, msg.partition)] = msg.offset
             if self._first_capture_s is None:
                 self._log_first_capture(msg)
         if await self._skipped_poison(msg):
@@ -405,18 +427,27 @@ class StreamsWorker:
         if await self._skipped_poison(msg):
             return []
         wire = json.loads(msg.value)
+        if "mark" in wire:  # a capture partition's progress: decides what it lets pass
+            return await self._send_decisions(self.order.mark(wire["mark"], wire["at"]))
         summary = open_fields(wire, self.sealer, context=str(wire["iid"]))
         if isinstance(summary, Erased):
             self.counters.inc("sealing", "erased_summaries")  # no decision: erased
             return []
-        decision = self.dedup.process(summary)
-        try:
-            sealed = seal_fields(decision, DECISION_SEALED, self.sealer, context=decision["iid"])
-        except OwnerKeyDestroyedError:
-            self.counters.inc("sealing", "erased_decisions")
-            return []
-        return [await self.decisions_topic.send(
-            key=msg.key, value=json.dumps(sealed).encode(), partition=decision["partition"])]
+        return await self._send_decisions(self.order.arrive(summary))
+
+    async def _send_decisions(self, decisions: list[dict[str, Any]]) -> list[Any]:
+        deliveries = []
+        for decision in decisions:
+            try:
+                sealed = seal_fields(decision, DECISION_SEALED, self.sealer,
+                                     context=decision["iid"])
+            except OwnerKeyDestroyedError:
+                self.counters.inc("sealing", "erased_decisions")
+                continue
+            deliveries.append(await self.decisions_topic.send(
+                key=thread_key(decision["owner"], decision["thread"]).encode(),
+                value=json.dumps(sealed).encode(), partition=decision["partition"]))
+        return deliveries
 
     async def _window_agent(self, stream: Any) -> None:
         registry = codec.default_registry()
@@ -532,27 +563,6 @@ class StreamsWorker:
 
     # -- timers and signals -------------------------------------------------------------
 
-    async def _send_ticks(self) -> None:
-        assigned = set(self.app.consumer.assignment())
-        for tp in assigned:
-            if tp.topic != self.topics.transcripts:
-                continue
-            if self._capture_caught_up(tp.partition, assigned):
-                await self.ticks_topic.send(key=b"tick", value=b"", partition=tp.partition)
-            else:  # behind a backlog: nothing is idle yet (expiry.caught_up)
-                self.counters.inc("expiry", "ticks_deferred_behind_backlog")
-
-    def _capture_caught_up(self, partition: int, assigned: set[Any]) -> bool:
-        consumer = self.app.consumer
-        for topic in (self.topics.transcripts, self.topics.observations):
-            tp = TP(topic, partition)
-            highwater = consumer.highwater(tp) if tp in assigned else None
-            committed = liveness.committed_offset(consumer, tp)
-            if not expiry.caught_up(self._processed.get((topic, partition)), committed,
-                                    highwater):
-                return False
-        return True
-
     async def _release_heap(self) -> None:
         started = time.perf_counter()
         released = release_free_heap()
@@ -581,18 +591,17 @@ class StreamsWorker:
         self.app.flow_control.suspend()
         # before faust's seek: partitions without a commit go back to their start too
         seek_uncommitted_to_start(self.app)
-        self.dedup.reset()
+        self.order.reset()
+        self.order.pending()  # what waits in the partition now held (the drain waits for it)
         for cache in self.caches:  # empty: faust acks every batch before it revokes
             cache.discard()
-        # offsets this worker processed before the rebalance may be behind what another
-        # worker has processed of a partition since: positions start at the commit again
-        self._processed.clear()
+        self.progress.forget()  # positions start at the commit again, marks afresh
 
     def run(self) -> None:
         """Run until SIGINT/SIGTERM, or until the watchdog stops the worker (drained:
         status 0; stalled, broker lost, drain timeout: non-zero)."""
         start_monitor(self.app, self.topics, self.config.full_app_id, self.config.bootstrap,
-                      self.config.watchdog)
+                      self.config.watchdog, holding=lambda: self.order.held)
         worker = faust.Worker(
             self.app,
             loglevel=logging.getLogger().level or logging.WARNING,

@@ -38,7 +38,7 @@ has, and one with a gap is refused (``incomplete_thread``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -445,6 +445,17 @@ def route_consistency(thread: AssembledThread, gen: Ranges) -> Rejection | None:
     )
 
 
+def latest_wall_ms(end_ms: int | None, records: Iterable[Mapping[str, Any]]) -> int | None:
+    """A generation's event-time end after applying ``records``: the latest wall time of
+    any record applied to it (a chunk's ends ``span_ms`` after its first token)."""
+    for record in records:
+        wall = record.get("wall_time_ms")
+        if isinstance(wall, int) and not isinstance(wall, bool):
+            wall += int(record.get("span_ms") or 0)
+            end_ms = wall if end_ms is None else max(end_ms, wall)
+    return end_ms
+
+
 def summarize(
     iid: str, header: Mapping[str, Any], thread: AssembledThread, dedup: DedupConfig
 ) -> dict[str, Any]:
@@ -457,6 +468,7 @@ def summarize(
         "identity_id": header["identity_id"],
         "partition": header["partition"],
         "start_ms": header["start_ms"],
+        "end_ms": header.get("end_ms"),
         "tags": list(header["tags"]),
         "tool_turns": header["tool_turns"],
         "tool_call_segments": header["tool_call_segments"],

@@ -76,17 +76,25 @@ def handling(event: Any) -> Iterator[None]:
 async def handle_in_batches(stream: Any,
                             handle: Callable[[Any], Awaitable[list[Any]]],
                             flush: Callable[[], Any] | None = None,
-                            on_cpu: Callable[[int], None] | None = None) -> None:
-    """The agent body of a stream whose records each yield deliveries: ``handle(msg)``
-    for every record of a batch (as the current event), ``flush()`` (the batch's cached
-    table writes), then one wait for them all. ``on_cpu`` gets the thread CPU
-    microseconds of each batch's handling and flush."""
+                            on_cpu: Callable[[int], None] | None = None,
+                            before: Callable[[list[Any]], Awaitable[list[Any]]] | None = None,
+                            after: Callable[[list[Any]], Awaitable[list[Any]]] | None = None,
+                            ) -> None:
+    """The agent body of a stream whose records each yield deliveries: ``before(messages)``
+    and ``after(messages)`` (what the batch as a whole sends first and last, their
+    deliveries too) around ``handle(msg)`` for every record of a batch (as the current
+    event), ``flush()`` (the batch's cached table writes), then one wait for them all.
+    ``on_cpu`` gets the thread CPU microseconds of each batch's handling and flush."""
 
     async def handle_batch(events: list[Any]) -> list[Any]:
         deliveries: list[Any] = []
+        if before is not None:
+            deliveries.extend(await before([event.message for event in events]))
         for event in events:
             with handling(event):
                 deliveries.extend(await handle(event.message))
+        if after is not None:
+            deliveries.extend(await after([event.message for event in events]))
         if flush is not None:
             flush()
         return deliveries

@@ -44,6 +44,7 @@ from hebrus_flywheel.streams.processors.common import (
     instance_id,
     thread_key,
 )
+from hebrus_flywheel.streams.processors.decision_order import EventClocks
 from hebrus_flywheel.streams.processors.dedup import DedupConfig
 from hebrus_flywheel.streams.processors.split import SplitConfig, may_hold_out_runtime
 from hebrus_flywheel.streams.processors.validate import (
@@ -121,6 +122,7 @@ class CaptureStage:
         self._opener: CaptureOpener | None = None
         self.capture_consent = capture_consent
         self.sconf = split_config
+        self.clocks = EventClocks()  # marks for the dedup stage's event-time order
 
     @property
     def opener(self) -> CaptureOpener:
@@ -183,6 +185,7 @@ class CaptureStage:
         schema, record = decoded
         if kind == "identities":
             return self._identity(source, record, key, value, headers, schema)
+        self.clocks.observe(partition, kind, record)
         too_long = check_lengths(record)  # hostile strings first, before any key lookup
         if too_long is not None:
             return [self._quarantine(source, too_long, value, key, headers, record, schema)]
@@ -427,6 +430,7 @@ class CaptureStage:
         else:
             applied = int(record["token_count"]) if run else len(records)
             self.counters.inc("assemble", f"applied_{kind}", applied)
+            header["end_ms"] = asm.latest_wall_ms(header.get("end_ms"), (r for r, _ in records))
             if asm.completion(header, self.aconf, idle=False) == "complete":
                 emits.extend(self._finish(iid, header, idle=False))
                 header["completed_by"] = [kind, source.offset]

@@ -62,6 +62,7 @@ def processor_config(
     idle_timeout_s: float,
     context_length: int,
     route_context_length: int,
+    order_lateness_s: float = 60.0,
 ) -> ProcessorConfig:
     """The stage configuration from command-line values."""
     return ProcessorConfig(
@@ -73,7 +74,8 @@ def processor_config(
             stress_rate=stress_rate,
             runtime_holdout_fraction=runtime_holdout_fraction,
         ),
-        dedup=DedupConfig(threshold=near_threshold),
+        dedup=DedupConfig(threshold=near_threshold,
+                          order_lateness_ms=int(order_lateness_s * 1000)),
         window=WindowConfig(
             context_length=context_length, route_context_length=route_context_length
         ),
@@ -96,6 +98,11 @@ def worker_command(
     context_length: int = typer.Option(2048, help="Most tokens per window."),
     route_context_length: int = typer.Option(8192, help="Context of runtime_holdout windows."),
     tick_interval_s: float = typer.Option(5.0, help="Idle check interval."),
+    order_lateness_s: float = typer.Option(60.0, help="How far (wall time) a capture record "
+                                           "may trail the latest before it in its partition; "
+                                           "dedup decides in event-time order within it."),
+    order_grace_s: float = typer.Option(0.5, help="How long a partition caught up with live "
+                                        "records waits before dedup decides past it."),
     stats_interval_s: float = typer.Option(30.0, help="Counter log interval."),
     session_timeout_s: float = typer.Option(10.0, help="Kafka group session timeout."),
     drain: bool = typer.Option(False, "--drain", help="Exit 0 once every input partition "
@@ -132,6 +139,7 @@ def worker_command(
         idle_timeout_s=idle_timeout_s,
         context_length=context_length,
         route_context_length=route_context_length,
+        order_lateness_s=order_lateness_s,
     )
     from hebrus_flywheel.core.namespace import resolve_prefix
 
@@ -141,6 +149,7 @@ def worker_command(
         app_id=app_id,
         processors=processors,
         tick_interval_s=tick_interval_s,
+        order_grace_s=order_grace_s,
         stats_interval_s=stats_interval_s,
         session_timeout_s=session_timeout_s,
         watchdog=WatchdogConfig(drain=drain, drain_timeout_s=drain_timeout_s,

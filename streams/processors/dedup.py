@@ -15,8 +15,10 @@ token ids) and a MinHash signature over token shingles (datasketch ``MinHash``,
   duplicates exactly) is dropped (``near_duplicate_of_evaluation``): that evaluation
   thread's windows are already published and cannot be taken back, so the only way to
   leave no near-identical content across train and evaluation is to give up the later
-  train thread. Which one of a cross-split pair survives thus follows completion order,
-  but no pair ever survives in both splits.
+  train thread. Which one of a cross-split pair survives thus follows the order of
+  decisions, but no pair ever survives in both splits. The worker decides in event-time
+  order (:mod:`streams.processors.decision_order`), so that order does not depend on
+  how many workers run or on their timing.
 
 The decision of a thread generation is recorded with it, so a repeated summary
 (redelivery) gets the same decision back.
@@ -65,6 +67,14 @@ class DedupConfig:
             afresh (by the same rules; only the time-dependent ones can differ).
         bucket_ms: width of the dedup index's time buckets; state is kept up to one
             bucket longer than the horizon.
+        order_lateness_ms: how far, in event time (``wall_time_ms``), a capture record
+            may trail the latest record before it in its topic partition. The worker
+            decides thread generations in event-time order (:mod:`streams.processors.
+            decision_order`), and a generation can only be decided once every capture
+            partition has read this far past its end. Larger: more disorder tolerated,
+            decisions wait longer (until a partition is caught up, at most this much
+            event time). A generation that completes later than that (idle closure,
+            records later than this) is decided on arrival (``dedup/late_summaries``).
     """
 
     shingle_size: int = 5
@@ -74,9 +84,10 @@ class DedupConfig:
     drop_near_within_split: bool = True
     horizon_ms: int = 7 * 86_400_000
     bucket_ms: int = 3_600_000
+    order_lateness_ms: int = 60_000
 
     def __post_init__(self) -> None:
-        for name in ("shingle_size", "num_perm", "horizon_ms", "bucket_ms"):
+        for name in ("shingle_size", "num_perm", "horizon_ms", "bucket_ms", "order_lateness_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"DedupConfig.{name} must be a positive integer, got {value!r}")

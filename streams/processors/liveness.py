@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hebrus_flywheel.core import kafka
@@ -146,12 +146,14 @@ def _hard_exit(code: int) -> None:
 
 
 def start_monitor(app: Any, topics: StreamTopics, group_id: str, bootstrap: str,
-                  watchdog: WatchdogConfig) -> Monitor:
+                  watchdog: WatchdogConfig, holding: Callable[[], int] | None = None) -> Monitor:
+    """``holding``: how many summaries wait in the dedup table for their turn (the worker
+    is not drained while any does, though their offsets are committed)."""
     target = MonitorTarget(kind="streams", name=group_id, topics=input_topics(topics),
                            home=flywheel_home())
     monitor = Monitor(target, watchdog, kafka.client_config(bootstrap),
                       on_verdict=lambda verdict: act(verdict, app=app),
                       agents=lambda: agent_states(app),
-                      read=lambda: read_offsets(app, target.topics))
+                      read=lambda: read_offsets(app, target.topics), holding=holding)
     monitor.start()
     return monitor

@@ -10,12 +10,20 @@ Two things let it repeat what a worker group did, for rebuilds:
 * :meth:`LocalPipeline.reconfigure` swaps every stage's configuration while keeping the
   state, as a worker restarted with other flags does (its tables are restored);
 * ``release_order`` (thread generation ids, ``iid``) makes completed threads reach the
-  split and dedup stage in that order, the order the worker's single dedup agent read
-  them from its threads topic. Near-duplicate decisions are first-come, and in a worker
-  that order follows thread completion across partitions, i.e. timing; given the
-  recorded order the chain takes the same decisions. A generation that completes before
-  its turn waits; :meth:`LocalPipeline.flush` releases what is left (recorded order
-  first, then completion order).
+  split and dedup stage in that order, the order the worker's single dedup agent decided
+  them (:func:`streams.processors.decision_order.decision_sequence` replays it from the
+  threads topic). Near-duplicate decisions are first-come; given the recorded order the
+  chain takes the same decisions, those the worker took on arrival included. A
+  generation that completes before its turn waits; :meth:`LocalPipeline.flush` releases
+  what is left (recorded order first, then completion order).
+
+``event_order`` (the capture partitions' count) decides generations in event-time order
+instead, as the worker does (:mod:`streams.processors.decision_order`): after each
+record the capture partition's mark goes to the dedup stage, and :meth:`LocalPipeline.
+flush` marks every partition caught up, so it decides what still waits. Then the chain
+takes the decisions a worker group takes on the same backlog of records, whatever their
+interleaving across partitions (the worker's marks differ only while it is caught up
+with live traffic).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from hebrus_flywheel.core.privacy import OwnerKeyStore
 from hebrus_flywheel.streams.processors.assemble import AssembleConfig
 from hebrus_flywheel.streams.processors.capture import QUARANTINE, SUMMARY, CaptureStage, Emit
 from hebrus_flywheel.streams.processors.common import sha256_hex
+from hebrus_flywheel.streams.processors.decision_order import DecisionOrder
 from hebrus_flywheel.streams.processors.dedup import DedupConfig, DedupStage
 from hebrus_flywheel.streams.processors.split import SplitConfig
 from hebrus_flywheel.streams.processors.validate import ValidateConfig
@@ -124,7 +133,11 @@ class LocalPipeline:
         self, config: ProcessorConfig | None = None, *, prefix: str = "",
         release_order: Sequence[str] | None = None, keys: OwnerKeyStore | None = None,
         capture_consent: Callable[[str, int], bool] | None = None,
+        event_order: int | None = None,
     ) -> None:
+        if event_order is not None and release_order:
+            raise ConfigError("LocalPipeline takes release_order or event_order, not both")
+        self.event_order = event_order
         self.keys = keys  # opens sealed capture; None: LocalOwnerKeyStore() on first use
         self.topics = capture_topics(prefix)
         self.capture_consent = capture_consent
@@ -167,6 +180,8 @@ class LocalPipeline:
             config=self.config.window, store=self.capture_store, counters=self.counters
         )
         self._stages = _Stages(self.dedup, self.window)
+        self.order = None if self.event_order is None else DecisionOrder(
+            self.dedup, partitions=self.event_order)
 
     def feed(
         self,
@@ -189,6 +204,10 @@ class LocalPipeline:
             now_ms=now_ms,
         )
         self._route(emits)
+        if self.order is not None and kind != "identities":
+            bound = self.capture.clocks.bound(partition, self.config.dedup.order_lateness_ms)
+            if bound is not None:
+                self._decided(self.order.mark(partition, bound), self._stages)
 
     def feed_all(
         self, messages: Iterable[tuple[str, int, int, bytes | None, bytes | None]]
@@ -207,6 +226,9 @@ class LocalPipeline:
                 self._arrive(emit.value)
 
     def _arrive(self, summary: dict[str, Any]) -> None:
+        if self.order is not None:
+            self._decided(self.order.arrive(summary), self._stages)
+            return
         if not self._order:
             self._decide(summary, self._stages)
             return
@@ -218,6 +240,10 @@ class LocalPipeline:
 
     def flush(self) -> None:
         """Decide every completed generation still waiting for its turn (see the module doc)."""
+        if self.order is not None:
+            for partition in range(self.order.partitions):
+                self._decided(self.order.mark(partition, None), self._stages)
+            return
         rank = len(self._order)
         waiting = sorted(self._waiting.items(), key=lambda kv: self._order.get(kv[0], rank))
         self._waiting.clear()
@@ -232,10 +258,13 @@ class LocalPipeline:
             # restarted with other flags does.
             stages.dedup.reset()
             self._last_dedup = stages.dedup
-        decision = stages.dedup.process(summary)
-        self.decisions.append(decision)
-        self.windows.extend(stages.window.windows_for(decision))
-        stages.window.finish(decision)
+        self._decided([stages.dedup.process(summary)], stages)
+
+    def _decided(self, decisions: list[dict[str, Any]], stages: _Stages) -> None:
+        for decision in decisions:
+            self.decisions.append(decision)
+            self.windows.extend(stages.window.windows_for(decision))
+            stages.window.finish(decision)
 
     def windows_by_split(self) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {}

@@ -3,9 +3,10 @@
 The processor tables hold plaintext values in memory (token ids of a thread being
 assembled, routes, a thread's digest and MinHash signature). What a table writes to its
 changelog topic is sealed when the value belongs to an owner, and the owner comes from
-the table key (:func:`owner_of_key`): ``h|t|o|d<SEP><owner><SEP>…`` (headers, turns,
-observations, dedup decisions) and ``s<SEP><owner>/<thread>`` (sticky splits). Other
-keys (producer counters, the decision sequence) hold no owner's data and stay plain.
+the table key (:func:`owner_of_key`): ``h|t|o|d|p<SEP><owner><SEP>…`` (headers, turns,
+observations, dedup decisions, summaries waiting for their turn) and
+``s<SEP><owner>/<thread>`` (sticky splits). Other keys (producer counters, the decision
+sequence, capture partitions' marks) hold no owner's data and stay plain.
 
 A sealed value is :class:`~streams.processors.state_codec.SealedState`: the state-codec
 bytes of the value, AES-256-GCM under the owner's live data key (random nonce), bound to
@@ -43,7 +44,7 @@ from hebrus_flywheel.streams.processors.state_codec import (
 
 log = logging.getLogger(__name__)
 FIELD = "state"
-_OWNER_KINDS = frozenset("htod")
+_OWNER_KINDS = frozenset("htodp")
 
 
 def owner_of_key(key: str) -> str | None:

@@ -55,6 +55,15 @@ def test_drained_reports_processed_records() -> None:
     assert dog.processed == 12 and "processed 12 records, final lag 0" in verdict.message
 
 
+def test_records_held_in_state_keep_a_worker_from_draining() -> None:
+    """The streams worker commits the summaries it holds for their turn in decision order:
+    lag 0 with summaries held is not drained, nor a stall."""
+    dog, ends = _dog(drain=True, stall_timeout_s=5), {A: (0, 10)}
+    assert dog.observe(1, ends, {A: 10}, holding=3).state == RUNNING
+    assert dog.observe(20, ends, {A: 10}, holding=3).state == RUNNING  # no stall either
+    assert dog.observe(21, ends, {A: 10}, holding=0).state == DRAINED
+
+
 def test_without_drain_lag_zero_runs_on() -> None:
     dog = _dog()
     for t in range(5):
