@@ -572,7 +572,8 @@ class StreamsWorker:
 
     async def _log_stats(self) -> None:
         log.info("streams counters %s", json.dumps(self.counters.as_dict()))
-        log.info("streams memory %s", json.dumps(memory_gauges()))
+        log.info("streams memory %s", json.dumps({**memory_gauges(),
+                                                  "dedup_held": self.order.held}))
 
     async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
         # Hold the flow until faust has sought the stream partitions back to their
