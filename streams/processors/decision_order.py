@@ -110,6 +110,11 @@ HOLD_MS = -1
 bound yet whose records resumed)."""
 
 
+BOUND_INTERVAL_S = 0.2
+"""The least processing time between two bounds of one partition: a partition read in
+every batch would otherwise send one (and the dedup stage apply one) per batch."""
+
+
 class MarkPolicy:
     """Which mark each capture partition sends after a batch (the worker's side).
 
@@ -127,13 +132,20 @@ class MarkPolicy:
     summaries are sent) makes every such mark hold again at its bound, so a partition
     whose first records come a little later is not overtaken; each passes everything
     again once caught up for ``grace_s``. A partition's first batch on this worker sends
-    its bound first too: the mark the dedup stage holds may be a previous owner's."""
+    its bound first too: the mark the dedup stage holds may be a previous owner's.
 
-    def __init__(self, *, grace_s: float) -> None:
+    A bound that moves is sent at most every ``interval_s`` per partition (a bound is a
+    promise that stays true as the clocks advance, so a later one only decides sooner)."""
+
+    def __init__(self, *, grace_s: float, interval_s: float = BOUND_INTERVAL_S) -> None:
         if not grace_s >= 0:
             raise ConfigError(f"MarkPolicy grace_s must be >= 0, got {grace_s!r}")
+        if not interval_s >= 0:
+            raise ConfigError(f"MarkPolicy interval_s must be >= 0, got {interval_s!r}")
         self.grace_s = grace_s
+        self.interval_s = interval_s
         self._sent: dict[int, int | None] = {}
+        self._sent_at: dict[int, float] = {}  # when a partition's bound last went out
         self._caught_up_since: dict[int, float] = {}
         self._live: set[int] = set()
 
@@ -155,9 +167,15 @@ class MarkPolicy:
             return False, self._sent.get(partition, HOLD_MS)
         else:
             at = bound
-        if partition in self._sent and self._sent[partition] == at:
+        previous = self._sent.get(partition, HOLD_MS)
+        if partition in self._sent and previous == at:
             return False, at
+        if at is not None and previous is not None and previous != HOLD_MS \
+                and now_s - self._sent_at.get(partition, -math.inf) < self.interval_s:
+            # a newer bound only lets decisions go sooner; the one sent still holds true
+            return False, previous
         self._sent[partition] = at
+        self._sent_at[partition] = now_s
         return True, at
 
     def resume(self, read: set[int],
@@ -186,6 +204,7 @@ class MarkPolicy:
     def forget(self) -> None:
         """After a rebalance: every partition's mark is sent afresh."""
         self._sent.clear()
+        self._sent_at.clear()
         self._caught_up_since.clear()
         self._live.clear()
 
@@ -204,12 +223,14 @@ class DecisionOrder:
         self.store = stage.store
         self.partitions = partitions
         self._pending: list[OrderKey] | None = None  # a heap, rebuilt from the store
+        self._marks: dict[int, int | None] | None = None  # the store's marks, read once
         self.held = 0
         """How many summaries wait, as of the last change (read by the watchdog thread)."""
 
     def reset(self) -> None:
         """Forget what is held in memory (after a rebalance); rebuilt from the store."""
         self._pending = None
+        self._marks = None
         self.stage.reset()
 
     def arrive(self, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -238,23 +259,19 @@ class DecisionOrder:
             raise ConfigError(f"a mark for capture partition {partition!r}, but the capture "
                               f"topics have {self.partitions}: run every worker against the "
                               "same topics")
-        mkey = MARK_PREFIX + str(partition)
-        if (self.store.get(mkey) or {"at": math.nan}).get("at") != at_ms:
-            self.store[mkey] = {"at": at_ms}
+        marks = self._mark_view()
+        if partition not in marks or marks[partition] != at_ms:
+            marks[partition] = at_ms
+            self.store[MARK_PREFIX + str(partition)] = {"at": at_ms}
         return self.release()
 
     def watermark(self) -> float:
         """The end below which every summary may be decided: the lowest mark (-inf while
         a partition has none, +inf once every partition is caught up)."""
-        lowest = math.inf
-        for partition in range(self.partitions):
-            value = self.store.get(MARK_PREFIX + str(partition))
-            if value is None:
-                return -math.inf
-            at = value.get("at")
-            if at is not None:
-                lowest = min(lowest, at)
-        return lowest
+        marks = self._mark_view()
+        if len(marks) < self.partitions:
+            return -math.inf
+        return min((at for at in marks.values() if at is not None), default=math.inf)
 
     def release(self) -> list[dict[str, Any]]:
         """Decide, in order, every waiting summary that ends below the watermark."""
@@ -283,6 +300,15 @@ class DecisionOrder:
         else:
             self.store[LAST_KEY] = [key[0], key[1]]
         return self.stage.process(summary)
+
+    def _mark_view(self) -> dict[int, int | None]:
+        if self._marks is None:
+            self._marks = {}
+            for partition in range(self.partitions):
+                value = self.store.get(MARK_PREFIX + str(partition))
+                if value is not None:
+                    self._marks[partition] = value.get("at")
+        return self._marks
 
     def _heap(self) -> list[OrderKey]:
         if self._pending is None:

@@ -11,6 +11,7 @@ import pytest
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.streams.processors.decision_order import (
     HOLD_MS,
+    MARK_PREFIX,
     PENDING_PREFIX,
     DecisionOrder,
     EventClocks,
@@ -277,7 +278,7 @@ def test_decision_sequence_replays_the_order_of_a_topic() -> None:
 
 
 def test_mark_policy_passes_a_backlog_at_once_and_live_records_after_a_grace() -> None:
-    policy = MarkPolicy(grace_s=0.5)
+    policy = MarkPolicy(grace_s=0.5, interval_s=0)
     assert policy.next_mark(0, caught_up=False, bound=None, now_s=0.0) == (False, HOLD_MS)
     assert policy.next_mark(0, caught_up=False, bound=100, now_s=0.1) == (True, 100)
     assert policy.next_mark(0, caught_up=False, bound=100, now_s=0.2) == (False, 100)
@@ -300,7 +301,7 @@ def test_mark_policy_passes_a_backlog_at_once_and_live_records_after_a_grace() -
 
 
 def test_mark_policy_holds_every_idle_partition_again_when_records_resume() -> None:
-    policy = MarkPolicy(grace_s=0.5)
+    policy = MarkPolicy(grace_s=0.5, interval_s=0)
     for partition in range(3):  # three empty partitions, caught up: everything passes
         assert policy.next_mark(partition, caught_up=True, bound=None, now_s=0.0) == (True, None)
     # the first batch of partition 5 here: its own bound first (the dedup stage may hold
@@ -314,3 +315,36 @@ def test_mark_policy_holds_every_idle_partition_again_when_records_resume() -> N
     assert policy.next_mark(0, caught_up=True, bound=None, now_s=10.0) == (False, HOLD_MS)
     assert policy.due(10.5) == [0]
     assert policy.next_mark(0, caught_up=True, bound=None, now_s=10.5) == (True, None)
+
+
+def test_a_moving_bound_goes_out_at_most_once_per_interval() -> None:
+    policy = MarkPolicy(grace_s=0.5, interval_s=0.2)
+    assert policy.next_mark(0, caught_up=False, bound=100, now_s=0.0) == (True, 100)
+    # a newer bound within the interval: the one sent still holds, nothing goes out
+    assert policy.next_mark(0, caught_up=False, bound=110, now_s=0.1) == (False, 100)
+    assert policy.next_mark(0, caught_up=False, bound=120, now_s=0.2) == (True, 120)
+    # passing everything once caught up is never held back by the interval
+    assert policy.next_mark(0, caught_up=True, bound=130, now_s=0.25) == (True, None)
+    # nor is the first bound after a hold
+    assert policy.next_mark(1, caught_up=False, bound=None, now_s=0.0) == (False, HOLD_MS)
+    assert policy.resume({1}, lambda p: None) == [(1, HOLD_MS)]
+    assert policy.next_mark(1, caught_up=False, bound=50, now_s=0.01) == (True, 50)
+    with pytest.raises(ConfigError, match="interval_s"):
+        MarkPolicy(grace_s=0.5, interval_s=-1)
+
+
+def test_marks_are_read_from_the_store_once_and_kept_in_step_with_it() -> None:
+    store: dict[str, Any] = {}
+    order = new_order(store, partitions=2)
+    order.mark(0, 100)
+    assert order.watermark() == -float("inf")  # partition 1 has sent no mark yet
+    order.mark(1, 200)
+    assert store[MARK_PREFIX + "0"] == {"at": 100}
+    assert order.watermark() == 100
+    order.mark(0, None)
+    assert order.watermark() == 200 and store[MARK_PREFIX + "0"] == {"at": None}
+    # a restarted worker (a new order over the same store) reads the marks back
+    assert new_order(store, partitions=2).watermark() == 200
+    order.reset()
+    store[MARK_PREFIX + "1"] = {"at": None}  # what a restore from the changelog leaves
+    assert order.watermark() == float("inf")
