@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -25,6 +24,7 @@ from hebrus_flywheel.streams.topics import (
     create_topics,
     describe_topics,
 )
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -61,12 +61,6 @@ def _consume(bootstrap: kafka.KafkaTarget, topic: str, count: int,
 
 def _pairs(messages: list[Message]) -> list[tuple[str, str]]:
     return sorted(((m.key() or b"").decode(), (m.value() or b"").decode()) for m in messages)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @external_cluster
@@ -140,7 +134,7 @@ def test_cli_unreachable_cluster_exits_2(tmp_path: Path, monkeypatch: pytest.Mon
     # One try: the retry policy's backoff (8 tries, ~30 s) is test_kafka_retry.py's subject.
     (tmp_path / "kafka.properties").write_text("flywheel.retry.attempts=1\n")
     monkeypatch.setenv(KAFKA_CONFIG_ENV, str(tmp_path / "kafka.properties"))
-    port = _free_port()
+    port = free_port()
     result = CliRunner().invoke(topics_app, ["list", "-b", f"127.0.0.1:{port}", "--timeout", "2"])
     assert result.exit_code == 2
     assert "flywheel broker up" in result.output
@@ -164,8 +158,8 @@ def test_restart_keeps_topic_data(tmp_path: Path) -> None:
     shared_libs = BrokerConfig().jars_dir
     config = BrokerConfig(
         home=tmp_path,
-        port=_free_port(),
-        controller_port=_free_port(),
+        port=free_port(),
+        controller_port=free_port(),
         heap_mb=256,
         libs_dir=shared_libs if (shared_libs / ".pom.sha256").is_file() else None,
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,14 +23,9 @@ from hebrus_flywheel.streams.broker import LOG4J2_PATH, BrokerConfig, find_java
 from hebrus_flywheel.streams.cli import broker_app
 from hebrus_flywheel.streams.security import admin_config
 from hebrus_flywheel.streams.topics import TopicSpec, create_topics
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.integration]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _kafka_bin(tmp: Path, jars: Path, logs: Path) -> Path:
@@ -53,10 +47,10 @@ def rendered(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
     """(home, bootstrap, external bootstrap) of a broker started from rendered files."""
     del kafka_bootstrap  # the session broker's jars (resolved and pinned) are reused
     tmp = tmp_path_factory.mktemp("render")
-    home, port, external = tmp / "home", _free_port(), f"127.0.0.1:{_free_port()}"
+    home, port, external = tmp / "home", free_port(), f"127.0.0.1:{free_port()}"
     result = CliRunner().invoke(broker_app, [
         "render-config", "--home", str(home), "--host", "127.0.0.1", "--port", str(port),
-        "--controller-port", str(_free_port()), "--bind-host", "127.0.0.1",
+        "--controller-port", str(free_port()), "--bind-host", "127.0.0.1",
         "--external", external, "--clients-mount", str(tmp / "mnt")])
     assert result.exit_code == 0, result.output
     env = {**os.environ, "KAFKA_BIN": str(_kafka_bin(tmp, BrokerConfig().jars_dir,

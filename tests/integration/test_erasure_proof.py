@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -41,6 +40,7 @@ from hebrus_flywheel.replay.teacher import init_teacher
 from hebrus_flywheel.replay.tokenizer import load_tokenizer
 from hebrus_flywheel.streams.broker import BrokerConfig, EmbeddedBroker
 from tests.support.planted import make_writable
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -65,19 +65,13 @@ def unique_canary(teacher: Path) -> tuple[str, list[int]]:
     raise AssertionError(f"owner {owner} has no token run of its own")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture()
 def own_home(tmp_path: Path, kafka_bootstrap: str) -> Iterator[tuple[Path, str, dict[str, str]]]:
     """(home, bootstrap, env): a FLYWHEEL_HOME with its own broker (the session broker's
     jars, nothing else shared) and the environment a command run in it gets."""
     home = tmp_path / "home"
-    port = _free_port()
-    broker = EmbeddedBroker(BrokerConfig(home=home, port=port, controller_port=_free_port(),
+    port = free_port()
+    broker = EmbeddedBroker(BrokerConfig(home=home, port=port, controller_port=free_port(),
                                          heap_mb=512, libs_dir=BrokerConfig().jars_dir))
     broker.up()
     shared = (BOOTSTRAP_ENV, KAFKA_CONFIG_ENV, ROLE_ENV, KEK_FILE_ENV, "FLYWHEEL_OWNER_KEYS")

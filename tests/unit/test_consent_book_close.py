@@ -7,7 +7,6 @@ read fails with a retriable transport error and goes into back-off.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 
 import pytest
@@ -15,17 +14,12 @@ import pytest
 from hebrus_flywheel.core.kafka import KafkaClientConfig, RetryPolicy
 from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.exceptions import ConsentError
-
-
-def _dead_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support.ports import free_port
 
 
 def _book(**kwargs: float) -> ConsentBook:
     retry = RetryPolicy(attempts=8, backoff_s=2.0, max_backoff_s=5.0)
-    config = KafkaClientConfig(bootstrap_servers=f"127.0.0.1:{_dead_port()}", retry=retry)
+    config = KafkaClientConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", retry=retry)
     return ConsentBook(bootstrap=config, timeout_s=1.0, **kwargs)
 
 

@@ -1,0 +1,12 @@
+"""A loopback port nothing listens on (yet): for a server a test starts, or a client a
+test points at nothing."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
