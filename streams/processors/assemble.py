@@ -60,6 +60,7 @@ from hebrus_flywheel.streams.processors.common import (
     turn_key,
 )
 from hebrus_flywheel.streams.processors.dedup import DedupConfig, content_digest, signature
+from hebrus_flywheel.streams.processors.thread_routes import ThreadRoutes
 from hebrus_flywheel.streams.processors.validate import PackedRoutes, Rejection, reject
 
 TURN_VALUES = "turn_values"
@@ -334,18 +335,6 @@ def _ungenerated(header: Mapping[str, Any], start: int, end: int) -> bool:
     return False
 
 
-def _run_routes(value: Mapping[str, Any], first: int) -> dict[int, dict[str, Any]]:
-    """A stored run's per-token routes, as :func:`apply_observation` stores one token's."""
-    tokens = value["token_ids"]
-    n = len(tokens)
-    ids, weights = value["ids"], value["weights"]
-    step_i, step_w = len(ids) // n, len(weights) // n
-    return {first + i: {"token_id": tokens[i], "turn_index": value["turn_index"],
-                        "ids": ids[i * step_i:(i + 1) * step_i],
-                        "weights": weights[i * step_w:(i + 1) * step_w],
-                        "stages": value["stages"]} for i in range(n)}
-
-
 def _single_ordinals(header: Mapping[str, Any]) -> list[int]:
     """Observed ordinals stored one per key (not in a run)."""
     runs = header.get("runs", [])
@@ -382,7 +371,7 @@ class AssembledThread:
     tokens: np.ndarray
     turns: tuple[dict[str, Any], ...]
     generated: np.ndarray
-    routes: Mapping[int, Mapping[str, Any]]
+    routes: ThreadRoutes
     tags: tuple[str, ...]
 
 
@@ -398,13 +387,12 @@ def load_thread(store: Mapping[str, Any], iid: str, header: Mapping[str, Any]) -
     generated = np.fromiter(
         iter_ranges(header["gen"]), dtype=np.int64, count=ranges_count(header["gen"])
     )
-    routes = {o: store[obs_key(iid, o)] for o in _single_ordinals(header)}
+    parts = [(o, store[obs_key(iid, o)]) for o in _single_ordinals(header)]
     held_runs = header.get(RUN_VALUES) or {}
     for first, _ in header.get("runs", []):
-        run = held_runs[first] if first in held_runs else store[run_key(iid, first)]
-        routes.update(_run_routes(run, first))
-    if header.get("runs"):
-        routes = dict(sorted(routes.items()))
+        parts.append((first, held_runs[first] if first in held_runs
+                      else store[run_key(iid, first)]))
+    routes = ThreadRoutes(parts)
     return AssembledThread(
         owner=header["owner"],
         thread=header["thread"],
@@ -421,12 +409,7 @@ def load_thread(store: Mapping[str, Any], iid: str, header: Mapping[str, Any]) -
 def route_consistency(thread: AssembledThread, gen: Ranges) -> Rejection | None:
     """Every captured route must belong to a generated token and name the same token id."""
     n = len(thread.tokens)
-    ordinals = np.fromiter(thread.routes, dtype=np.int64, count=len(thread.routes))
-    token_ids = np.fromiter(
-        (route["token_id"] for route in thread.routes.values()),
-        dtype=np.int64,
-        count=len(thread.routes),
-    )
+    ordinals, token_ids = thread.routes.ordinals, thread.routes.token_ids()
     generated = (ordinals < n) & np.isin(ordinals, thread.generated)
     ok = generated & (thread.tokens[np.where(generated, ordinals, 0)] == token_ids)
     if ok.all():

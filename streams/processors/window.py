@@ -130,13 +130,14 @@ def _turn_lineage(turns: tuple[dict[str, Any], ...], start: int, end: int) -> li
 def _routes_block(thread: asm.AssembledThread, ordinals: np.ndarray) -> dict[str, Any]:
     first = thread.routes[int(ordinals[0])]
     k = len(first["ids"]) // 2 // len(first["stages"])
+    packed = [thread.routes.packed(o) for o in ordinals.tolist()]
     return {
         "layer_count": len(first["stages"]),
         "top_k": k,
         "layers": list(range(len(first["stages"]))),
         "stages": list(first["stages"]),
-        "expert_ids": b"".join(thread.routes[int(o)]["ids"] for o in ordinals),
-        "weights": b"".join(thread.routes[int(o)]["weights"] for o in ordinals),
+        "expert_ids": b"".join(ids for ids, _ in packed),
+        "weights": b"".join(weights for _, weights in packed),
     }
 
 
@@ -180,7 +181,7 @@ def _anchors_and_cap(
     """Eligible anchor ordinals, and the most anchors one window may hold."""
     if not with_routes:
         return thread.generated, config.max_anchors_per_window
-    anchors = np.asarray([a for a in thread.generated if int(a) in thread.routes], dtype=np.int64)
+    anchors = thread.generated[thread.routes.routed(thread.generated)]
     if len(anchors) == 0:
         return anchors, config.max_anchors_per_window
     first = thread.routes[int(anchors[0])]
