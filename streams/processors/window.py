@@ -200,8 +200,9 @@ def cut_windows(
     digest: bool = True,
 ) -> list[dict[str, Any]]:
     """Window.v1 records of one kept generation (empty when it has no eligible anchor);
-    ``digest=False`` leaves their ``content_digest`` empty, for a caller that seals them
-    (a sealed window digests its own fields, :mod:`streams.processors.window_seal`)."""
+    ``digest=False`` leaves their ``window_id`` and ``content_digest`` empty, for a caller
+    that seals them (a sealed window has its own id and digests its own fields,
+    :mod:`streams.processors.window_seal`)."""
     with_routes = split == "runtime_holdout"
     anchors, cap = _anchors_and_cap(thread, with_routes, config)
     if len(anchors) == 0:
@@ -241,9 +242,10 @@ def _window(
     end = int(group[-1]) + 1
     start = max(0, end - context)
     tokens = thread.tokens[start:end]
-    tokens_digest = sha256_hex(tokens.astype("<i4").tobytes())
     window: dict[str, Any] = {
-        "window_id": window_id(thread, start, group, tokens_digest),
+        # a sealed window gets its own id (window_seal): this one would be thrown away
+        "window_id": window_id(thread, start, group, sha256_hex(
+            tokens.astype("<i4").tobytes())) if digest else "",
         "content_digest": "",
         **base,
         "window_index": index,

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.core.privacy import LocalOwnerKeyStore
 from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams.processors.pipeline import LocalPipeline, ProcessorConfig
 from hebrus_flywheel.streams.processors.split import SplitConfig
 from hebrus_flywheel.streams.processors.window import WindowConfig, group_anchors, route_anchor_cap
+from hebrus_flywheel.streams.processors.window_seal import seal_window
 from hebrus_flywheel.streams.routes import pack_routes, route_arrays, to_v1
 from tests.support.streams_synthetic import Scenario, ThreadSpec, make_identity
 
@@ -206,15 +209,21 @@ def test_window_ids_and_digests_are_deterministic() -> None:
 
 
 @pytest.mark.parametrize("split", ["train", "runtime_holdout"])
-def test_a_stage_whose_windows_are_sealed_skips_only_the_plaintext_digest(split: str) -> None:
+def test_a_stage_whose_windows_are_sealed_skips_only_the_plaintext_id_and_digest(
+        split: str, tmp_path: Path) -> None:
     digested, _ = run(split)
     undigested, _ = run(split, sealed=True)
-    assert digested.pipeline.windows and all(w["content_digest"]
+    assert digested.pipeline.windows and all(w["content_digest"] and w["window_id"]
                                              for w in digested.pipeline.windows)
-    assert [w["content_digest"] for w in undigested.pipeline.windows] == \
-        [""] * len(digested.pipeline.windows)
-    assert [{**w, "content_digest": ""} for w in digested.pipeline.windows] == \
-        undigested.pipeline.windows
+    assert [(w["window_id"], w["content_digest"]) for w in undigested.pipeline.windows] == \
+        [("", "")] * len(digested.pipeline.windows)
+    assert [{**w, "window_id": "", "content_digest": ""} for w in digested.pipeline.windows] \
+        == undigested.pipeline.windows
+    # sealing gives both the same record: it derives its own id and digest
+    keys = LocalOwnerKeyStore(tmp_path / "owners", create=True, max_age_s=0)
+    key = keys.data_key(digested.pipeline.windows[0]["owner"], create=True)
+    assert [seal_window(w, key) for w in digested.pipeline.windows] == \
+        [seal_window(w, key) for w in undigested.pipeline.windows]
 
 
 def test_window_config_validation() -> None:
