@@ -5,8 +5,8 @@ their expert ids and weights packed end to end) and a single observation as one 
 per token (:mod:`streams.processors.assemble`). Reading a generation back used to
 expand every run into one dict per token, for every thread twice (when it completes,
 and when its windows are cut), though most windows carry no routes at all; in a
-one-worker drain of 1,000 threads that expansion was about 5 % of the worker's event
-loop (py-spy, ``bench/streams.py``, 2026-12-07).
+one-worker drain of 1,000 threads that expansion took about 5 % of the agents' samples
+on the event loop, 3 % of all its samples (py-spy, ``bench/streams.py``, 2026-12-07).
 
 :class:`ThreadRoutes` reads the stored values in place: the ordinals and token ids as
 arrays for the checks that look at every token, one token's packed bytes for the
