@@ -63,12 +63,7 @@ class ThreadRoutes(Mapping[int, Mapping[str, Any]]):
 
     def routed(self, ordinals: np.ndarray) -> np.ndarray:
         """Which of ``ordinals`` have a route (bool mask)."""
-        known = self.ordinals
-        at = np.searchsorted(known, ordinals)
-        inside = at < len(known)
-        found = np.zeros(len(ordinals), dtype=bool)
-        found[inside] = known[at[inside]] == ordinals[inside]
-        return found
+        return np.isin(ordinals, self.ordinals)
 
     def packed(self, ordinal: int) -> tuple[bytes, bytes]:
         """One token's packed expert ids and weights."""

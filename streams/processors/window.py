@@ -242,10 +242,11 @@ def _window(
     end = int(group[-1]) + 1
     start = max(0, end - context)
     tokens = thread.tokens[start:end]
+    plain_id = ""  # a sealed window gets its own id (window_seal): this one would be thrown away
+    if digest:
+        plain_id = window_id(thread, start, group, sha256_hex(tokens.astype("<i4").tobytes()))
     window: dict[str, Any] = {
-        # a sealed window gets its own id (window_seal): this one would be thrown away
-        "window_id": window_id(thread, start, group, sha256_hex(
-            tokens.astype("<i4").tobytes())) if digest else "",
+        "window_id": plain_id,
         "content_digest": "",
         **base,
         "window_index": index,
