@@ -242,30 +242,43 @@ class DedupIndex:
         self, *, split: str, digest: str, thread: str, hashvalues: Sequence[int]
     ) -> DedupVerdict:
         """Keep or drop a new thread generation (see the module docstring for the rules)."""
-        exact = self._digests.get(digest)
-        m = _restore(hashvalues, self.config)
-        near = self._near(m, thread)
-        if exact is not None and exact not in near:
-            near.insert(0, exact)
-        train = [o for o in near if self._splits[o] == "train"]
-        evals = tuple(o for o in near if self._splits[o] != "train")
-        if split == "train":
-            if exact is not None and self._splits[exact] == "train":
-                return DedupVerdict(keep=False, reason="exact_duplicate", match=exact)
-            if evals:
-                return DedupVerdict(keep=False, reason="near_duplicate_of_evaluation",
-                                    match=evals[0])
-            if train and self.config.drop_near_within_split:
-                return DedupVerdict(keep=False, reason="near_duplicate", match=train[0])
-            return DedupVerdict(keep=True, reason="unique")
-        if exact is not None:
+        near = self._near(_restore(hashvalues, self.config), thread)
+        return verdict_of(split=split, exact=self._digests.get(digest), near=near,
+                          splits=self._splits,
+                          drop_near_within_split=self.config.drop_near_within_split)
+
+
+def verdict_of(
+    *, split: str, exact: str | None, near: Sequence[str], splits: Mapping[str, str],
+    drop_near_within_split: bool,
+) -> DedupVerdict:
+    """The module's rules, given what a new generation matches among the *kept* threads:
+    ``exact``, the kept thread with its content digest (if any); ``near``, the kept
+    threads of other owner/threads at or above the threshold, sorted; ``splits``, each
+    kept thread's split. Shared by the one-partition index and the band-partitioned
+    stage (:mod:`streams.processors.dedup_bands`), so both apply the same rules."""
+    near = list(near)
+    if exact is not None and exact not in near:
+        near.insert(0, exact)
+    train = [o for o in near if splits[o] == "train"]
+    evals = tuple(o for o in near if splits[o] != "train")
+    if split == "train":
+        if exact is not None and splits[exact] == "train":
             return DedupVerdict(keep=False, reason="exact_duplicate", match=exact)
-        if train:
-            return DedupVerdict(keep=False, reason="near_duplicate_of_train", match=train[0])
-        same = [o for o in evals if self._splits[o] == split]
-        if same and self.config.drop_near_within_split:
-            return DedupVerdict(keep=False, reason="near_duplicate", match=same[0])
+        if evals:
+            return DedupVerdict(keep=False, reason="near_duplicate_of_evaluation",
+                                match=evals[0])
+        if train and drop_near_within_split:
+            return DedupVerdict(keep=False, reason="near_duplicate", match=train[0])
         return DedupVerdict(keep=True, reason="unique")
+    if exact is not None:
+        return DedupVerdict(keep=False, reason="exact_duplicate", match=exact)
+    if train:
+        return DedupVerdict(keep=False, reason="near_duplicate_of_train", match=train[0])
+    same = [o for o in evals if splits[o] == split]
+    if same and drop_near_within_split:
+        return DedupVerdict(keep=False, reason="near_duplicate", match=same[0])
+    return DedupVerdict(keep=True, reason="unique")
 
 
 DECISION_PREFIX = f"d{SEP}"
@@ -337,12 +350,12 @@ class DedupStage:
             self.counters.inc("dedup", "repeated_summaries")
             return dict(recorded["decision"])
         self._advance(summary)
-        split, rule = self._split(summary)
+        split, rule = self.split_for(summary)
         tkey = thread_key(summary["owner"], summary["thread"])
         verdict = self.index(summary.get("identity_id")).decide(
             split=split, digest=summary["digest"], thread=tkey, hashvalues=summary["minhash"]
         )
-        decision = _decision(summary, split, rule, verdict, self.dedup_config.threshold)
+        decision = decision_record(summary, split, rule, verdict, self.dedup_config.threshold)
         self._record(summary, decision, verdict)
         return decision
 
@@ -383,7 +396,9 @@ class DedupStage:
 
     # -- split and record -----------------------------------------------------------
 
-    def _split(self, summary: Mapping[str, Any]) -> tuple[str, str]:
+    def split_for(self, summary: Mapping[str, Any]) -> tuple[str, str]:
+        """``(split, rule)`` of a generation: its thread's sticky split, or the split rules'
+        choice for a thread's first generation (recorded as the thread's sticky split)."""
         skey = SPLIT_PREFIX + thread_key(summary["owner"], summary["thread"])
         sticky = self.store.get(skey)
         start = _start_ms(summary)
@@ -430,7 +445,7 @@ def _start_ms(summary: Mapping[str, Any]) -> int:
     return int(start) if isinstance(start, int) and not isinstance(start, bool) else 0
 
 
-def _decision(
+def decision_record(
     summary: Mapping[str, Any], split: str, rule: str, verdict: DedupVerdict, threshold: float
 ) -> dict[str, Any]:
     return {

@@ -1,0 +1,154 @@
+"""Band-partitioned dedup decides exactly as the one-partition stage, in any interleaving."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hebrus_flywheel.core.errors import ConfigError
+from hebrus_flywheel.streams.processors.decision_order import order_key
+from hebrus_flywheel.streams.processors.dedup import (
+    DedupConfig,
+    DedupStage,
+    content_digest,
+    signature,
+)
+from hebrus_flywheel.streams.processors.dedup_bands import (
+    BandPartition,
+    BandRouter,
+    InProcessBands,
+)
+from hebrus_flywheel.streams.processors.split import SplitConfig
+
+CONFIG = DedupConfig()
+SPLITS = SplitConfig(runtime_holdout_fraction=0.0, stress_rate=0.0, validation_fraction=0.4)
+
+
+def tokens(seed: int, n: int = 200) -> list[int]:
+    return np.random.default_rng(seed).integers(10, 30_000, n).tolist()
+
+
+def near_copy(base: list[int], changes: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    out = list(base)
+    for i in rng.choice(len(out), changes, replace=False):
+        out[int(i)] = 5
+    return out
+
+
+def summary(iid: str, owner: str, thread: str, toks: list[int], end_ms: int,
+            identity: str | None = None) -> dict[str, Any]:
+    return {
+        "iid": iid, "owner": owner, "thread": thread, "generation": 0, "partition": 0,
+        "identity_id": identity, "start_ms": end_ms - 10, "end_ms": end_ms, "tags": [],
+        "tool_turns": 0, "token_count": len(toks), "generated_count": 1,
+        "routes_complete": False, "digest": content_digest(toks),
+        "minhash": signature(toks, CONFIG),
+    }
+
+
+def traffic(seed: int, n: int = 80) -> list[dict[str, Any]]:
+    """Threads with exact copies, near copies (some chained), later generations of one
+    thread, two teacher identities and end-time ties."""
+    rng = np.random.default_rng(seed)
+    made: list[list[int]] = []
+    out = []
+    for i in range(n):
+        draw = rng.random()
+        if made and draw < 0.15:
+            toks = list(made[int(rng.integers(len(made)))])  # exact copy
+        elif made and draw < 0.45:
+            toks = near_copy(made[int(rng.integers(len(made)))], int(rng.integers(1, 12)), i)
+        else:
+            toks = tokens(seed * 1000 + i)
+        made.append(toks)
+        owner = f"o{int(rng.integers(12))}"
+        thread = f"t{int(rng.integers(3))}"  # an owner's threads recur: later generations
+        identity = "teacher-b" if rng.random() < 0.2 else None
+        end = int(rng.integers(1_000, 1_060))  # ties on purpose
+        out.append(summary(f"g{i}", owner, thread, toks, end, identity))
+    return out
+
+
+def sequential(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    stage = DedupStage(split_config=SPLITS, dedup_config=CONFIG, store={})
+    return {s["iid"]: stage.process(s) for s in sorted(summaries, key=order_key)}
+
+
+def partitioned(summaries: list[dict[str, Any]], *, captures: int, bands: int, homes: int,
+                rng: np.random.Generator | None) -> dict[str, dict[str, Any]]:
+    stage = InProcessBands(split_config=SPLITS, dedup_config=CONFIG,
+                           capture_partitions=captures, band_partitions=bands,
+                           home_partitions=homes, rng=rng)
+    by_capture: dict[int, list[dict[str, Any]]] = {c: [] for c in range(captures)}
+    for i, s in enumerate(summaries):
+        by_capture[i % captures].append(s)
+    for c, own in by_capture.items():
+        for s in sorted(own, key=order_key):  # a capture partition completes in order
+            stage.summary(c, s)
+            stage.mark(c, int(s["end_ms"]))  # nothing of c still to come ends earlier
+        stage.mark(c, None)
+    decisions = stage.run()
+    assert len(decisions) == len({d["iid"] for d in decisions}), "a generation decided twice"
+    return {d["iid"]: d for d in decisions}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_same_decisions_as_one_partition_in_any_interleaving(seed: int) -> None:
+    summaries = traffic(seed)
+    want = sequential(summaries)
+    dropped = sum(not d["keep"] for d in want.values())
+    assert dropped >= 10, "the traffic must hold duplicates to test anything"
+    assert {d["reason"] for d in want.values()} >= {"exact_duplicate", "near_duplicate"}
+    rng = np.random.default_rng(seed)
+    for captures, bands, homes in [(1, 1, 1), (3, 4, 2), (4, 12, 5), (2, 7, 7)]:
+        got = partitioned(summaries, captures=captures, bands=bands, homes=homes, rng=rng)
+        assert got == want, (captures, bands, homes)
+
+
+def test_the_keep_or_drop_chain_spans_homes() -> None:
+    """A ~ B and B ~ C but not A ~ C: A kept, B dropped, so C is kept, though C's home
+    only learns that from B's home."""
+    shared = tokens(7, 360)  # B is the shared middle; A adds a prefix, C a suffix
+    a = summary("a", "oa", "t", tokens(8, 40) + shared, 1_000)
+    b = summary("b", "ob", "t", shared, 1_001)
+    c = summary("c", "oc", "t", shared + tokens(9, 40), 1_002)
+    ms = {k: np.asarray(s["minhash"]) for k, s in zip("abc", (a, b, c), strict=True)}
+    assert np.mean(ms["a"] == ms["b"]) >= 0.8 and np.mean(ms["b"] == ms["c"]) >= 0.8
+    assert np.mean(ms["a"] == ms["c"]) < 0.8
+    want = sequential([a, b, c])
+    assert [want[k]["keep"] for k in "abc"] == [True, False, True]
+    for seed in range(20):
+        got = partitioned([a, b, c], captures=2, bands=5, homes=3,
+                          rng=np.random.default_rng(seed))
+        assert got == want
+
+
+def test_nothing_is_decided_before_every_partition_has_marked() -> None:
+    stage = InProcessBands(split_config=SPLITS, dedup_config=CONFIG, capture_partitions=2,
+                           band_partitions=3, home_partitions=2)
+    stage.summary(0, summary("x", "o", "t", tokens(1), 1_000))
+    stage.mark(0, None)
+    assert stage.run() == []  # capture partition 1 has not said where it is
+    stage.mark(1, 1_000)
+    assert stage.run() == []  # it may still complete a generation ending before 1,000
+    stage.mark(1, 1_001)
+    assert [d["iid"] for d in stage.run()] == ["x"]
+
+
+def test_probes_spread_over_band_partitions() -> None:
+    router = BandRouter(CONFIG, band_partitions=12, home_partitions=4)
+    probes = router.probes(summary("x", "o", "t", tokens(3), 1_000))
+    keys = sum(len(p.keys) for p in probes.values())
+    assert len(probes) > 1 and keys == len(router.keys(
+        summary("x", "o", "t", tokens(3), 1_000), np.asarray(probes[min(probes)].hashvalues)))
+    band = BandPartition(CONFIG, capture_partitions=1)
+    one = next(iter(probes.values()))
+    assert band.probe(one) == [] and band.probe(one) == [] and len(band) == 1
+
+
+def test_router_refuses_bad_partition_counts() -> None:
+    with pytest.raises(ConfigError, match="band_partitions"):
+        BandRouter(CONFIG, band_partitions=0, home_partitions=1)
