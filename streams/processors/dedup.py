@@ -306,7 +306,9 @@ class DedupStage:
         dedup_config: DedupConfig,
         store: MutableMapping[str, Any],
         counters: Counters | None = None,
+        partition: int = DEDUP_PARTITION,
     ) -> None:
+        self.partition = partition  # of the table: where its expiry buckets live
         self.split_config = split_config
         self.dedup_config = dedup_config
         self.store = store
@@ -367,11 +369,11 @@ class DedupStage:
         clock = max(int(self.store.get(WATERMARK_KEY, 0)), start)
         if clock != self.store.get(WATERMARK_KEY):
             self.store[WATERMARK_KEY] = clock
-        expiry.sweep(self.store, partition=DEDUP_PARTITION,
+        expiry.sweep(self.store, partition=self.partition,
                      now_ms=clock - self.dedup_config.horizon_ms,
-                     bucket_ms=self.dedup_config.bucket_ms, decide=self._expire)
+                     bucket_ms=self.dedup_config.bucket_ms, decide=self.expire_key)
 
-    def _expire(self, key: str, horizon_ms: int) -> int | None:
+    def expire_key(self, key: str, horizon_ms: int) -> int | None:
         """Delete one scheduled decision or sticky split that started before the horizon
         (its bucket is due); a sticky split used by a later generation moves on."""
         value = self.store.get(key)
@@ -391,7 +393,7 @@ class DedupStage:
         return None
 
     def _schedule(self, key: str, start_ms: int) -> None:
-        expiry.schedule(self.store, key, partition=DEDUP_PARTITION, due_ms=start_ms,
+        expiry.schedule(self.store, key, partition=self.partition, due_ms=start_ms,
                         bucket_ms=self.dedup_config.bucket_ms)
 
     # -- split and record -----------------------------------------------------------

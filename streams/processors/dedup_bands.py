@@ -50,10 +50,13 @@ from typing import Any
 
 import numpy as np
 
+from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
-from hebrus_flywheel.streams.processors.common import thread_key
+from hebrus_flywheel.streams.processors import expiry
+from hebrus_flywheel.streams.processors.common import SEP, thread_key
 from hebrus_flywheel.streams.processors.decision_order import OrderKey, order_key
 from hebrus_flywheel.streams.processors.dedup import (
+    SPLIT_PREFIX,
     DedupConfig,
     DedupStage,
     decision_record,
@@ -85,6 +88,7 @@ class Probe:
     thread: str
     home: int
     order: OrderKey
+    start: int  # start_ms: its place in the horizon
     digest: str
     hashvalues: np.ndarray  # (num_perm,) uint32
     keys: tuple[bytes, ...]  # the bucket keys routed to this band partition
@@ -97,6 +101,7 @@ class Pair:
     earlier: str
     earlier_home: int
     earlier_order: OrderKey
+    earlier_start: int
     later: str
     later_home: int
     exact: bool
@@ -109,8 +114,9 @@ class Notice:
 
     home: int
     iid: str
+    start: int
     keep: bool
-    split: str
+    split: str  # "" with keep False: forgotten (past the horizon where it was decided)
 
 
 class BandRouter:
@@ -143,7 +149,8 @@ class BandRouter:
         iid, home = str(summary["iid"]), home_of(summary, self.home_partitions)
         thread = thread_key(summary["owner"], summary["thread"])
         order, digest = order_key(summary), str(summary["digest"])
-        return {p: Probe(iid=iid, thread=thread, home=home, order=order, digest=digest,
+        start = _start_of(summary)
+        return {p: Probe(iid=iid, thread=thread, home=home, order=order, start=start, digest=digest,
                          hashvalues=hashvalues, keys=tuple(keys))
                 for p, keys in sorted(by_partition.items())}
 
@@ -155,231 +162,360 @@ def _watermark(marks: Mapping[int, Mark], partitions: int) -> float:
     return min(math.inf if at is None else at for at in marks.values())
 
 
-class BandPartition:
-    """One band partition: buckets of probes, verified pairs, a watermark."""
+def _marks(store: Mapping[str, Any], prefix: str) -> dict[int, Any]:
+    return {int(k[len(prefix):]): v["at"] for k, v in store.items() if k.startswith(prefix)}
 
-    def __init__(self, config: DedupConfig, *, capture_partitions: int) -> None:
-        self.threshold = config.threshold
-        self.capture_partitions = capture_partitions
-        self._buckets: dict[bytes, list[str]] = {}
+
+class BandPartition:
+    """One band partition: buckets of probes, verified pairs, a watermark.
+
+    State in ``store`` (a table shared by every band partition a worker holds, so every
+    key names its partition): each probe under ``q<SEP><iid><SEP><band>`` (an owner's
+    data: sealed in the changelog), each capture partition's mark, and the expiry buckets
+    of the probes. The buckets themselves are an in-memory index rebuilt from the probes
+    (their keys are signature bands: never written in the clear). A probe is forgotten
+    once the newest start this partition has seen is ``horizon_ms`` (and up to one bucket)
+    past its own start."""
+
+    def __init__(self, config: DedupConfig, *, band: int, capture_partitions: int,
+                 store: MutableMapping[str, Any] | None = None) -> None:
+        self.config, self.band, self.capture_partitions = config, band, capture_partitions
+        self.store: MutableMapping[str, Any] = {} if store is None else store
+        self._suffix = f"{SEP}{band}"
+        self._mark_prefix = f"m{SEP}b{band}c"
+        self._clock_key = f"n{SEP}b{band}{SEP}clock"
+        self._buckets: dict[bytes, list[str]] | None = None
         self._probes: dict[str, Probe] = {}
-        self._marks: dict[int, Mark] = {}
+        self._marks: dict[int, Mark] | None = None
 
     def __len__(self) -> int:
-        return len(self._probes)
+        return len(self._index()[1])
+
+    def reset(self) -> None:
+        """Forget the in-memory index and marks (after a rebalance): read from the store."""
+        self._buckets, self._marks = None, None
+
+    def _index(self) -> tuple[dict[bytes, list[str]], dict[str, Probe]]:
+        if self._buckets is None:
+            self._buckets, self._probes = {}, {}
+            for key, value in self.store.items():
+                if key.startswith(PROBE_PREFIX) and key.endswith(self._suffix):
+                    self._insert(_probe_of(value))
+        return self._buckets, self._probes
+
+    def _insert(self, probe: Probe) -> None:
+        assert self._buckets is not None
+        self._probes[probe.iid] = probe
+        for key in probe.keys:
+            self._buckets.setdefault(key, []).append(probe.iid)
 
     def probe(self, probe: Probe) -> list[Pair]:
         """The pairs of a probe with those already here (a repeated probe finds them
         again: homes take a pair twice as once)."""
+        buckets, probes = self._index()
         others: set[str] = set()
         for key in probe.keys:
-            others.update(self._buckets.get(key, ()))
+            others.update(buckets.get(key, ()))
         others.discard(probe.iid)
-        pairs = [p for o in sorted(others) if (p := self._pair(probe, self._probes[o]))]
-        if probe.iid not in self._probes:
-            self._probes[probe.iid] = probe
-            for key in probe.keys:
-                self._buckets.setdefault(key, []).append(probe.iid)
+        pairs = [p for o in sorted(others) if (p := self._pair(probe, probes[o]))]
+        if probe.iid not in probes:
+            skey = PROBE_PREFIX + probe.iid + self._suffix
+            self.store[skey] = _probe_value(probe)
+            self._insert(probe)
+            expiry.schedule(self.store, skey, partition=self.band, due_ms=probe.start,
+                            bucket_ms=self.config.bucket_ms)
+            self._advance(probe.start)
         return pairs
 
     def _pair(self, a: Probe, b: Probe) -> Pair | None:
         exact = a.digest == b.digest
-        near = a.thread != b.thread and float(
-            np.count_nonzero(a.hashvalues == b.hashvalues)) / a.hashvalues.size >= self.threshold
+        near = a.thread != b.thread and float(np.count_nonzero(
+            a.hashvalues == b.hashvalues)) / a.hashvalues.size >= self.config.threshold
         if not (exact or near):
             return None
         first, second = (a, b) if a.order < b.order else (b, a)
         return Pair(earlier=first.iid, earlier_home=first.home, earlier_order=first.order,
-                    later=second.iid,
-                    later_home=second.home, exact=exact, near=near)
+                    earlier_start=first.start, later=second.iid, later_home=second.home,
+                    exact=exact, near=near)
+
+    def _advance(self, start_ms: int) -> None:
+        clock = max(int(self.store.get(self._clock_key, 0)), start_ms)
+        if clock != self.store.get(self._clock_key):
+            self.store[self._clock_key] = clock
+        expiry.sweep(self.store, partition=self.band, now_ms=clock - self.config.horizon_ms,
+                     bucket_ms=self.config.bucket_ms, decide=self._expire)
+
+    def _expire(self, key: str, horizon_ms: int) -> int | None:
+        value = self.store.get(key)
+        if value is None:
+            return None
+        del self.store[key]
+        if self._buckets is not None:
+            probe = self._probes.pop(_probe_of(value).iid)
+            for bucket in probe.keys:
+                self._buckets[bucket].remove(probe.iid)
+                if not self._buckets[bucket]:
+                    del self._buckets[bucket]
+        return None
 
     def mark(self, capture_partition: int, at: Mark) -> None:
-        self._marks[capture_partition] = at
+        marks = self._all_marks()
+        if capture_partition not in marks or marks[capture_partition] != at:
+            marks[capture_partition] = at
+            self.store[f"{self._mark_prefix}{capture_partition}"] = {"at": at}
+
+    def _all_marks(self) -> dict[int, Mark]:
+        if self._marks is None:
+            self._marks = _marks(self.store, self._mark_prefix)
+        return self._marks
 
     def watermark(self) -> float:
-        return _watermark(self._marks, self.capture_partitions)
+        return _watermark(self._all_marks(), self.capture_partitions)
+
+
+PROBE_PREFIX = f"q{SEP}"
+"""A band partition's probes (an owner's data: sealed in the changelog)."""
+PENDING_PREFIX = f"p{SEP}"
+"""A home's generations not decided yet (``{"summary", "split"}``; sealed)."""
+DECIDED_PREFIX = f"d{SEP}"
+"""A home's decisions (sealed; a repeated summary gets its decision again)."""
+CANDIDATES_PREFIX = f"g{SEP}"
+"""A generation's candidates: ``{earlier iid: [exact, near, order, start]}`` (sealed)."""
+SUBSCRIBERS_PREFIX = f"u{SEP}"
+"""A generation's subscribers on other homes: ``[[later iid, home], ...]`` (sealed)."""
+KNOWN_PREFIX = f"k{SEP}"
+"""``[keep, split, start]`` of a generation decided here or told by its home (sealed)."""
+
+
+def _probe_value(probe: Probe) -> dict[str, Any]:
+    return {"iid": probe.iid, "thread": probe.thread, "home": probe.home,
+            "order": list(probe.order), "digest": probe.digest, "start": probe.start,
+            "hv": probe.hashvalues.tobytes(), "keys": list(probe.keys)}
+
+
+def _probe_of(value: Mapping[str, Any]) -> Probe:
+    end, iid = value["order"]
+    return Probe(iid=value["iid"], thread=value["thread"], home=value["home"],
+                 order=(int(end), str(iid)), digest=value["digest"], start=value["start"],
+                 hashvalues=np.frombuffer(value["hv"], dtype=np.uint32),
+                 keys=tuple(value["keys"]))
 
 
 class HomePartition:
-    """One home partition: its threads' splits and decisions, in decision order."""
+    """One home partition: its threads' splits and decisions, in decision order.
+
+    State in ``store`` (shared by the home partitions a worker holds; every key names
+    its generation or its partition): generations waiting (``p``), decisions (``d``),
+    candidates (``g``), subscribers (``u``), decisions known here (``k``, each home its
+    own), the sticky splits of :class:`~streams.processors.dedup.DedupStage`, marks and
+    expiry buckets. What is kept of a generation goes ``horizon_ms`` after its start."""
 
     def __init__(self, *, home: int, split_config: SplitConfig, dedup_config: DedupConfig,
                  capture_partitions: int, band_partitions: int,
-                 store: MutableMapping[str, Any] | None = None) -> None:
-        self.home = home
-        self.config = dedup_config
+                 store: MutableMapping[str, Any] | None = None,
+                 counters: Counters | None = None) -> None:
+        self.home, self.config = home, dedup_config
         self.capture_partitions, self.band_partitions = capture_partitions, band_partitions
+        self.store: MutableMapping[str, Any] = {} if store is None else store
+        self.counters = counters or Counters()
         # the split rules and their sticky per-thread state are the one-partition stage's
         self._splitter = DedupStage(split_config=split_config, dedup_config=dedup_config,
-                                    store={} if store is None else store)
-        self._summaries: dict[str, Mapping[str, Any]] = {}
+                                    store=self.store, counters=self.counters, partition=home)
+        self._capture_prefix, self._band_prefix = f"m{SEP}h{home}c", f"m{SEP}h{home}b"
+        self._clock_key = f"n{SEP}h{home}{SEP}clock"
+        self._known_suffix = f"{SEP}{home}"
+        self._loaded = False
         self._unsplit: list[tuple[OrderKey, str]] = []  # heap
-        self._split: dict[str, tuple[str, str]] = {}
         self._undecided: list[tuple[OrderKey, str]] = []  # split, in order
-        # later iid -> earlier iid -> (exact, near, the earlier one's order)
-        self._candidates: dict[str, dict[str, tuple[bool, bool, OrderKey]]] = {}
-        self._subscribers: dict[str, set[tuple[str, int]]] = {}
-        self._known: dict[str, tuple[bool, str]] = {}  # iid -> (keep, split)
         self._capture_marks: dict[int, Mark] = {}
         self._band_marks: dict[int, float] = {}
+        self._out: list[dict[str, Any]] = []  # decisions made again (repeated summaries)
         self._notices: list[Notice] = []
+
+    def reset(self) -> None:
+        """Forget what is in memory (after a rebalance): read from the store."""
+        self._loaded = False
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._unsplit, self._undecided = [], []
+        for key, value in self.store.items():
+            if key.startswith(PENDING_PREFIX) and value["home"] == self.home:
+                entry = (order_key(value["summary"]), key[len(PENDING_PREFIX):])
+                (self._undecided if value["split"] else self._unsplit).append(entry)
+        heapq.heapify(self._unsplit)
+        self._undecided.sort()
+        self._capture_marks = _marks(self.store, self._capture_prefix)
+        self._band_marks = {b: float(at) for b, at in _marks(self.store, self._band_prefix).items()}
+        self._loaded = True
 
     # -- inputs -------------------------------------------------------------------
 
     def summary(self, summary: Mapping[str, Any]) -> None:
+        """A completed generation of a thread homed here (a repeat changes nothing; one
+        already decided gets its decision again from the next :meth:`step`)."""
+        self._load()
         iid = str(summary["iid"])
-        if iid in self._summaries:
+        decided = self.store.get(DECIDED_PREFIX + iid)
+        if decided is not None:
+            self.counters.inc("dedup", "repeated_summaries")
+            self._out.append(dict(decided))
+            self._notify_subscribers(iid)
             return
-        self._summaries[iid] = summary
-        heapq.heappush(self._unsplit, (order_key(summary), iid))
+        if PENDING_PREFIX + iid in self.store:
+            return
+        key = order_key(summary)
+        if key[0] < self.watermark():
+            self.counters.inc("dedup", "late_summaries")  # its pairs may come after it
+        self.counters.inc("dedup", "summaries_waited")
+        self.store[PENDING_PREFIX + iid] = {"summary": dict(summary), "split": None,
+                                            "home": self.home}
+        heapq.heappush(self._unsplit, (key, iid))
+        if _start_of(summary) > self._clock():
+            self.store[self._clock_key] = _start_of(summary)
 
     def pair(self, pair: Pair) -> None:
-        if pair.later_home == self.home:
-            self._candidates.setdefault(pair.later, {})[pair.earlier] = (
-                pair.exact, pair.near, pair.earlier_order)
+        self._load()
+        if pair.later_home == self.home and DECIDED_PREFIX + pair.later not in self.store:
+            key = CANDIDATES_PREFIX + pair.later
+            candidates = self.store.get(key) or {}
+            if pair.earlier not in candidates:
+                self.store[key] = {**candidates, pair.earlier: [
+                    pair.exact, pair.near, list(pair.earlier_order), pair.earlier_start]}
         if pair.earlier_home == self.home and pair.later_home != self.home:
-            subscribers = self._subscribers.setdefault(pair.earlier, set())
-            if (pair.later, pair.later_home) not in subscribers:
-                subscribers.add((pair.later, pair.later_home))
-                if pair.earlier in self._known:  # decided before the pair came
-                    self._notify(pair.earlier, pair.later_home)
+            key = SUBSCRIBERS_PREFIX + pair.earlier
+            subscribers = self.store.get(key) or []
+            if [pair.later, pair.later_home] not in subscribers:
+                self.store[key] = [*subscribers, [pair.later, pair.later_home]]
+                self._schedule(key, pair.earlier_start + self.config.horizon_ms)
+            known = self._known(pair.earlier, pair.earlier_start)
+            if known is not None:  # decided (or forgotten) before the pair came
+                self._notify(pair.earlier, pair.later_home, known)
 
     def notice(self, notice: Notice) -> None:
-        self._known[notice.iid] = (notice.keep, notice.split)
+        self._load()
+        key = KNOWN_PREFIX + notice.iid + self._known_suffix
+        if key not in self.store:
+            self.store[key] = [notice.keep, notice.split, notice.start]
+            self._schedule(key, notice.start + self.config.horizon_ms)
 
     def capture_mark(self, capture_partition: int, at: Mark) -> None:
-        self._capture_marks[capture_partition] = at
+        self._load()
+        if self._capture_marks.get(capture_partition, math.nan) != at:
+            self._capture_marks[capture_partition] = at
+            self.store[f"{self._capture_prefix}{capture_partition}"] = {"at": at}
 
     def band_mark(self, band_partition: int, watermark: float) -> None:
-        self._band_marks[band_partition] = watermark
+        self._load()
+        if self._band_marks.get(band_partition) != watermark:
+            self._band_marks[band_partition] = watermark
+            self.store[f"{self._band_prefix}{band_partition}"] = {"at": watermark}
 
     # -- decisions ----------------------------------------------------------------
 
     def watermark(self) -> float:
+        self._load()
         bands = (min(self._band_marks.values())
                  if len(self._band_marks) == self.band_partitions else -math.inf)
         return min(_watermark(self._capture_marks, self.capture_partitions), bands)
+
+    @property
+    def held(self) -> int:
+        """Generations waiting for the watermark or for a candidate's decision."""
+        return len(self._unsplit) + len(self._undecided)
 
     def step(self) -> tuple[list[dict[str, Any]], list[Notice]]:
         """Decide what can be decided: ``(decisions, notices for other homes)``."""
         watermark = self.watermark()
         while self._unsplit and self._unsplit[0][0][0] < watermark:
             key, iid = heapq.heappop(self._unsplit)
-            self._split[iid] = self._splitter.split_for(self._summaries[iid])
+            pending = self.store[PENDING_PREFIX + iid]
+            split = list(self._splitter.split_for(pending["summary"]))
+            self.store[PENDING_PREFIX + iid] = {**pending, "split": split}
             self._undecided.append((key, iid))
-        decisions, waiting = [], []
+        decisions, self._out = self._out, []
+        waiting = []
         for key, iid in self._undecided:
-            if all(c in self._known for c in self._candidates.get(iid, ())):
-                decisions.append(self._decide(iid))
+            candidates = self.store.get(CANDIDATES_PREFIX + iid) or {}
+            if all(self._known(c, v[3]) is not None for c, v in candidates.items()):
+                decisions.append(self._decide(iid, candidates))
             else:
                 waiting.append((key, iid))
         self._undecided = waiting
+        if decisions:
+            expiry.sweep(self.store, partition=self.home,
+                         now_ms=self._clock() - self.config.horizon_ms,
+                         bucket_ms=self.config.bucket_ms, decide=self._expire)
         notices, self._notices = self._notices, []
         return decisions, notices
 
-    def _decide(self, iid: str) -> dict[str, Any]:
-        summary = self._summaries.pop(iid)
-        split, rule = self._split.pop(iid)
-        candidates = self._candidates.pop(iid, {})
-        kept = {c: self._known[c][1] for c in candidates if self._known[c][0]}
+    def _decide(self, iid: str, candidates: Mapping[str, list[Any]]) -> dict[str, Any]:
+        pending = self.store.pop(PENDING_PREFIX + iid)
+        summary, (split, rule) = pending["summary"], pending["split"]
+        if candidates:
+            del self.store[CANDIDATES_PREFIX + iid]
+        start = _start_of(summary)
+        kept = {}
+        for c, (_, _, _, c_start) in candidates.items():
+            known = self._known(c, c_start)
+            # a candidate that started more than the horizon before this one is forgotten
+            if known is not None and known[0] and c_start >= start - self.config.horizon_ms:
+                kept[c] = known[1]
         exact = [c for c in kept if candidates[c][0]]
         verdict = verdict_of(  # the first kept with its digest, as the one index keeps it
-            split=split, exact=min(exact, key=lambda c: candidates[c][2]) if exact else None,
-            near=sorted(c for c in kept if candidates[c][1]), splits=kept,
+            split=split, exact=min(exact, key=lambda c: tuple(candidates[c][2])) if exact
+            else None, near=sorted(c for c in kept if candidates[c][1]), splits=kept,
             drop_near_within_split=self.config.drop_near_within_split)
-        self._known[iid] = (verdict.keep, split)
-        for _, home in self._subscribers.get(iid, ()):
-            self._notify(iid, home)
-        return decision_record(summary, split, rule, verdict, self.config.threshold)
+        decision = decision_record(summary, split, rule, verdict, self.config.threshold)
+        for key, value in ((DECIDED_PREFIX + iid, decision),
+                           (KNOWN_PREFIX + iid + self._known_suffix, [verdict.keep, split, start])):
+            self.store[key] = value
+            self._schedule(key, start + self.config.horizon_ms)
+        self.counters.inc("split", split)
+        self.counters.inc("dedup", verdict.reason)
+        self._notify_subscribers(iid)
+        return decision
 
-    def _notify(self, iid: str, home: int) -> None:
-        keep, split = self._known[iid]
-        self._notices.append(Notice(home=home, iid=iid, keep=keep, split=split))
+    def _known(self, iid: str, start: int) -> list[Any] | None:
+        """``[keep, split, start]`` of a generation; ``[False, "", start]`` once it is
+        forgotten here (what is known of a generation stays until the clock is twice the
+        horizon past its start; one neither known nor waiting by then never comes)."""
+        known = self.store.get(KNOWN_PREFIX + iid + self._known_suffix)
+        if known is None and start + 2 * self.config.horizon_ms < self._clock() \
+                and PENDING_PREFIX + iid not in self.store:
+            self.counters.inc("dedup", "forgotten_candidates")
+            return [False, "", start]
+        return known
+
+    def _notify_subscribers(self, iid: str) -> None:
+        known = self.store[KNOWN_PREFIX + iid + self._known_suffix]
+        for _, home in self.store.get(SUBSCRIBERS_PREFIX + iid) or ():
+            self._notify(iid, home, known)
+
+    def _notify(self, iid: str, home: int, known: list[Any]) -> None:
+        self._notices.append(Notice(home=home, iid=iid, keep=known[0], split=known[1],
+                                    start=known[2]))
+
+    # -- the horizon --------------------------------------------------------------
+
+    def _clock(self) -> int:
+        return int(self.store.get(self._clock_key, 0))
+
+    def _schedule(self, key: str, due_ms: int) -> None:
+        expiry.schedule(self.store, key, partition=self.home, due_ms=due_ms,
+                        bucket_ms=self.config.bucket_ms)
+
+    def _expire(self, key: str, horizon_ms: int) -> int | None:
+        if key.startswith(SPLIT_PREFIX):
+            return self._splitter.expire_key(key, horizon_ms)
+        if key in self.store:
+            del self.store[key]
+            self.counters.inc("expiry", "dedup_decisions" if key.startswith(DECIDED_PREFIX)
+                              else "dedup_band_state")
+        return None
 
 
-Node = tuple[str, int]  # ("capture" | "band" | "home", partition)
-
-
-class InProcessBands:
-    """Every partition of the stage in one process, joined by first-in-first-out channels
-    like a Kafka partition's records from one producer; :meth:`run` delivers them in the
-    order ``rng`` draws (round-robin without one), so tests can try many interleavings."""
-
-    def __init__(self, *, split_config: SplitConfig, dedup_config: DedupConfig,
-                 capture_partitions: int, band_partitions: int, home_partitions: int,
-                 rng: np.random.Generator | None = None) -> None:
-        self.router = BandRouter(dedup_config, band_partitions=band_partitions,
-                                 home_partitions=home_partitions)
-        self.bands = [BandPartition(dedup_config, capture_partitions=capture_partitions)
-                      for _ in range(band_partitions)]
-        self.homes = [HomePartition(home=h, split_config=split_config,
-                                    dedup_config=dedup_config,
-                                    capture_partitions=capture_partitions,
-                                    band_partitions=band_partitions)
-                      for h in range(home_partitions)]
-        self.rng = rng
-        self._channels: dict[tuple[Node, Node], list[tuple[str, Any]]] = {}
-        self._band_sent: dict[int, float] = {}
-        self.decisions: list[dict[str, Any]] = []
-
-    def _send(self, src: Node, dst: Node, kind: str, payload: Any) -> None:
-        self._channels.setdefault((src, dst), []).append((kind, payload))
-
-    def summary(self, capture_partition: int, summary: Mapping[str, Any]) -> None:
-        """What a capture partition sends when it completes a generation."""
-        src = ("capture", capture_partition)
-        self._send(src, ("home", home_of(summary, len(self.homes))), "summary", summary)
-        for band, probe in self.router.probes(summary).items():
-            self._send(src, ("band", band), "probe", probe)
-
-    def mark(self, capture_partition: int, at: Mark) -> None:
-        """A capture partition's mark, to every band and home partition."""
-        src = ("capture", capture_partition)
-        for dst in [("band", b) for b in range(len(self.bands))] + \
-                   [("home", h) for h in range(len(self.homes))]:
-            self._send(src, dst, "mark", (capture_partition, at))
-
-    def run(self) -> list[dict[str, Any]]:
-        """Deliver every record; the decisions made, in the order made."""
-        turn = 0
-        while live := [c for c, queue in self._channels.items() if queue]:
-            channel = live[int(self.rng.integers(len(live))) if self.rng else turn % len(live)]
-            turn += 1
-            kind, payload = self._channels[channel].pop(0)
-            (_, _), (role, index) = channel
-            if role == "band":
-                self._at_band(index, kind, payload)
-            else:
-                self._at_home(index, kind, payload)
-        return self.decisions
-
-    def _at_band(self, index: int, kind: str, payload: Any) -> None:
-        band, src = self.bands[index], ("band", index)
-        if kind == "probe":
-            for pair in band.probe(payload):
-                for home in {pair.earlier_home, pair.later_home}:
-                    self._send(src, ("home", home), "pair", pair)
-            return
-        band.mark(*payload)
-        watermark = band.watermark()
-        if self._band_sent.get(index) != watermark:
-            self._band_sent[index] = watermark
-            for home in range(len(self.homes)):
-                self._send(src, ("home", home), "band_mark", (index, watermark))
-
-    def _at_home(self, index: int, kind: str, payload: Any) -> None:
-        home = self.homes[index]
-        if kind == "summary":
-            home.summary(payload)
-        elif kind == "pair":
-            home.pair(payload)
-        elif kind == "notice":
-            home.notice(payload)
-        elif kind == "mark":
-            home.capture_mark(*payload)
-        else:
-            home.band_mark(*payload)
-        decisions, notices = home.step()
-        self.decisions.extend(decisions)
-        for notice in notices:
-            self._send(("home", index), ("home", notice.home), "notice", notice)
+def _start_of(summary: Mapping[str, Any]) -> int:
+    start = summary.get("start_ms")
+    return int(start) if isinstance(start, int) and not isinstance(start, bool) else 0

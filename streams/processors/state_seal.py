@@ -4,7 +4,9 @@ The processor tables hold plaintext values in memory (token ids of a thread bein
 assembled, routes, a thread's digest and MinHash signature). What a table writes to its
 changelog topic is sealed when the value belongs to an owner, and the owner comes from
 the table key (:func:`owner_of_key`): ``h|t|o|d|p<SEP><owner><SEP>…`` (headers, turns,
-observations, dedup decisions, summaries waiting for their turn) and
+observations, dedup decisions, summaries waiting for their turn), ``q|g|u|k<SEP><owner>…``
+(the band-partitioned dedup's probes, candidates, subscribers and known decisions,
+:mod:`streams.processors.dedup_bands`) and
 ``s<SEP><owner>/<thread>`` (sticky splits). Other keys (producer counters, the decision
 sequence, capture partitions' marks) hold no owner's data and stay plain.
 
@@ -44,7 +46,7 @@ from hebrus_flywheel.streams.processors.state_codec import (
 
 log = logging.getLogger(__name__)
 FIELD = "state"
-_OWNER_KINDS = frozenset("htodp")
+_OWNER_KINDS = frozenset("htodpqguk")
 
 
 def owner_of_key(key: str) -> str | None:

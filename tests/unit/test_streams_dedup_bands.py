@@ -15,11 +15,8 @@ from hebrus_flywheel.streams.processors.dedup import (
     content_digest,
     signature,
 )
-from hebrus_flywheel.streams.processors.dedup_bands import (
-    BandPartition,
-    BandRouter,
-    InProcessBands,
-)
+from hebrus_flywheel.streams.processors.dedup_bands import BandPartition, BandRouter
+from hebrus_flywheel.streams.processors.dedup_bands_local import InProcessBands
 from hebrus_flywheel.streams.processors.split import SplitConfig
 
 CONFIG = DedupConfig()
@@ -144,7 +141,7 @@ def test_probes_spread_over_band_partitions() -> None:
     keys = sum(len(p.keys) for p in probes.values())
     assert len(probes) > 1 and keys == len(router.keys(
         summary("x", "o", "t", tokens(3), 1_000), np.asarray(probes[min(probes)].hashvalues)))
-    band = BandPartition(CONFIG, capture_partitions=1)
+    band = BandPartition(CONFIG, band=0, capture_partitions=1)
     one = next(iter(probes.values()))
     assert band.probe(one) == [] and band.probe(one) == [] and len(band) == 1
 
@@ -152,3 +149,69 @@ def test_probes_spread_over_band_partitions() -> None:
 def test_router_refuses_bad_partition_counts() -> None:
     with pytest.raises(ConfigError, match="band_partitions"):
         BandRouter(CONFIG, band_partitions=0, home_partitions=1)
+
+
+def test_a_restart_resumes_from_the_stores_and_a_redelivery_changes_nothing() -> None:
+    summaries = traffic(11)
+    want = sequential(summaries)
+    stores: dict[str, dict[str, Any]] = {"band": {}, "home": {}}
+    by_capture = {c: sorted(summaries[c::3], key=order_key) for c in range(3)}
+    got: dict[str, dict[str, Any]] = {}
+
+    def deliver(stage: InProcessBands, part: dict[int, list[dict[str, Any]]]) -> None:
+        for c, own in part.items():
+            for s in own:
+                stage.summary(c, s)
+                stage.mark(c, int(s["end_ms"]))
+        for d in stage.run():
+            assert got.setdefault(d["iid"], d) == d, "a repeated decision differs"
+
+    first = InProcessBands(split_config=SPLITS, dedup_config=CONFIG, capture_partitions=3,
+                           band_partitions=5, home_partitions=3, stores=stores,
+                           rng=np.random.default_rng(1))
+    deliver(first, {c: own[: len(own) // 2] for c, own in by_capture.items()})
+    assert 0 < len(got) < len(summaries)
+    again = InProcessBands(split_config=SPLITS, dedup_config=CONFIG, capture_partitions=3,
+                           band_partitions=5, home_partitions=3, stores=stores,
+                           rng=np.random.default_rng(2))  # a new worker: nothing in memory
+    # the last few records before the restart are read again (offsets not committed)
+    deliver(again, {c: own[len(own) // 2 - 3:] for c, own in by_capture.items()})
+    for c in range(3):
+        again.mark(c, None)
+    for d in again.run():
+        assert got.setdefault(d["iid"], d) == d
+    assert got == want
+
+
+def test_state_past_the_horizon_is_forgotten() -> None:
+    config = DedupConfig(horizon_ms=1_000, bucket_ms=100)
+    stage = InProcessBands(split_config=SPLITS, dedup_config=config, capture_partitions=1,
+                           band_partitions=3, home_partitions=2)
+    base = tokens(5)
+    for i in range(40):  # one near copy every 200 ms: each only matches recent ones
+        s = summary(f"g{i}", f"o{i}", "t", near_copy(base, 2, i), 200 * i + 20)
+        stage.summary(0, s)
+        stage.mark(0, int(s["end_ms"]))
+    stage.mark(0, None)
+    decisions = stage.run()
+    assert len(decisions) == 40
+    band_probes = sum(len(b) for b in stage.bands)
+    assert band_probes <= 3 * 8, band_probes  # about horizon / spacing, not 40 per band
+    home = stage.homes[0].store
+    assert sum(k.startswith(("d\x1f", "k\x1f")) for k in home) <= 2 * 2 * 8
+    # forgotten threads no longer drop a copy: more than one of the copies is kept
+    assert sum(d["keep"] for d in decisions) > 1
+
+
+def test_band_and_home_state_is_an_owners_sealed_data() -> None:
+    from hebrus_flywheel.streams.processors.state_seal import owner_of_key
+    stage = InProcessBands(split_config=SPLITS, dedup_config=CONFIG, capture_partitions=1,
+                           band_partitions=2, home_partitions=2)
+    for i, toks in enumerate([tokens(1), tokens(1), tokens(2)]):
+        stage.summary(0, summary(f"own{i}\x1fthr\x1f0", f"own{i}", "thr", toks, 1_000 + i))
+    stage.mark(0, None)
+    stage.run()
+    keys = [k for b in stage.bands for k in b.store] + list(stage.homes[0].store)
+    owned = [k for k in keys if k[0] in "pdqguk"]
+    assert owned and all(owner_of_key(k) in {"own0", "own1", "own2"} for k in owned)
+    assert all(owner_of_key(k) is None for k in keys if k[0] in "mnx")
