@@ -301,9 +301,9 @@ class WorkerRun:
 
     def __init__(self, bootstrap: str, prefix: str, capture: Capture, expected: int, *,
                  workers: int, backlog: bool, profile: Path | None = None,
-                 event_loop: str = DEFAULT_EVENT_LOOP) -> None:
+                 event_loop: str = DEFAULT_EVENT_LOOP, dedup_bands: bool = False) -> None:
         self.bootstrap, self.capture, self.expected = bootstrap, capture, expected
-        self.event_loop = event_loop
+        self.event_loop, self.dedup_bands = event_loop, dedup_bands
         self.topics = StreamTopics.from_prefix(prefix)
         self.prefix, self.workers, self.backlog, self.profile = prefix, workers, backlog, profile
 
@@ -317,7 +317,8 @@ class WorkerRun:
             procs = [WorkerProcess(bootstrap=self.bootstrap, prefix=self.prefix,
                                    app_id=APP_ID, log_path=Path(tmp) / f"worker-{i}.log",
                                    flags=FLAGS, home=Path(tmp) / f"home-{i}",
-                                   extra=["--event-loop", self.event_loop])
+                                   extra=["--event-loop", self.event_loop,
+                                          *(["--dedup-bands"] if self.dedup_bands else [])])
                      for i in range(self.workers)]
             if self.profile is not None:  # CPU time, not wall: the machine may be shared
                 procs[0].args[1:3] = ["-c", PROFILED_WORKER.format(path=str(self.profile))]
@@ -404,6 +405,7 @@ class WorkerRun:
              broker_cpu_s=round(t.broker_cpu_s, 2), worker_cpu_s=round(t.cpu_s, 2),
              cpu_rate=round(t.cpu_rate, 1), observations=t.observations,
              records=self.capture.records, event_loop=self.event_loop,
+             dedup="bands" if self.dedup_bands else "one-partition",
              exact_copies=self.capture.exact_copies,
              note=f"{self.workers} worker process(es), " + (
                  "first capture record handled -> last window, records produced before "
@@ -411,7 +413,7 @@ class WorkerRun:
                  "first record produced -> last window, the bench producing meanwhile"))
 
 
-AGENTS = ("capture", "dedup", "window")
+AGENTS = ("capture", "dedup", "bands", "window")
 
 
 def agent_cpu(log_paths: list[Path]) -> dict[str, float]:
@@ -604,6 +606,9 @@ def main() -> None:
                         help="skip the two-worker figure (two_worker_speedup)")
     parser.add_argument("--event-loop", default=DEFAULT_EVENT_LOOP, choices=EVENT_LOOPS,
                         help="the workers' (and the faust floor's) event loop")
+    parser.add_argument("--dedup-bands", action="store_true",
+                        help="workers run the band-partitioned dedup (streams worker "
+                        "--dedup-bands)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="run the worker under cProfile and write its stats here")
     parser.add_argument("--exact-copies", type=int, default=0,
@@ -663,11 +668,11 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
                   pipeline_windows: Any) -> None:
     """The worker figures: one worker on a backlog and live, then two workers of one app
     id the same two ways (unless ``--no-two-workers``), and the ratios between them."""
-    loop = args.event_loop
+    loop, bands = args.event_loop, args.dedup_bands
     one = WorkerRun(bootstrap, f"{prefix}w.", capture, expected, workers=1, backlog=True,
-                    profile=args.profile, event_loop=loop).run()
+                    profile=args.profile, event_loop=loop, dedup_bands=bands).run()
     live = WorkerRun(bootstrap, f"{prefix}l.", capture, expected, workers=1, backlog=False,
-                     event_loop=loop).run()
+                     event_loop=loop, dedup_bands=bands).run()
     emit("faust_to_raw_ratio", one.rate / raw_rate, "ratio", goal=">= 0.5",
          note="both read a backlog of the same records in this run")
     emit("faust_to_raw_cpu_ratio", one.cpu_rate / raw_cpu_rate, "ratio",
@@ -692,9 +697,9 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
     if args.no_two_workers:
         return
     two = WorkerRun(bootstrap, f"{prefix}w2.", capture, expected, workers=2,
-                    backlog=True, event_loop=loop).run()
+                    backlog=True, event_loop=loop, dedup_bands=bands).run()
     live2 = WorkerRun(bootstrap, f"{prefix}l2.", capture, expected, workers=2,
-                      backlog=False, event_loop=loop).run()
+                      backlog=False, event_loop=loop, dedup_bands=bands).run()
     same = _same_windows(bootstrap, [f"{prefix}{n}." for n in ("w", "l", "w2", "l2")],
                          expected=pipeline_windows)
     cores = os.cpu_count() or 1

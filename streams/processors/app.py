@@ -72,6 +72,7 @@ from hebrus_flywheel.schemas import codec
 from hebrus_flywheel.streams import limits, quarantine
 from hebrus_flywheel.streams.consent_book import ConsentBook
 from hebrus_flywheel.streams.owner_seal import Erased, OwnerSealer, open_fields, seal_fields
+from hebrus_flywheel.streams.processors.band_agents import BAND_TABLE, HOME_TABLE, BandDedup
 from hebrus_flywheel.streams.processors.batches import (
     all_delivered,
     batches,
@@ -157,6 +158,10 @@ class WorkerConfig:
             caught up before its mark lets the dedup stage decide past everything it
             read (:class:`~streams.processors.decision_order.MarkPolicy`): longer, fewer
             live generations decided out of event-time order, decisions later.
+        dedup_bands: run dedup band-partitioned (:mod:`streams.processors.band_agents`),
+            so that it spreads over workers, instead of on one partition. The same
+            decisions for generations decided in event-time order. Every worker of one
+            app id must use the same layout.
     """
 
     bootstrap: str
@@ -173,6 +178,7 @@ class WorkerConfig:
     standby_replicas: int = 1
     heap_release_interval_s: float = 5.0
     order_grace_s: float = 0.5
+    dedup_bands: bool = False
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -219,7 +225,9 @@ class StreamsWorker:
             config.bootstrap,
             self.topics,
             app_id=config.full_app_id,
-            tables={CAPTURE_TABLE: None, DEDUP_TABLE: 1},
+            tables=({CAPTURE_TABLE: None, BAND_TABLE: None, HOME_TABLE: None}
+                    if config.dedup_bands else {CAPTURE_TABLE: None, DEDUP_TABLE: 1}),
+            dedup_bands=config.dedup_bands,
         )
         # topics faust creates itself (its assignor's leader topic) are replicated like
         # the catalogue: 3 on a cluster of three or more nodes (min.insync.replicas 2)
@@ -302,9 +310,17 @@ class StreamsWorker:
         # writes coalesced per key within each batch (streams.processors.write_cache)
         capture_table = WriteCache(self._table(CAPTURE_TABLE, self.partitions),
                                    name="capture", counters=self.counters)
-        dedup_table = WriteCache(self._table(DEDUP_TABLE, 1), name="dedup",
-                                 counters=self.counters)
-        self.caches = (capture_table, dedup_table)
+        dedup_tables: tuple[WriteCache, ...]
+        if self.config.dedup_bands:
+            dedup_tables = (
+                WriteCache(self._table(BAND_TABLE, self.partitions), name="bands",
+                           counters=self.counters),
+                WriteCache(self._table(HOME_TABLE, self.partitions), name="dedup",
+                           counters=self.counters))
+        else:
+            dedup_tables = (WriteCache(self._table(DEDUP_TABLE, 1), name="dedup",
+                                       counters=self.counters),)
+        self.caches = (capture_table, *dedup_tables)
         self.capture = CaptureStage(
             topics=t.capture_kinds(),
             store=capture_table,
@@ -318,9 +334,10 @@ class StreamsWorker:
             split_config=p.split,
         )
         self.dedup = DedupStage(
-            split_config=p.split, dedup_config=p.dedup, store=dedup_table, counters=self.counters
-        )
+            split_config=p.split, dedup_config=p.dedup, store=dedup_tables[-1],
+            counters=self.counters)
         self.order = DecisionOrder(self.dedup, partitions=self.partitions)
+        self.bands: BandDedup | None = None
         self.window = WindowStage(config=p.window, store=capture_table, counters=self.counters,
                                   sealed=True)
         self._declare_agents()
@@ -339,18 +356,25 @@ class StreamsWorker:
         self.ticks_topic = app.topic(t.ticks, partitions=self.partitions, **raw)
         self.quarantine_topic = app.topic(t.quarantine, **raw)
         self.window_topics = {s: app.topic(name, **raw) for s, name in t.windows.items()}
+        agents: list[tuple[Any, str, Any]] = [
+            (self.capture_topic, "capture", self._capture_agent),
+            (self.identity_topic, "identities", self._identity_agent),
+            (self.decisions_topic, "window", self._window_agent),
+        ]
+        if self.config.dedup_bands:
+            self.bands = self._band_dedup()
+            agents += [(self.bands.bands_topic, "bands", self._band_agent),
+                       (self.bands.homes_topic, "dedup", self._home_agent)]
+        else:
+            agents.append((self.threads_topic, "dedup", self._dedup_agent))
         self.progress = CaptureProgress(
             app=app, topics=t, clocks=self.capture.clocks, counters=self.counters,
             lateness_ms=self.config.processors.dedup.order_lateness_ms,
             grace_s=self.config.order_grace_s, threads_topic=self.threads_topic,
-            ticks_topic=self.ticks_topic)
+            ticks_topic=self.ticks_topic,
+            mark_sink=self.bands.send_mark if self.bands is not None else None)
         # crash-only (streams.processors.crash): an error stops the worker, never skips
-        for topic, name, body in (
-            (self.capture_topic, "capture", self._capture_agent),
-            (self.identity_topic, "identities", self._identity_agent),
-            (self.threads_topic, "dedup", self._dedup_agent),
-            (self.decisions_topic, "window", self._window_agent),
-        ):
+        for topic, name, body in agents:
             app.agent(topic, name=name, supervisor_strategy=CrashingSupervisor)(
                 crash_only_agent(name, body)
             )
@@ -368,10 +392,35 @@ class StreamsWorker:
 
     # -- agents -----------------------------------------------------------------------
 
+    def _band_dedup(self) -> BandDedup:
+        raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw",
+                               "allow_empty": True}
+        p = self.config.processors
+        return BandDedup(
+            app=self.app, partitions=self.partitions, split_config=p.split,
+            dedup_config=p.dedup, sealer=self.sealer, counters=self.counters,
+            homes_topic=self.app.topic(self.topics.homes, partitions=self.partitions, **raw),
+            bands_topic=self.app.topic(self.topics.bands, partitions=self.partitions, **raw),
+            band_table=self.caches[1], home_table=self.caches[2],
+            send_decisions=self._send_decisions, skipped_poison=self._skipped_poison)
+
     async def _capture_agent(self, stream: Any) -> None:
         await handle_in_batches(stream, self._capture_one, flush=self._flush_tables,
                                 on_cpu=self._cpu_counter("capture"),
-                                before=self.progress.hold_marks, after=self.progress.send_marks)
+                                before=self.progress.hold_marks, after=self._after_capture)
+
+    async def _after_capture(self, messages: list[Any]) -> list[Any]:
+        """A capture batch's probes (band-partitioned dedup), then its marks."""
+        deliveries = await self.bands.flush_probes() if self.bands is not None else []
+        return deliveries + await self.progress.send_marks(messages)
+
+    async def _band_agent(self, stream: Any) -> None:
+        assert self.bands is not None
+        await self.bands.band_agent(stream, self._cpu_counter("bands"))
+
+    async def _home_agent(self, stream: Any) -> None:
+        assert self.bands is not None
+        await self.bands.home_agent(stream, self._cpu_counter("dedup"))
 
     def _cpu_counter(self, agent: str) -> Callable[[int], None]:
         """Adds an agent's CPU microseconds to ``cpu/<agent>_us``."""
@@ -558,6 +607,9 @@ class StreamsWorker:
         except OwnerKeyDestroyedError:  # erased while assembling: no summary, no windows
             self.counters.inc("sealing", "erased_summaries")
             return _done()
+        if self.bands is not None:
+            return await self.bands.send_summary(emit.value, json.dumps(summary).encode(),
+                                                 emit.key.encode())
         return await self.threads_topic.send(
             key=emit.key.encode(), value=json.dumps(summary).encode(), partition=0
         )
@@ -574,7 +626,11 @@ class StreamsWorker:
     async def _log_stats(self) -> None:
         log.info("streams counters %s", json.dumps(self.counters.as_dict()))
         log.info("streams memory %s", json.dumps({**memory_gauges(),
-                                                  "dedup_held": self.order.held}))
+                                                  "dedup_held": self._held()}))
+
+    def _held(self) -> int:
+        """Generations the dedup stage holds for their turn (in this worker)."""
+        return self.bands.held if self.bands is not None else self.order.held
 
     async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
         # Hold the flow until faust has sought the stream partitions back to their
@@ -593,8 +649,11 @@ class StreamsWorker:
         self.app.flow_control.suspend()
         # before faust's seek: partitions without a commit go back to their start too
         seek_uncommitted_to_start(self.app)
-        self.order.reset()
-        self.order.pending()  # what waits in the partition now held (the drain waits for it)
+        if self.bands is not None:
+            self.bands.reset(self.app.consumer.assignment())
+        else:
+            self.order.reset()
+            self.order.pending()  # what waits in the partition now held (the drain waits)
         for cache in self.caches:  # empty: faust acks every batch before it revokes
             cache.discard()
         self.progress.forget()  # positions start at the commit again, marks afresh
@@ -603,7 +662,7 @@ class StreamsWorker:
         """Run until SIGINT/SIGTERM, or until the watchdog stops the worker (drained:
         status 0; stalled, broker lost, drain timeout: non-zero)."""
         start_monitor(self.app, self.topics, self.config.full_app_id, self.config.bootstrap,
-                      self.config.watchdog, holding=lambda: self.order.held)
+                      self.config.watchdog, holding=self._held)
         worker = faust.Worker(
             self.app,
             loglevel=logging.getLogger().level or logging.WARNING,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from faust.types import TP
@@ -32,10 +33,15 @@ class CaptureProgress:
 
     def __init__(self, *, app: Any, topics: StreamTopics, clocks: EventClocks,
                  lateness_ms: int, grace_s: float, counters: Counters,
-                 threads_topic: Any, ticks_topic: Any) -> None:
+                 threads_topic: Any, ticks_topic: Any,
+                 mark_sink: Callable[[int, int | None], Awaitable[list[Any]]] | None = None,
+                 ) -> None:
         self.app, self.topics, self.clocks, self.counters = app, topics, clocks, counters
         self.lateness_ms = lateness_ms
         self.threads_topic, self.ticks_topic = threads_topic, ticks_topic
+        # where marks go: the threads topic's one partition, or (band-partitioned dedup,
+        # streams.processors.band_agents) every band and home partition
+        self.mark_sink = mark_sink or self._send_mark
         self.marks = MarkPolicy(grace_s=grace_s)
         self.processed: dict[tuple[str, int], int] = {}  # capture offsets processed here
 
@@ -66,8 +72,10 @@ class CaptureProgress:
     async def hold_marks(self, messages: list[Any]) -> list[Any]:
         """Before a capture batch's summaries: the marks that must hold again because the
         batch reads records (:meth:`MarkPolicy.resume`); their deliveries."""
-        held = self.marks.resume(self._read(messages), self._bound)
-        return [await self._send_mark(partition, at) for partition, at in held]
+        deliveries = []
+        for partition, at in self.marks.resume(self._read(messages), self._bound):
+            deliveries.extend(await self.mark_sink(partition, at))
+        return deliveries
 
     async def send_marks(self, messages: list[Any]) -> list[Any]:
         """After a capture batch, the mark of each capture partition read or assigned
@@ -82,7 +90,7 @@ class CaptureProgress:
                 partition, caught_up=self.caught_up(partition, assigned, known=True),
                 bound=self._bound(partition), now_s=now_s, read=partition in read)
             if send:
-                deliveries.append(await self._send_mark(partition, at))
+                deliveries.extend(await self.mark_sink(partition, at))
         return deliveries
 
     def _read(self, messages: list[Any]) -> set[int]:
@@ -91,9 +99,9 @@ class CaptureProgress:
     def _bound(self, partition: int) -> int | None:
         return self.clocks.bound(partition, self.lateness_ms)
 
-    async def _send_mark(self, partition: int, at: int | None) -> Any:
-        return await self.threads_topic.send(
-            key=MARK_KEY, value=json.dumps({"mark": partition, "at": at}).encode(), partition=0)
+    async def _send_mark(self, partition: int, at: int | None) -> list[Any]:
+        return [await self.threads_topic.send(
+            key=MARK_KEY, value=json.dumps({"mark": partition, "at": at}).encode(), partition=0)]
 
     # -- timers -------------------------------------------------------------------------
 

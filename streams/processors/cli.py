@@ -122,6 +122,9 @@ def worker_command(
                                              "worker this many times in a row."),
     event_loop: str = typer.Option(DEFAULT_EVENT_LOOP, help="Event loop of the worker: "
                                    f"{' or '.join(EVENT_LOOPS)} (the standard library's)."),
+    dedup_bands: bool = typer.Option(False, "--dedup-bands", help="Band-partitioned dedup: "
+                                     "its work spreads over workers (every worker of one "
+                                     "app id the same; not yet for rebuild --from-capture)."),
 ) -> None:
     """Run one streams worker (start more with the same --app-id to share partitions)."""
     declare_role("streams")
@@ -158,6 +161,7 @@ def worker_command(
         data_dir=data_dir,
         standby_replicas=standby_replicas,
         poison_after_crashes=poison_after_crashes,
+        dedup_bands=dedup_bands,
     )
     StreamsWorker(config).run()
 

@@ -156,14 +156,19 @@ class BandRouter:
 
 
 def _watermark(marks: Mapping[int, Mark], partitions: int) -> float:
-    """The lowest mark (a partition without one holds everything back)."""
+    """The lowest mark (a partition without one holds everything back; no partitions:
+    no bound)."""
+    if not partitions:
+        return math.inf
     if len(marks) < partitions:
         return -math.inf
     return min(math.inf if at is None else at for at in marks.values())
 
 
 def _marks(store: Mapping[str, Any], prefix: str) -> dict[int, Any]:
-    return {int(k[len(prefix):]): v["at"] for k, v in store.items() if k.startswith(prefix)}
+    # keys first: a faust table iterates every partition a worker holds but reads from
+    # the current event's partition only
+    return {int(k[len(prefix):]): store[k]["at"] for k in list(store) if k.startswith(prefix)}
 
 
 class BandPartition:
@@ -198,9 +203,9 @@ class BandPartition:
     def _index(self) -> tuple[dict[bytes, list[str]], dict[str, Probe]]:
         if self._buckets is None:
             self._buckets, self._probes = {}, {}
-            for key, value in self.store.items():
+            for key in list(self.store):
                 if key.startswith(PROBE_PREFIX) and key.endswith(self._suffix):
-                    self._insert(_probe_of(value))
+                    self._insert(_probe_of(self.store[key]))
         return self._buckets, self._probes
 
     def _insert(self, probe: Probe) -> None:
@@ -276,7 +281,8 @@ class BandPartition:
 PROBE_PREFIX = f"q{SEP}"
 """A band partition's probes (an owner's data: sealed in the changelog)."""
 PENDING_PREFIX = f"p{SEP}"
-"""A home's generations not decided yet (``{"summary", "split"}``; sealed)."""
+"""A home's generations not decided yet (``p<SEP><iid><SEP>@<home>``: ``{"summary",
+"split"}``; sealed)."""
 DECIDED_PREFIX = f"d{SEP}"
 """A home's decisions (sealed; a repeated summary gets its decision again)."""
 CANDIDATES_PREFIX = f"g{SEP}"
@@ -324,31 +330,37 @@ class HomePartition:
         self._capture_prefix, self._band_prefix = f"m{SEP}h{home}c", f"m{SEP}h{home}b"
         self._clock_key = f"n{SEP}h{home}{SEP}clock"
         self._known_suffix = f"{SEP}{home}"
+        self._pending_suffix = f"{SEP}@{home}"
         self._loaded = False
         self._unsplit: list[tuple[OrderKey, str]] = []  # heap
         self._undecided: list[tuple[OrderKey, str]] = []  # split, in order
         self._capture_marks: dict[int, Mark] = {}
         self._band_marks: dict[int, float] = {}
         self._out: list[dict[str, Any]] = []  # decisions made again (repeated summaries)
+        self._changed = False  # since the last step: what waits may be decidable now
         self._notices: list[Notice] = []
 
     def reset(self) -> None:
         """Forget what is in memory (after a rebalance): read from the store."""
         self._loaded = False
 
+    def _pkey(self, iid: str) -> str:
+        return PENDING_PREFIX + iid + self._pending_suffix
+
     def _load(self) -> None:
         if self._loaded:
             return
         self._unsplit, self._undecided = [], []
-        for key, value in self.store.items():
-            if key.startswith(PENDING_PREFIX) and value["home"] == self.home:
-                entry = (order_key(value["summary"]), key[len(PENDING_PREFIX):])
+        for key in list(self.store):
+            if key.startswith(PENDING_PREFIX) and key.endswith(self._pending_suffix):
+                value = self.store[key]
+                entry = (order_key(value["summary"]), str(value["summary"]["iid"]))
                 (self._undecided if value["split"] else self._unsplit).append(entry)
         heapq.heapify(self._unsplit)
         self._undecided.sort()
         self._capture_marks = _marks(self.store, self._capture_prefix)
         self._band_marks = {b: float(at) for b, at in _marks(self.store, self._band_prefix).items()}
-        self._loaded = True
+        self._loaded = self._changed = True
 
     # -- inputs -------------------------------------------------------------------
 
@@ -363,20 +375,21 @@ class HomePartition:
             self._out.append(dict(decided))
             self._notify_subscribers(iid)
             return
-        if PENDING_PREFIX + iid in self.store:
+        if self._pkey(iid) in self.store:
             return
         key = order_key(summary)
         if key[0] < self.watermark():
             self.counters.inc("dedup", "late_summaries")  # its pairs may come after it
         self.counters.inc("dedup", "summaries_waited")
-        self.store[PENDING_PREFIX + iid] = {"summary": dict(summary), "split": None,
-                                            "home": self.home}
+        self._changed = True
+        self.store[self._pkey(iid)] = {"summary": dict(summary), "split": None}
         heapq.heappush(self._unsplit, (key, iid))
         if _start_of(summary) > self._clock():
             self.store[self._clock_key] = _start_of(summary)
 
     def pair(self, pair: Pair) -> None:
         self._load()
+        self._changed = True
         if pair.later_home == self.home and DECIDED_PREFIX + pair.later not in self.store:
             key = CANDIDATES_PREFIX + pair.later
             candidates = self.store.get(key) or {}
@@ -395,6 +408,7 @@ class HomePartition:
 
     def notice(self, notice: Notice) -> None:
         self._load()
+        self._changed = True
         key = KNOWN_PREFIX + notice.iid + self._known_suffix
         if key not in self.store:
             self.store[key] = [notice.keep, notice.split, notice.start]
@@ -430,11 +444,16 @@ class HomePartition:
         watermark = self.watermark()
         while self._unsplit and self._unsplit[0][0][0] < watermark:
             key, iid = heapq.heappop(self._unsplit)
-            pending = self.store[PENDING_PREFIX + iid]
+            pending = self.store[self._pkey(iid)]
             split = list(self._splitter.split_for(pending["summary"]))
-            self.store[PENDING_PREFIX + iid] = {**pending, "split": split}
+            self.store[self._pkey(iid)] = {**pending, "split": split}
             self._undecided.append((key, iid))
+            self._changed = True
         decisions, self._out = self._out, []
+        if not self._changed:  # nothing new to decide on
+            notices, self._notices = self._notices, []
+            return decisions, notices
+        self._changed = False
         waiting = []
         for key, iid in self._undecided:
             candidates = self.store.get(CANDIDATES_PREFIX + iid) or {}
@@ -451,7 +470,7 @@ class HomePartition:
         return decisions, notices
 
     def _decide(self, iid: str, candidates: Mapping[str, list[Any]]) -> dict[str, Any]:
-        pending = self.store.pop(PENDING_PREFIX + iid)
+        pending = self.store.pop(self._pkey(iid))
         summary, (split, rule) = pending["summary"], pending["split"]
         if candidates:
             del self.store[CANDIDATES_PREFIX + iid]
@@ -483,7 +502,7 @@ class HomePartition:
         horizon past its start; one neither known nor waiting by then never comes)."""
         known = self.store.get(KNOWN_PREFIX + iid + self._known_suffix)
         if known is None and start + 2 * self.config.horizon_ms < self._clock() \
-                and PENDING_PREFIX + iid not in self.store:
+                and self._pkey(iid) not in self.store:
             self.counters.inc("dedup", "forgotten_candidates")
             return [False, "", start]
         return known

@@ -35,7 +35,8 @@ class InProcessBands:
     def __init__(self, *, split_config: SplitConfig, dedup_config: DedupConfig,
                  capture_partitions: int, band_partitions: int, home_partitions: int,
                  rng: np.random.Generator | None = None,
-                 stores: Mapping[str, MutableMapping[str, Any]] | None = None) -> None:
+                 stores: Mapping[str, MutableMapping[str, Any]] | None = None,
+                 home_capture_marks: bool = True) -> None:
         stores = stores or {"band": {}, "home": {}}
         self.router = BandRouter(dedup_config, band_partitions=band_partitions,
                                  home_partitions=home_partitions)
@@ -43,10 +44,12 @@ class InProcessBands:
                                     store=stores["band"]) for b in range(band_partitions)]
         self.homes = [HomePartition(home=h, split_config=split_config,
                                     dedup_config=dedup_config,
-                                    capture_partitions=capture_partitions,
+                                    capture_partitions=capture_partitions
+                                    if home_capture_marks else 0,
                                     band_partitions=band_partitions, store=stores["home"])
                       for h in range(home_partitions)]
         self.rng = rng
+        self.home_capture_marks = home_capture_marks
         self._channels: dict[tuple[Node, Node], list[tuple[str, Any]]] = {}
         self._band_sent: dict[int, float] = {}
         self.decisions: list[dict[str, Any]] = []
@@ -62,10 +65,17 @@ class InProcessBands:
             self._send(src, ("band", band), "probe", probe)
 
     def mark(self, capture_partition: int, at: Mark) -> None:
-        """A capture partition's mark, to every band and home partition."""
+        """A capture partition's mark, to every band and home partition; without
+        ``home_capture_marks``, to the band partitions only, once the homes have the
+        partition's summaries (as the worker waits for their delivery)."""
         src = ("capture", capture_partition)
-        for dst in [("band", b) for b in range(len(self.bands))] + \
-                   [("home", h) for h in range(len(self.homes))]:
+        homes = [("home", h) for h in range(len(self.homes))]
+        if not self.home_capture_marks:
+            for home in homes:
+                for kind, payload in self._channels.pop((src, home), []):
+                    self._at_home(home[1], kind, payload)
+            homes = []
+        for dst in [("band", b) for b in range(len(self.bands))] + homes:
             self._send(src, dst, "mark", (capture_partition, at))
 
     def run(self) -> list[dict[str, Any]]:

@@ -13,6 +13,9 @@ policy's ``internal`` class (:mod:`streams.retention`, default 7 days):
   partition its thread was read from; ``flywheel streams inspect`` reads dedup counts
   from it;
 * ``…-ticks-v1`` (N partitions, 1 hour retention): idle-timeout ticks;
+* ``…-homes-v1`` and ``…-bands-v1`` (N partitions each), only for workers that run the
+  band-partitioned dedup (``--dedup-bands``, :mod:`streams.processors.band_agents`):
+  what the home and band partitions read;
 * ``…-crashes-v1`` (1 partition, compacted): the crash ledger, crashes per record
   (:mod:`streams.processors.poison`).
 """
@@ -57,6 +60,8 @@ class StreamTopics:
     ticks: str
     crashes: str
     consent: str = ""
+    homes: str = ""
+    bands: str = ""
 
     @classmethod
     def from_prefix(cls, prefix: str = "", app_id: str = DEFAULT_APP_ID) -> StreamTopics:
@@ -74,6 +79,8 @@ class StreamTopics:
             ticks=f"{app}-ticks-v1",
             crashes=f"{app}-crashes-v1",
             consent=prefix + CONSENT_TOPIC,
+            homes=f"{app}-homes-v1",
+            bands=f"{app}-bands-v1",
         )
 
     def capture_kinds(self) -> dict[str, str]:
@@ -95,9 +102,17 @@ class StreamTopics:
 
 
 def internal_specs(topics: StreamTopics, partitions: int,
-                   policy: RetentionPolicy | None = None) -> list[TopicSpec]:
+                   policy: RetentionPolicy | None = None, *,
+                   dedup_bands: bool = False) -> list[TopicSpec]:
     internal_ms = (policy or load_policy()).internal_ms
+    bands = [
+        TopicSpec(name=topics.homes, partitions=partitions, retention_ms=internal_ms,
+                  doc="Band-partitioned dedup: summaries, marks, pairs and notices by home."),
+        TopicSpec(name=topics.bands, partitions=partitions, retention_ms=internal_ms,
+                  doc="Band-partitioned dedup: summaries and marks by band partition."),
+    ] if dedup_bands else []
     return [
+        *bands,
         TopicSpec(
             name=topics.threads,
             partitions=1,
@@ -145,6 +160,7 @@ def ensure_topics(
     *,
     app_id: str | None = None,
     tables: dict[str, int | None] | None = None,
+    dedup_bands: bool = False,
 ) -> int:
     """Create the catalogue topics the worker uses, its internal topics and the changelog
     topics of ``tables`` (``None`` partitions means N); returns N. Missing topics get the
@@ -162,7 +178,7 @@ def ensure_topics(
             "recreate them from the catalogue (`flywheel topics create`)"
         )
     partitions = next(iter(counts.values()))
-    specs = internal_specs(topics, partitions, policy)
+    specs = internal_specs(topics, partitions, policy, dedup_bands=dedup_bands)
     if app_id is not None and tables:
         specs += changelog_specs(app_id, {t: n or partitions for t, n in tables.items()})
     create_topics(bootstrap, specs)

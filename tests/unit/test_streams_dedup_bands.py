@@ -75,10 +75,12 @@ def sequential(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def partitioned(summaries: list[dict[str, Any]], *, captures: int, bands: int, homes: int,
-                rng: np.random.Generator | None) -> dict[str, dict[str, Any]]:
+                rng: np.random.Generator | None,
+                home_capture_marks: bool = True) -> dict[str, dict[str, Any]]:
     stage = InProcessBands(split_config=SPLITS, dedup_config=CONFIG,
                            capture_partitions=captures, band_partitions=bands,
-                           home_partitions=homes, rng=rng)
+                           home_partitions=homes, rng=rng,
+                           home_capture_marks=home_capture_marks)
     by_capture: dict[int, list[dict[str, Any]]] = {c: [] for c in range(captures)}
     for i, s in enumerate(summaries):
         by_capture[i % captures].append(s)
@@ -103,6 +105,10 @@ def test_same_decisions_as_one_partition_in_any_interleaving(seed: int) -> None:
     for captures, bands, homes in [(1, 1, 1), (3, 4, 2), (4, 12, 5), (2, 7, 7)]:
         got = partitioned(summaries, captures=captures, bands=bands, homes=homes, rng=rng)
         assert got == want, (captures, bands, homes)
+        # as the worker runs it: summaries on their homes before the marks go out
+        got = partitioned(summaries, captures=captures, bands=bands, homes=homes, rng=rng,
+                          home_capture_marks=False)
+        assert got == want, (captures, bands, homes, "no capture marks at homes")
 
 
 def test_the_keep_or_drop_chain_spans_homes() -> None:

@@ -1,0 +1,292 @@
+"""The worker's band-partitioned dedup (``--dedup-bands``): agents around
+:mod:`streams.processors.dedup_bands`.
+
+Topology (``N`` partitions each, like the capture topics)::
+
+    capture agent ──▶ homes (each summary, to its thread's home)
+                 └──▶ bands (the batch's summaries, one record per band partition its
+                             bucket keys reach; then marks, to every band partition)
+    band agent (table ``dedup-bands``) ──▶ homes (pairs, to both members' homes;
+                                                  its watermark, to every home)
+    home agent (table ``dedup-homes``) ──▶ decisions (as the one-partition agent)
+                                      └──▶ homes (notices, to subscribers' homes)
+
+Every record a partition depends on comes from one producer per source partition and
+batch, in order: a capture batch sends its summaries, waits until they are on their
+homes, then sends its probes and marks; a band batch sends its pairs before the
+watermarks that cover them. So a home has every summary and every pair of a generation
+before the band watermarks pass its end (homes need no capture marks of their own). A summary on
+either topic is the same sealed record (its digest and signature sealed under the
+owner's key); pairs and notices name generations by id and carry no content.
+
+All workers of one app id must use the same dedup layout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from hebrus_flywheel.core.counters import Counters
+from hebrus_flywheel.streams.owner_seal import Erased, OwnerSealer, open_fields
+from hebrus_flywheel.streams.processors.batches import (
+    all_delivered,
+    batches,
+    handling,
+    own_cpu,
+)
+from hebrus_flywheel.streams.processors.crash import record_handled
+from hebrus_flywheel.streams.processors.decision_order import HOLD_MS
+from hebrus_flywheel.streams.processors.dedup import DedupConfig
+from hebrus_flywheel.streams.processors.dedup_bands import (
+    BandPartition,
+    BandRouter,
+    HomePartition,
+    Notice,
+    Pair,
+    Probe,
+    home_of,
+)
+from hebrus_flywheel.streams.processors.exceptions import WorkerError
+from hebrus_flywheel.streams.processors.split import SplitConfig
+from hebrus_flywheel.streams.processors.write_cache import WriteCache
+
+BAND_TABLE = "dedup-bands"
+HOME_TABLE = "dedup-homes"
+MAX_PROBES_PER_RECORD = 128
+"""Most summaries in one bands-topic record (~1.5 KB each, sealed)."""
+PROBE_CACHE = 1024
+"""Summaries whose probes a worker's band agent keeps (a few KB each)."""
+
+SendDecisions = Callable[[list[dict[str, Any]]], Awaitable[list[Any]]]
+Skipped = Callable[[Any], Awaitable[bool]]
+
+
+def _at(watermark: float) -> int | None:
+    """A band watermark on the wire: None passes everything, HOLD_MS holds everything."""
+    if watermark == float("inf"):
+        return None
+    return HOLD_MS if watermark == float("-inf") else int(watermark)
+
+
+class BandDedup:
+    """One worker's share of the band-partitioned dedup stage."""
+
+    def __init__(self, *, app: Any, homes_topic: Any, bands_topic: Any, partitions: int,
+                 split_config: SplitConfig, dedup_config: DedupConfig, sealer: OwnerSealer,
+                 counters: Counters, band_table: WriteCache, home_table: WriteCache,
+                 send_decisions: SendDecisions, skipped_poison: Skipped) -> None:
+        self.app, self.partitions, self.counters = app, partitions, counters
+        self.homes_topic, self.bands_topic = homes_topic, bands_topic
+        self.split_config, self.dedup_config, self.sealer = split_config, dedup_config, sealer
+        self.band_table, self.home_table = band_table, home_table
+        self.send_decisions, self.skipped_poison = send_decisions, skipped_poison
+        self.router = BandRouter(dedup_config, band_partitions=partitions,
+                                 home_partitions=partitions)
+        self._bands: dict[int, BandPartition] = {}
+        self._homes: dict[int, HomePartition] = {}
+        self._probes: dict[int, list[bytes]] = {}  # this capture batch's, by band partition
+        self._band_sent: dict[int, int | None] = {}
+        self._summaries_sent: list[Any] = []  # this capture batch's summaries
+        self._opened: dict[str, dict[int, Probe]] = {}  # recent summaries' probes
+
+    # -- the capture agent's side -------------------------------------------------
+
+    async def send_summary(self, summary: Mapping[str, Any], sealed: bytes, key: bytes) -> Any:
+        """Send a completed generation to its home; hold its probes for the batch's end."""
+        for band in self.router.probes(summary):
+            self._probes.setdefault(band, []).append(sealed)
+        delivery = await self.homes_topic.send(key=key, value=sealed,
+                                               partition=home_of(summary, self.partitions))
+        self._summaries_sent.append(delivery)
+        return delivery
+
+    async def flush_probes(self) -> list[Any]:
+        """The batch's probes, one record per band partition, once its summaries are on
+        their homes: the marks that follow let band watermarks pass them, and a home
+        decides only what it holds, so a summary must not trail its watermark."""
+        sent, self._summaries_sent = self._summaries_sent, []
+        await all_delivered(sent)
+        deliveries = []
+        probes, self._probes = self._probes, {}
+        for band, items in sorted(probes.items()):
+            for i in range(0, len(items), MAX_PROBES_PER_RECORD):
+                value = b'{"summaries":[' + b",".join(items[i:i + MAX_PROBES_PER_RECORD]) + b"]}"
+                deliveries.append(await self.bands_topic.send(key=b"probes", value=value,
+                                                              partition=band))
+        return deliveries
+
+    async def send_mark(self, capture_partition: int, at: int | None) -> list[Any]:
+        """A capture partition's mark, to every band partition."""
+        value = json.dumps({"mark": capture_partition, "at": at}).encode()
+        return [await self.bands_topic.send(key=b"mark", value=value, partition=p)
+                for p in range(self.partitions)]
+
+    # -- the band agent -----------------------------------------------------------
+
+    async def band_agent(self, stream: Any, on_cpu: Callable[[int], None]) -> None:
+        async for events in batches(stream):
+            deliveries = await own_cpu(self._band_batch(events), on_cpu)
+            with record_handled(None):
+                await all_delivered(deliveries)  # before faust acks the batch's records
+
+    async def _band_batch(self, events: list[Any]) -> list[Any]:
+        """A batch of probes and marks: then its pairs (to both members' homes), then the
+        watermarks that moved (to every home), in that order."""
+        by_home: dict[int, list[list[Any]]] = {}
+        touched: set[int] = set()
+        for event in events:
+            with handling(event):
+                if not await self.skipped_poison(event.message):
+                    touched.add(self._band_one(event.message, by_home))
+        self.band_table.flush()
+        deliveries = [await self.homes_topic.send(
+            key=b"pairs", value=json.dumps({"pairs": pairs}).encode(), partition=home)
+            for home, pairs in sorted(by_home.items())]
+        for partition in sorted(touched):
+            at = _at(self._band(partition).watermark())
+            if self._band_sent.get(partition, HOLD_MS - 1) != at:
+                self._band_sent[partition] = at
+                value = json.dumps({"band": partition, "at": at}).encode()
+                deliveries += [await self.homes_topic.send(key=b"band", value=value, partition=h)
+                               for h in range(self.partitions)]
+        return deliveries
+
+    def _band(self, partition: int) -> BandPartition:
+        band = self._bands.get(partition)
+        if band is None:
+            band = self._bands[partition] = BandPartition(
+                self.dedup_config, band=partition, capture_partitions=self.partitions,
+                store=self.band_table)
+        return band
+
+    def _band_one(self, msg: Any, by_home: dict[int, list[list[Any]]]) -> int:
+        wire = json.loads(msg.value)
+        band = self._band(int(msg.partition))
+        if "mark" in wire:
+            band.mark(int(wire["mark"]), wire["at"])
+            return band.band
+        for sealed in wire["summaries"]:
+            probes = self._probes_of(sealed)
+            if probes is None:
+                self.counters.inc("sealing", "erased_summaries")
+                continue
+            probe = probes.get(band.band)
+            if probe is None:
+                raise WorkerError(f"a summary of {sealed['iid']!r} reached band partition "
+                                  f"{band.band}, which none of its bucket keys maps to")
+            for pair in band.probe(probe):
+                for home in {pair.earlier_home, pair.later_home}:
+                    by_home.setdefault(home, []).append(_pair_wire(pair))
+        return band.band
+
+    def _probes_of(self, sealed: Mapping[str, Any]) -> dict[int, Probe] | None:
+        """A summary's probes by band partition (None: its owner was erased). One worker
+        often holds several of a summary's band partitions and reads it once for each, in
+        records close together: the last ``PROBE_CACHE`` summaries are opened once."""
+        iid = str(sealed["iid"])
+        probes = self._opened.get(iid)
+        if probes is None:
+            summary = open_fields(sealed, self.sealer, context=iid)
+            if isinstance(summary, Erased):
+                return None
+            probes = self._opened[iid] = self.router.probes(summary)
+            if len(self._opened) > PROBE_CACHE:
+                del self._opened[next(iter(self._opened))]
+        return probes
+
+    # -- the home agent -----------------------------------------------------------
+
+    async def home_agent(self, stream: Any, on_cpu: Callable[[int], None]) -> None:
+        async for events in batches(stream):
+            deliveries = await own_cpu(self._home_batch(events), on_cpu)
+            with record_handled(None):
+                await all_delivered(deliveries)  # before faust acks the batch's records
+
+    async def _home_batch(self, events: list[Any]) -> list[Any]:
+        """A batch of home records, then each touched home decides what it can (as its
+        last record: faust writes a table in the current event's partition)."""
+        last: dict[int, Any] = {}
+        for event in events:
+            with handling(event):
+                if not await self.skipped_poison(event.message):
+                    self._home_one(event.message)
+                    last[int(event.message.partition)] = event
+        deliveries: list[Any] = []
+        notices: dict[int, list[list[Any]]] = {}
+        for partition, event in sorted(last.items()):
+            with handling(event):
+                decisions, told = self._home(partition).step()
+            deliveries += await self.send_decisions(decisions)
+            for n in told:
+                notices.setdefault(n.home, []).append([n.iid, n.start, n.keep, n.split])
+        self.home_table.flush()
+        for target, items in sorted(notices.items()):
+            deliveries.append(await self.homes_topic.send(
+                key=b"notices", value=json.dumps({"notices": items}).encode(), partition=target))
+        return deliveries
+
+    def _home(self, partition: int) -> HomePartition:
+        home = self._homes.get(partition)
+        if home is None:
+            # no capture marks at the homes: a capture batch's summaries are on their
+            # homes before its marks go to the band partitions (flush_probes)
+            home = self._homes[partition] = HomePartition(
+                home=partition, split_config=self.split_config, dedup_config=self.dedup_config,
+                capture_partitions=0, band_partitions=self.partitions,
+                store=self.home_table, counters=self.counters)
+        return home
+
+    def _home_one(self, msg: Any) -> None:
+        wire = json.loads(msg.value)
+        home = self._home(int(msg.partition))
+        if "iid" in wire:
+            summary = open_fields(wire, self.sealer, context=str(wire["iid"]))
+            if isinstance(summary, Erased):
+                self.counters.inc("sealing", "erased_summaries")  # no decision: erased
+                return
+            home.summary(summary)
+        elif "band" in wire:
+            at = wire["at"]
+            home.band_mark(int(wire["band"]), float("inf") if at is None else float(at))
+        elif "pairs" in wire:
+            for item in wire["pairs"]:
+                home.pair(_pair_of(item))
+        elif "notices" in wire:
+            for iid, start, keep, split in wire["notices"]:
+                home.notice(Notice(home=home.home, iid=iid, start=start, keep=keep, split=split))
+        else:
+            raise WorkerError(f"{msg.topic}[{msg.partition}]@{msg.offset} is no summary, band "
+                              "mark, pair or notice")
+
+    # -- rebalances ---------------------------------------------------------------
+
+    def reset(self, assignment: Any) -> None:
+        """After a rebalance: what is in memory is read from the tables again, now for the
+        home partitions assigned here (the drain waits for what they hold)."""
+        self._bands.clear()
+        self._homes.clear()
+        self._band_sent.clear()
+        self._probes.clear()
+        self._summaries_sent.clear()
+        for tp in assignment:
+            if tp.topic == self.homes_topic.get_topic_name():
+                self._home(int(tp.partition)).watermark()  # loads it
+
+    @property
+    def held(self) -> int:
+        """Generations waiting in this worker's homes."""
+        return sum(home.held for home in self._homes.values())
+
+
+def _pair_wire(pair: Pair) -> list[Any]:
+    return [pair.earlier, pair.earlier_home, list(pair.earlier_order), pair.earlier_start,
+            pair.later, pair.later_home, pair.exact, pair.near]
+
+
+def _pair_of(item: list[Any]) -> Pair:
+    earlier, earlier_home, (end, iid), start, later, later_home, exact, near = item
+    return Pair(earlier=earlier, earlier_home=int(earlier_home), earlier_order=(int(end), iid),
+                earlier_start=int(start), later=later, later_home=int(later_home),
+                exact=bool(exact), near=bool(near))
