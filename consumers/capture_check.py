@@ -195,6 +195,11 @@ def regenerate(bootstrap: str, prefix: str, capture: Mapping[str, Any], *,
                timeout_s: float = 120.0) -> FreshWindows:
     """Run the recorded capture offsets through the in-memory stream chain (module doc)."""
     runs = recorded_runs(capture)
+    if any(run.processor_config().dedup.band_partitioned for run in runs):
+        raise RebuildError(
+            "the snapshot's windows came from a band-partitioned dedup (streams worker "
+            "--dedup-bands), whose decisions rebuild --from-capture cannot replay yet; "
+            "rebuild without --from-capture")
     end = {str(t): {int(p): int(o) for p, o in parts.items()}
            for t, parts in capture.get("end", {}).items()}
     cuts = segments(runs, end)

@@ -158,10 +158,6 @@ class WorkerConfig:
             caught up before its mark lets the dedup stage decide past everything it
             read (:class:`~streams.processors.decision_order.MarkPolicy`): longer, fewer
             live generations decided out of event-time order, decisions later.
-        dedup_bands: run dedup band-partitioned (:mod:`streams.processors.band_agents`),
-            so that it spreads over workers, instead of on one partition. The same
-            decisions for generations decided in event-time order. Every worker of one
-            app id must use the same layout.
     """
 
     bootstrap: str
@@ -178,7 +174,6 @@ class WorkerConfig:
     standby_replicas: int = 1
     heap_release_interval_s: float = 5.0
     order_grace_s: float = 0.5
-    dedup_bands: bool = False
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -221,13 +216,14 @@ class StreamsWorker:
         self.kafka_client = kafka.client_config(config.bootstrap)
         self.faust_kafka = kafka.faust_settings(self.kafka_client)
         self.topics = StreamTopics.from_prefix(config.prefix, config.app_id)
+        bands = config.processors.dedup.band_partitioned  # streams.processors.band_agents
         self.partitions = ensure_topics(
             config.bootstrap,
             self.topics,
             app_id=config.full_app_id,
             tables=({CAPTURE_TABLE: None, BAND_TABLE: None, HOME_TABLE: None}
-                    if config.dedup_bands else {CAPTURE_TABLE: None, DEDUP_TABLE: 1}),
-            dedup_bands=config.dedup_bands,
+                    if bands else {CAPTURE_TABLE: None, DEDUP_TABLE: 1}),
+            dedup_bands=bands,
         )
         # topics faust creates itself (its assignor's leader topic) are replicated like
         # the catalogue: 3 on a cluster of three or more nodes (min.insync.replicas 2)
@@ -311,7 +307,7 @@ class StreamsWorker:
         capture_table = WriteCache(self._table(CAPTURE_TABLE, self.partitions),
                                    name="capture", counters=self.counters)
         dedup_tables: tuple[WriteCache, ...]
-        if self.config.dedup_bands:
+        if self.config.processors.dedup.band_partitioned:
             dedup_tables = (
                 WriteCache(self._table(BAND_TABLE, self.partitions), name="bands",
                            counters=self.counters),
@@ -361,7 +357,7 @@ class StreamsWorker:
             (self.identity_topic, "identities", self._identity_agent),
             (self.decisions_topic, "window", self._window_agent),
         ]
-        if self.config.dedup_bands:
+        if self.config.processors.dedup.band_partitioned:
             self.bands = self._band_dedup()
             agents += [(self.bands.bands_topic, "bands", self._band_agent),
                        (self.bands.homes_topic, "dedup", self._home_agent)]
@@ -662,7 +658,8 @@ class StreamsWorker:
         """Run until SIGINT/SIGTERM, or until the watchdog stops the worker (drained:
         status 0; stalled, broker lost, drain timeout: non-zero)."""
         start_monitor(self.app, self.topics, self.config.full_app_id, self.config.bootstrap,
-                      self.config.watchdog, holding=self._held)
+                      self.config.watchdog, holding=self._held,
+                      dedup_bands=self.bands is not None)
         worker = faust.Worker(
             self.app,
             loglevel=logging.getLogger().level or logging.WARNING,

@@ -63,6 +63,7 @@ def processor_config(
     context_length: int,
     route_context_length: int,
     order_lateness_s: float = 60.0,
+    dedup_bands: bool = False,
 ) -> ProcessorConfig:
     """The stage configuration from command-line values."""
     return ProcessorConfig(
@@ -75,7 +76,8 @@ def processor_config(
             runtime_holdout_fraction=runtime_holdout_fraction,
         ),
         dedup=DedupConfig(threshold=near_threshold,
-                          order_lateness_ms=int(order_lateness_s * 1000)),
+                          order_lateness_ms=int(order_lateness_s * 1000),
+                          band_partitioned=dedup_bands),
         window=WindowConfig(
             context_length=context_length, route_context_length=route_context_length
         ),
@@ -143,6 +145,7 @@ def worker_command(
         context_length=context_length,
         route_context_length=route_context_length,
         order_lateness_s=order_lateness_s,
+        dedup_bands=dedup_bands,
     )
     from hebrus_flywheel.core.namespace import resolve_prefix
 
@@ -161,7 +164,6 @@ def worker_command(
         data_dir=data_dir,
         standby_replicas=standby_replicas,
         poison_after_crashes=poison_after_crashes,
-        dedup_bands=dedup_bands,
     )
     StreamsWorker(config).run()
 

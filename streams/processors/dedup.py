@@ -75,6 +75,10 @@ class DedupConfig:
             decisions wait longer (until a partition is caught up, at most this much
             event time). A generation that completes later than that (idle closure,
             records later than this) is decided on arrival (``dedup/late_summaries``).
+        band_partitioned: decide band-partitioned (:mod:`streams.processors.dedup_bands`
+            in the worker's ``--dedup-bands``), so the stage's work spreads over
+            workers, rather than on one partition. Part of the configuration a group's
+            workers share, so they all run one layout.
     """
 
     shingle_size: int = 5
@@ -85,6 +89,7 @@ class DedupConfig:
     horizon_ms: int = 7 * 86_400_000
     bucket_ms: int = 3_600_000
     order_lateness_ms: int = 60_000
+    band_partitioned: bool = False
 
     def __post_init__(self) -> None:
         for name in ("shingle_size", "num_perm", "horizon_ms", "bucket_ms", "order_lateness_ms"):
@@ -95,6 +100,8 @@ class DedupConfig:
             raise ConfigError(f"DedupConfig.threshold must be in (0, 1], got {self.threshold!r}")
         if not isinstance(self.seed, int):
             raise ConfigError("DedupConfig.seed must be an integer")
+        if not isinstance(self.band_partitioned, bool):
+            raise ConfigError("DedupConfig.band_partitioned must be true or false")
 
 
 def content_digest(tokens: Sequence[int] | np.ndarray) -> str:

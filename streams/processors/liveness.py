@@ -34,8 +34,11 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 60.0
 
 
-def input_topics(topics: StreamTopics) -> tuple[str, ...]:
-    return (topics.transcripts, topics.observations, topics.identities, topics.threads,
+def input_topics(topics: StreamTopics, *, dedup_bands: bool = False) -> tuple[str, ...]:
+    """Every topic a worker reads (``dedup_bands``: its dedup's are the band and home
+    topics, not the threads topic)."""
+    dedup = (topics.bands, topics.homes) if dedup_bands else (topics.threads,)
+    return (topics.transcripts, topics.observations, topics.identities, *dedup,
             topics.decisions)
 
 
@@ -146,10 +149,12 @@ def _hard_exit(code: int) -> None:
 
 
 def start_monitor(app: Any, topics: StreamTopics, group_id: str, bootstrap: str,
-                  watchdog: WatchdogConfig, holding: Callable[[], int] | None = None) -> Monitor:
+                  watchdog: WatchdogConfig, holding: Callable[[], int] | None = None,
+                  dedup_bands: bool = False) -> Monitor:
     """``holding``: how many summaries wait in the dedup table for their turn (the worker
     is not drained while any does, though their offsets are committed)."""
-    target = MonitorTarget(kind="streams", name=group_id, topics=input_topics(topics),
+    target = MonitorTarget(kind="streams", name=group_id,
+                           topics=input_topics(topics, dedup_bands=dedup_bands),
                            home=flywheel_home())
     monitor = Monitor(target, watchdog, kafka.client_config(bootstrap),
                       on_verdict=lambda verdict: act(verdict, app=app),

@@ -169,6 +169,8 @@ def test_config_validation() -> None:
         DedupConfig(threshold=0.0)
     with pytest.raises(ConfigError, match="num_perm"):
         DedupConfig(num_perm=0)
+    with pytest.raises(ConfigError, match="band_partitioned"):
+        DedupConfig(band_partitioned="yes")  # type: ignore[arg-type]
 
 
 def test_duplicated_names_every_member_of_exact_and_near_pairs() -> None:

@@ -221,3 +221,15 @@ def test_band_and_home_state_is_an_owners_sealed_data() -> None:
     owned = [k for k in keys if k[0] in "pdqguk"]
     assert owned and all(owner_of_key(k) in {"own0", "own1", "own2"} for k in owned)
     assert all(owner_of_key(k) is None for k in keys if k[0] in "mnx")
+
+
+def test_a_band_partitioned_worker_reads_the_band_and_home_topics() -> None:
+    from hebrus_flywheel.streams.processors.liveness import input_topics
+    from hebrus_flywheel.streams.processors.topology import StreamTopics, internal_specs
+    topics = StreamTopics.from_prefix("t.")
+    banded = input_topics(topics, dedup_bands=True)
+    assert topics.homes in banded and topics.bands in banded and topics.threads not in banded
+    assert topics.threads in input_topics(topics) and topics.homes not in input_topics(topics)
+    specs = {s.name: s.partitions for s in internal_specs(topics, 6, dedup_bands=True)}
+    assert specs[topics.homes] == specs[topics.bands] == 6
+    assert topics.homes not in {s.name for s in internal_specs(topics, 6)}
