@@ -5,8 +5,10 @@ topics ``<prefix><group>-capture-state-changelog`` and ``...-dedup-state-changel
 (:mod:`streams.processors.app`). Every key that holds an owner's state names the owner:
 capture state is keyed by the thread instance ``owner␟thread␟generation`` (headers
 ``h␟``, turns ``t␟``, observations ``o␟``), dedup state by the instance (decisions
-``d␟``) or by ``owner/thread`` (sticky splits ``s␟``); producer counters (``c␟``) and
-the sequence (``n␟seq``) hold no owner. Erasure reads each changelog to its end, takes
+``d␟``) or by ``owner/thread`` (sticky splits ``s␟``); the band-partitioned dedup's
+tables (``…-dedup-bands-changelog``, ``…-dedup-homes-changelog``) by the instance too
+(``q␟ p␟ d␟ g␟ u␟ k␟``); producer counters (``c␟``), marks and clocks (``m␟ n␟``) hold
+no owner. Erasure reads each changelog to its end, takes
 the owner's keys and produces a ``None`` value for each live one to the partition it was
 read from, so compaction drops the state and a restoring worker forgets it.
 
@@ -33,9 +35,10 @@ from hebrus_flywheel.core import kafka
 # one definition: erase must tombstone exactly the keys whose values the workers seal
 from hebrus_flywheel.streams.processors.state_seal import owner_of_key
 
-# streams.processors.app's CAPTURE_TABLE and DEDUP_TABLE (that module imports faust;
-# tests/unit/test_erasure.py checks the names agree)
-TABLES: tuple[str, ...] = ("capture-state", "dedup-state")
+# streams.processors.app's CAPTURE_TABLE and DEDUP_TABLE, and the band-partitioned
+# dedup's BAND_TABLE and HOME_TABLE (streams.processors.band_agents; those modules
+# import faust; tests/unit/test_erasure.py checks the names agree)
+TABLES: tuple[str, ...] = ("capture-state", "dedup-state", "dedup-bands", "dedup-homes")
 CHANGELOG_SUFFIXES: tuple[str, ...] = tuple(f"-{t}-changelog" for t in TABLES)
 
 

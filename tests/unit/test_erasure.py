@@ -49,8 +49,9 @@ def dataset(tmp_path: Path) -> Iterator[Path]:
 
 def test_state_keys_name_their_owner() -> None:
     from hebrus_flywheel.streams.processors.app import CAPTURE_TABLE, DEDUP_TABLE
+    from hebrus_flywheel.streams.processors.band_agents import BAND_TABLE, HOME_TABLE
 
-    assert TABLES == (CAPTURE_TABLE, DEDUP_TABLE)
+    assert TABLES == (CAPTURE_TABLE, DEDUP_TABLE, BAND_TABLE, HOME_TABLE)
     sep = "\x1f"
     assert owner_of_key(f"h{sep}{ERASED}{sep}t1{sep}0") == ERASED
     assert owner_of_key(f"t{sep}{ERASED}{sep}t1{sep}0{sep}3") == ERASED
