@@ -403,12 +403,22 @@ class StreamsWorker:
     async def _capture_agent(self, stream: Any) -> None:
         await handle_in_batches(stream, self._capture_one, flush=self._flush_tables,
                                 on_cpu=self._cpu_counter("capture"),
-                                before=self.progress.hold_marks, after=self._after_capture)
+                                before=self._before_capture, after=self._after_capture)
+
+    async def _before_capture(self, messages: list[Any]) -> list[Any]:
+        """Marks that must hold again go out before a capture batch's summaries."""
+        deliveries = await self.progress.hold_marks(messages)
+        if self.bands is not None:
+            self.bands.batch_started()
+        return deliveries
 
     async def _after_capture(self, messages: list[Any]) -> list[Any]:
-        """A capture batch's probes (band-partitioned dedup), then its marks."""
-        deliveries = await self.bands.flush_probes() if self.bands is not None else []
-        return deliveries + await self.progress.send_marks(messages)
+        """A capture batch's marks (band-partitioned dedup: with its probes, one record
+        per band partition)."""
+        deliveries = await self.progress.send_marks(messages)
+        if self.bands is not None:
+            deliveries += await self.bands.flush_batch()
+        return deliveries
 
     async def _band_agent(self, stream: Any) -> None:
         assert self.bands is not None

@@ -4,10 +4,11 @@
 Topology (``N`` partitions each, like the capture topics)::
 
     capture agent ──▶ homes (each summary, to its thread's home)
-                 └──▶ bands (the batch's summaries, one record per band partition its
-                             bucket keys reach; then marks, to every band partition)
-    band agent (table ``dedup-bands``) ──▶ homes (pairs, to both members' homes;
-                                                  its watermark, to every home)
+                 └──▶ bands (per batch, one record per band partition: the summaries
+                             one of whose bucket keys it holds, and the batch's marks)
+    band agent (table ``dedup-bands``) ──▶ homes (per batch, one record per home: the
+                                                  pairs either member of which lives
+                                                  there, and the watermarks that moved)
     home agent (table ``dedup-homes``) ──▶ decisions (as the one-partition agent)
                                       └──▶ homes (notices, to subscribers' homes)
 
@@ -89,6 +90,8 @@ class BandDedup:
         self._probes: dict[int, list[bytes]] = {}  # this capture batch's, by band partition
         self._band_sent: dict[int, int | None] = {}
         self._summaries_sent: list[Any] = []  # this capture batch's summaries
+        self._marks_out: dict[int, int | None] = {}  # and its marks
+        self._in_batch = False
         self._opened: dict[str, dict[int, Probe]] = {}  # recent summaries' probes
 
     # -- the capture agent's side -------------------------------------------------
@@ -102,24 +105,41 @@ class BandDedup:
         self._summaries_sent.append(delivery)
         return delivery
 
-    async def flush_probes(self) -> list[Any]:
-        """The batch's probes, one record per band partition, once its summaries are on
-        their homes: the marks that follow let band watermarks pass them, and a home
+    def batch_started(self) -> None:
+        """From here to :meth:`flush_batch`, marks wait to go out with the probes."""
+        self._in_batch = True
+
+    async def flush_batch(self) -> list[Any]:
+        """A capture batch's probes and marks, one record per band partition, once its
+        summaries are on their homes: the marks let band watermarks pass them, and a home
         decides only what it holds, so a summary must not trail its watermark."""
+        self._in_batch = False
         sent, self._summaries_sent = self._summaries_sent, []
         await all_delivered(sent)
-        deliveries = []
         probes, self._probes = self._probes, {}
-        for band, items in sorted(probes.items()):
-            for i in range(0, len(items), MAX_PROBES_PER_RECORD):
-                value = b'{"summaries":[' + b",".join(items[i:i + MAX_PROBES_PER_RECORD]) + b"]}"
+        marks, self._marks_out = self._marks_out, {}
+        deliveries = []
+        for band in range(self.partitions):
+            items = probes.get(band, [])
+            chunks = [items[i:i + MAX_PROBES_PER_RECORD]
+                      for i in range(0, len(items), MAX_PROBES_PER_RECORD)] or [[]]
+            for i, chunk in enumerate(chunks):
+                last = i == len(chunks) - 1
+                if not chunk and not (last and marks):
+                    continue
+                tail = json.dumps(sorted(marks.items()) if last else []).encode()
+                value = b'{"summaries":[' + b",".join(chunk) + b'],"marks":' + tail + b"}"
                 deliveries.append(await self.bands_topic.send(key=b"probes", value=value,
                                                               partition=band))
         return deliveries
 
     async def send_mark(self, capture_partition: int, at: int | None) -> list[Any]:
-        """A capture partition's mark, to every band partition."""
-        value = json.dumps({"mark": capture_partition, "at": at}).encode()
+        """A capture partition's mark, to every band partition: with the batch's probes,
+        or at once (a mark that must hold again before the batch's summaries go out)."""
+        if self._in_batch:
+            self._marks_out[capture_partition] = at
+            return []
+        value = json.dumps({"summaries": [], "marks": [[capture_partition, at]]}).encode()
         return [await self.bands_topic.send(key=b"mark", value=value, partition=p)
                 for p in range(self.partitions)]
 
@@ -132,8 +152,8 @@ class BandDedup:
                 await all_delivered(deliveries)  # before faust acks the batch's records
 
     async def _band_batch(self, events: list[Any]) -> list[Any]:
-        """A batch of probes and marks: then its pairs (to both members' homes), then the
-        watermarks that moved (to every home), in that order."""
+        """A batch of probes and marks, then one record per home: the batch's pairs with
+        either member there, then the band watermarks that moved."""
         by_home: dict[int, list[list[Any]]] = {}
         touched: set[int] = set()
         for event in events:
@@ -141,17 +161,16 @@ class BandDedup:
                 if not await self.skipped_poison(event.message):
                     touched.add(self._band_one(event.message, by_home))
         self.band_table.flush()
-        deliveries = [await self.homes_topic.send(
-            key=b"pairs", value=json.dumps({"pairs": pairs}).encode(), partition=home)
-            for home, pairs in sorted(by_home.items())]
+        moved = []
         for partition in sorted(touched):
             at = _at(self._band(partition).watermark())
             if self._band_sent.get(partition, HOLD_MS - 1) != at:
                 self._band_sent[partition] = at
-                value = json.dumps({"band": partition, "at": at}).encode()
-                deliveries += [await self.homes_topic.send(key=b"band", value=value, partition=h)
-                               for h in range(self.partitions)]
-        return deliveries
+                moved.append([partition, at])
+        return [await self.homes_topic.send(
+                    key=b"bands", value=json.dumps({"pairs": by_home.get(home, []),
+                                                    "bands": moved}).encode(), partition=home)
+                for home in range(self.partitions) if moved or by_home.get(home)]
 
     def _band(self, partition: int) -> BandPartition:
         band = self._bands.get(partition)
@@ -164,9 +183,6 @@ class BandDedup:
     def _band_one(self, msg: Any, by_home: dict[int, list[list[Any]]]) -> int:
         wire = json.loads(msg.value)
         band = self._band(int(msg.partition))
-        if "mark" in wire:
-            band.mark(int(wire["mark"]), wire["at"])
-            return band.band
         for sealed in wire["summaries"]:
             probes = self._probes_of(sealed)
             if probes is None:
@@ -179,6 +195,8 @@ class BandDedup:
             for pair in band.probe(probe):
                 for home in {pair.earlier_home, pair.later_home}:
                     by_home.setdefault(home, []).append(_pair_wire(pair))
+        for capture_partition, at in wire["marks"]:
+            band.mark(int(capture_partition), at)
         return band.band
 
     def _probes_of(self, sealed: Mapping[str, Any]) -> dict[int, Probe] | None:
@@ -247,18 +265,17 @@ class BandDedup:
                 self.counters.inc("sealing", "erased_summaries")  # no decision: erased
                 return
             home.summary(summary)
-        elif "band" in wire:
-            at = wire["at"]
-            home.band_mark(int(wire["band"]), float("inf") if at is None else float(at))
         elif "pairs" in wire:
             for item in wire["pairs"]:
                 home.pair(_pair_of(item))
+            for band, at in wire["bands"]:
+                home.band_mark(int(band), float("inf") if at is None else float(at))
         elif "notices" in wire:
             for iid, start, keep, split in wire["notices"]:
                 home.notice(Notice(home=home.home, iid=iid, start=start, keep=keep, split=split))
         else:
-            raise WorkerError(f"{msg.topic}[{msg.partition}]@{msg.offset} is no summary, band "
-                              "mark, pair or notice")
+            raise WorkerError(f"{msg.topic}[{msg.partition}]@{msg.offset} is no summary, "
+                              "pairs and band marks, or notices")
 
     # -- rebalances ---------------------------------------------------------------
 
@@ -270,6 +287,8 @@ class BandDedup:
         self._band_sent.clear()
         self._probes.clear()
         self._summaries_sent.clear()
+        self._marks_out.clear()
+        self._in_batch = False
         for tp in assignment:
             if tp.topic == self.homes_topic.get_topic_name():
                 self._home(int(tp.partition)).watermark()  # loads it
