@@ -3,7 +3,8 @@
 
 Topology (``N`` partitions each, like the capture topics)::
 
-    capture agent ──▶ homes (each summary, to its thread's home)
+    capture agent ──▶ homes (each summary, to its thread's home; per batch, its marks
+                             to every home)
                  └──▶ bands (per batch, one record per band partition: the summaries
                              one of whose bucket keys it holds, and the batch's marks)
     band agent (table ``dedup-bands``) ──▶ homes (per batch, one record per home: the
@@ -13,10 +14,11 @@ Topology (``N`` partitions each, like the capture topics)::
                                       └──▶ homes (notices, to subscribers' homes)
 
 Every record a partition depends on comes from one producer per source partition and
-batch, in order: a capture batch sends its summaries, waits until they are on their
-homes, then sends its probes and marks; a band batch sends its pairs before the
-watermarks that cover them. So a home has every summary and every pair of a generation
-before the band watermarks pass its end (homes need no capture marks of their own). A summary on
+batch, in order: a capture batch sends its summaries, then its probes and marks; a band
+batch sends its pairs before the watermarks that cover them. A home decides a generation
+once both the capture marks it got and the band watermarks are past its end, so it has
+the generation's summary and every pair of it by then; a mark that must hold again
+reaches the homes before the batch's summaries do. A summary on
 either topic is the same sealed record (its digest and signature sealed under the
 owner's key); pairs and notices name generations by id and carry no content.
 
@@ -89,7 +91,6 @@ class BandDedup:
         self._homes: dict[int, HomePartition] = {}
         self._probes: dict[int, list[bytes]] = {}  # this capture batch's, by band partition
         self._band_sent: dict[int, int | None] = {}
-        self._summaries_sent: list[Any] = []  # this capture batch's summaries
         self._marks_out: dict[int, int | None] = {}  # and its marks
         self._in_batch = False
         self._opened: dict[str, dict[int, Probe]] = {}  # recent summaries' probes
@@ -100,22 +101,17 @@ class BandDedup:
         """Send a completed generation to its home; hold its probes for the batch's end."""
         for band in self.router.probes(summary):
             self._probes.setdefault(band, []).append(sealed)
-        delivery = await self.homes_topic.send(key=key, value=sealed,
-                                               partition=home_of(summary, self.partitions))
-        self._summaries_sent.append(delivery)
-        return delivery
+        return await self.homes_topic.send(key=key, value=sealed,
+                                           partition=home_of(summary, self.partitions))
 
     def batch_started(self) -> None:
         """From here to :meth:`flush_batch`, marks wait to go out with the probes."""
         self._in_batch = True
 
     async def flush_batch(self) -> list[Any]:
-        """A capture batch's probes and marks, one record per band partition, once its
-        summaries are on their homes: the marks let band watermarks pass them, and a home
-        decides only what it holds, so a summary must not trail its watermark."""
+        """A capture batch's probes and marks, one record per band partition, and its
+        marks, one record per home (after the batch's summaries on that home)."""
         self._in_batch = False
-        sent, self._summaries_sent = self._summaries_sent, []
-        await all_delivered(sent)
         probes, self._probes = self._probes, {}
         marks, self._marks_out = self._marks_out, {}
         deliveries = []
@@ -131,16 +127,24 @@ class BandDedup:
                 value = b'{"summaries":[' + b",".join(chunk) + b'],"marks":' + tail + b"}"
                 deliveries.append(await self.bands_topic.send(key=b"probes", value=value,
                                                               partition=band))
+        if marks:
+            value = json.dumps({"marks": sorted(marks.items())}).encode()
+            deliveries += [await self.homes_topic.send(key=b"marks", value=value, partition=h)
+                           for h in range(self.partitions)]
         return deliveries
 
     async def send_mark(self, capture_partition: int, at: int | None) -> list[Any]:
-        """A capture partition's mark, to every band partition: with the batch's probes,
-        or at once (a mark that must hold again before the batch's summaries go out)."""
+        """A capture partition's mark, to every band and home partition: with the batch's
+        probes, or at once (a mark that must hold again before the batch's summaries go
+        out: a home that had passed everything would decide them before their pairs)."""
         if self._in_batch:
             self._marks_out[capture_partition] = at
             return []
-        value = json.dumps({"summaries": [], "marks": [[capture_partition, at]]}).encode()
-        return [await self.bands_topic.send(key=b"mark", value=value, partition=p)
+        marks = [[capture_partition, at]]
+        to_bands = json.dumps({"summaries": [], "marks": marks}).encode()
+        to_homes = json.dumps({"marks": marks}).encode()
+        return [await topic.send(key=b"mark", value=value, partition=p)
+                for topic, value in ((self.bands_topic, to_bands), (self.homes_topic, to_homes))
                 for p in range(self.partitions)]
 
     # -- the band agent -----------------------------------------------------------
@@ -248,11 +252,9 @@ class BandDedup:
     def _home(self, partition: int) -> HomePartition:
         home = self._homes.get(partition)
         if home is None:
-            # no capture marks at the homes: a capture batch's summaries are on their
-            # homes before its marks go to the band partitions (flush_probes)
             home = self._homes[partition] = HomePartition(
                 home=partition, split_config=self.split_config, dedup_config=self.dedup_config,
-                capture_partitions=0, band_partitions=self.partitions,
+                capture_partitions=self.partitions, band_partitions=self.partitions,
                 store=self.home_table, counters=self.counters)
         return home
 
@@ -270,12 +272,15 @@ class BandDedup:
                 home.pair(_pair_of(item))
             for band, at in wire["bands"]:
                 home.band_mark(int(band), float("inf") if at is None else float(at))
+        elif "marks" in wire:
+            for capture_partition, at in wire["marks"]:
+                home.capture_mark(int(capture_partition), at)
         elif "notices" in wire:
             for iid, start, keep, split in wire["notices"]:
                 home.notice(Notice(home=home.home, iid=iid, start=start, keep=keep, split=split))
         else:
             raise WorkerError(f"{msg.topic}[{msg.partition}]@{msg.offset} is no summary, "
-                              "pairs and band marks, or notices")
+                              "marks, pairs and band marks, or notices")
 
     # -- rebalances ---------------------------------------------------------------
 
@@ -286,7 +291,6 @@ class BandDedup:
         self._homes.clear()
         self._band_sent.clear()
         self._probes.clear()
-        self._summaries_sent.clear()
         self._marks_out.clear()
         self._in_batch = False
         for tp in assignment:
