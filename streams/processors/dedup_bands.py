@@ -286,9 +286,11 @@ PENDING_PREFIX = f"p{SEP}"
 DECIDED_PREFIX = f"d{SEP}"
 """A home's decisions (sealed; a repeated summary gets its decision again)."""
 CANDIDATES_PREFIX = f"g{SEP}"
-"""A generation's candidates: ``{earlier iid: [exact, near, order, start]}`` (sealed)."""
+"""A generation's candidates: ``{earlier iid: [exact, near, order, start, home]}``
+(sealed)."""
 SUBSCRIBERS_PREFIX = f"u{SEP}"
-"""A generation's subscribers on other homes: ``[[later iid, home], ...]`` (sealed)."""
+"""A generation's subscribers on other homes: ``{"order", "start", "home", "subs":
+[[later iid, home], ...]}`` (sealed)."""
 KNOWN_PREFIX = f"k{SEP}"
 """``[keep, split, start]`` of a generation decided here or told by its home (sealed)."""
 
@@ -338,11 +340,19 @@ class HomePartition:
         self._band_marks: dict[int, float] = {}
         self._out: list[dict[str, Any]] = []  # decisions made again (repeated summaries)
         self._changed = False  # since the last step: what waits may be decidable now
+        # earlier generations homed here that a pair named, not known yet: each becomes
+        # known when decided, or absent once the watermark passes it without its summary
+        # (its owner erased before it was read here): then nothing waits for it forever
+        self._awaited: dict[str, tuple[OrderKey, int]] = {}
         self._notices: list[Notice] = []
 
     def reset(self) -> None:
         """Forget what is in memory (after a rebalance): read from the store."""
         self._loaded = False
+
+    def _await(self, iid: str, order: OrderKey, start: int) -> None:
+        if KNOWN_PREFIX + iid + self._known_suffix not in self.store:
+            self._awaited[iid] = (order, start)
 
     def _pkey(self, iid: str) -> str:
         return PENDING_PREFIX + iid + self._pending_suffix
@@ -350,8 +360,19 @@ class HomePartition:
     def _load(self) -> None:
         if self._loaded:
             return
-        self._unsplit, self._undecided = [], []
+        self._unsplit, self._undecided, self._awaited = [], [], {}
         for key in list(self.store):
+            if key.startswith(SUBSCRIBERS_PREFIX):
+                value = self.store.get(key)  # None: another partition's key
+                if value is not None and value["home"] == self.home:
+                    end, first = value["order"]
+                    self._await(key[len(SUBSCRIBERS_PREFIX):], (int(end), str(first)),
+                                int(value["start"]))
+            elif key.startswith(CANDIDATES_PREFIX):
+                for earlier, (_, _, (end, first), start, home) in (
+                        self.store.get(key) or {}).items():
+                    if home == self.home:
+                        self._await(earlier, (int(end), str(first)), int(start))
             if key.startswith(PENDING_PREFIX) and key.endswith(self._pending_suffix):
                 value = self.store[key]
                 entry = (order_key(value["summary"]), str(value["summary"]["iid"]))
@@ -395,14 +416,21 @@ class HomePartition:
             candidates = self.store.get(key) or {}
             if pair.earlier not in candidates:
                 self.store[key] = {**candidates, pair.earlier: [
-                    pair.exact, pair.near, list(pair.earlier_order), pair.earlier_start]}
-        if pair.earlier_home == self.home and pair.later_home != self.home:
+                    pair.exact, pair.near, list(pair.earlier_order), pair.earlier_start,
+                    pair.earlier_home]}
+        if pair.earlier_home != self.home:
+            return
+        known = self._known(pair.earlier, pair.earlier_start)
+        if known is None:
+            self._awaited[pair.earlier] = (pair.earlier_order, pair.earlier_start)
+        if pair.later_home != self.home:
             key = SUBSCRIBERS_PREFIX + pair.earlier
-            subscribers = self.store.get(key) or []
-            if [pair.later, pair.later_home] not in subscribers:
-                self.store[key] = [*subscribers, [pair.later, pair.later_home]]
+            value = self.store.get(key) or {"order": list(pair.earlier_order), "home": self.home,
+                                            "start": pair.earlier_start, "subs": []}
+            if [pair.later, pair.later_home] not in value["subs"]:
+                self.store[key] = {**value, "subs": [*value["subs"],
+                                                     [pair.later, pair.later_home]]}
                 self._schedule(key, pair.earlier_start + self.config.horizon_ms)
-            known = self._known(pair.earlier, pair.earlier_start)
             if known is not None:  # decided (or forgotten) before the pair came
                 self._notify(pair.earlier, pair.later_home, known)
 
@@ -449,6 +477,7 @@ class HomePartition:
             self.store[self._pkey(iid)] = {**pending, "split": split}
             self._undecided.append((key, iid))
             self._changed = True
+        self._settle_absent(watermark)
         decisions, self._out = self._out, []
         if not self._changed:  # nothing new to decide on
             notices, self._notices = self._notices, []
@@ -469,6 +498,21 @@ class HomePartition:
         notices, self._notices = self._notices, []
         return decisions, notices
 
+    def _settle_absent(self, watermark: float) -> None:
+        """Generations named by pairs whose summary never came although the watermark
+        passed them are known as not kept (``dedup/absent_candidates``)."""
+        for iid, (order, start) in list(self._awaited.items()):
+            key = KNOWN_PREFIX + iid + self._known_suffix
+            if key in self.store:
+                del self._awaited[iid]
+            elif order[0] < watermark and self._pkey(iid) not in self.store:
+                del self._awaited[iid]
+                self.store[key] = [False, "", start]
+                self._schedule(key, start + self.config.horizon_ms)
+                self.counters.inc("dedup", "absent_candidates")
+                self._notify_subscribers(iid)
+                self._changed = True
+
     def _decide(self, iid: str, candidates: Mapping[str, list[Any]]) -> dict[str, Any]:
         pending = self.store.pop(self._pkey(iid))
         summary, (split, rule) = pending["summary"], pending["split"]
@@ -476,7 +520,7 @@ class HomePartition:
             del self.store[CANDIDATES_PREFIX + iid]
         start = _start_of(summary)
         kept = {}
-        for c, (_, _, _, c_start) in candidates.items():
+        for c, (_, _, _, c_start, _) in candidates.items():
             known = self._known(c, c_start)
             # a candidate that started more than the horizon before this one is forgotten
             if known is not None and known[0] and c_start >= start - self.config.horizon_ms:
@@ -509,7 +553,7 @@ class HomePartition:
 
     def _notify_subscribers(self, iid: str) -> None:
         known = self.store[KNOWN_PREFIX + iid + self._known_suffix]
-        for _, home in self.store.get(SUBSCRIBERS_PREFIX + iid) or ():
+        for _, home in (self.store.get(SUBSCRIBERS_PREFIX + iid) or {}).get("subs", ()):
             self._notify(iid, home, known)
 
     def _notify(self, iid: str, home: int, known: list[Any]) -> None:

@@ -233,3 +233,23 @@ def test_a_band_partitioned_worker_reads_the_band_and_home_topics() -> None:
     specs = {s.name: s.partitions for s in internal_specs(topics, 6, dedup_bands=True)}
     assert specs[topics.homes] == specs[topics.bands] == 6
     assert topics.homes not in {s.name for s in internal_specs(topics, 6)}
+
+
+@pytest.mark.parametrize("homes", [1, 3])
+def test_a_match_whose_summary_never_reaches_its_home_holds_nothing_back(homes: int) -> None:
+    """Y's probes reached the band partitions, but its summary did not reach its home
+    (its owner was erased first): X, a copy of Y, is decided as if Y had never been."""
+    toks = tokens(4)
+    y = summary("y", "oy", "t", toks, 1_000)
+    x = summary("x", "ox", "t", toks, 1_001)
+    stage = InProcessBands(split_config=SPLITS, dedup_config=CONFIG, capture_partitions=1,
+                           band_partitions=3, home_partitions=homes)
+    for band, probe in stage.router.probes(y).items():
+        stage._send(("capture", 0), ("band", band), "probe", probe)
+    stage.mark(0, 1_000)
+    stage.summary(0, x)
+    stage.mark(0, None)
+    decisions = stage.run()
+    assert [(d["iid"], d["keep"], d["reason"]) for d in decisions] == [("x", True, "unique")]
+    assert sum(h.counters.get("dedup", "absent_candidates") for h in stage.homes) == 1
+    assert sequential([x])["x"] == decisions[0]
