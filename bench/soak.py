@@ -179,7 +179,8 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
     step_ms = event_step_ms(args)
     identity = make_identity(layers=8, experts=64, top_k=4)
     worker = WorkerProcess(bootstrap=bootstrap, prefix=prefix, app_id=APP_ID,
-                           log_path=home / "worker.log", flags=FLAGS, home=home).start()
+                           log_path=home / "worker.log", flags=FLAGS, home=home,
+                           extra=["--dedup-bands"] if args.dedup_bands else []).start()
     assert worker.proc is not None
     done = threading.Event()
     publisher = threading.Thread(
@@ -239,6 +240,7 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
          observations=pushed, observations_planned=total, owners_planned=args.owners,
          tokens_per_thread=tokens, event_step_ms=step_ms,
          samples_after_warmup=len(warm), warmup_fraction=args.warmup_fraction,
+         dedup="bands" if args.dedup_bands else "one-partition",
          rss_first_mib=round(warm[0][1] / MIB, 1), rss_last_mib=round(warm[-1][1] / MIB, 1),
          seconds=round(time.monotonic() - started, 1))
 
@@ -264,6 +266,8 @@ def main() -> None:
                              "dedup horizon (see event_step_ms)")
     parser.add_argument("--event-step-s", type=float, default=None,
                         help="event time between two owners' threads (overrides --horizon-at)")
+    parser.add_argument("--dedup-bands", action="store_true",
+                        help="the worker runs the band-partitioned dedup")
     parser.add_argument("--max-seconds", type=float, default=0.0,
                         help="stop sampling after this long (0: when all is committed); the "
                              "figure then covers the observations committed so far")
