@@ -31,15 +31,11 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.streams.owner_seal import Erased, OwnerSealer, open_fields
-from hebrus_flywheel.streams.processors.batches import (
-    all_delivered,
-    batches,
-    handling,
-    own_cpu,
-)
-from hebrus_flywheel.streams.processors.crash import record_handled
+from hebrus_flywheel.streams.processors.batches import handling, run_batches
 from hebrus_flywheel.streams.processors.decision_order import HOLD_MS
 from hebrus_flywheel.streams.processors.dedup import DedupConfig
 from hebrus_flywheel.streams.processors.dedup_bands import (
@@ -99,7 +95,8 @@ class BandDedup:
 
     async def send_summary(self, summary: Mapping[str, Any], sealed: bytes, key: bytes) -> Any:
         """Send a completed generation to its home; hold its probes for the batch's end."""
-        for band in self.router.probes(summary):
+        hashvalues = np.asarray(summary["minhash"], dtype=np.uint32)
+        for band in self.router.keys_by_partition(summary, hashvalues):  # no probes yet
             self._probes.setdefault(band, []).append(sealed)
         return await self.homes_topic.send(key=key, value=sealed,
                                            partition=home_of(summary, self.partitions))
@@ -150,10 +147,7 @@ class BandDedup:
     # -- the band agent -----------------------------------------------------------
 
     async def band_agent(self, stream: Any, on_cpu: Callable[[int], None]) -> None:
-        async for events in batches(stream):
-            deliveries = await own_cpu(self._band_batch(events), on_cpu)
-            with record_handled(None):
-                await all_delivered(deliveries)  # before faust acks the batch's records
+        await run_batches(stream, self._band_batch, on_cpu)
 
     async def _band_batch(self, events: list[Any]) -> list[Any]:
         """A batch of probes and marks, then one record per home: the batch's pairs with
@@ -221,10 +215,7 @@ class BandDedup:
     # -- the home agent -----------------------------------------------------------
 
     async def home_agent(self, stream: Any, on_cpu: Callable[[int], None]) -> None:
-        async for events in batches(stream):
-            deliveries = await own_cpu(self._home_batch(events), on_cpu)
-            with record_handled(None):
-                await all_delivered(deliveries)  # before faust acks the batch's records
+        await run_batches(stream, self._home_batch, on_cpu)
 
     async def _home_batch(self, events: list[Any]) -> list[Any]:
         """A batch of home records, then each touched home decides what it can (as its

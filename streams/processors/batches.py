@@ -99,6 +99,15 @@ async def handle_in_batches(stream: Any,
             flush()
         return deliveries
 
+    await run_batches(stream, handle_batch, on_cpu)
+
+
+async def run_batches(stream: Any,
+                      handle_batch: Callable[[list[Any]], Coroutine[Any, Any, list[Any]]],
+                      on_cpu: Callable[[int], None] | None = None) -> None:
+    """The agent body of a stream handled a batch of events at a time: ``handle_batch``
+    (its CPU to ``on_cpu``) returns the batch's deliveries, all awaited before faust
+    acks the batch's records."""
     async for events in batches(stream):
         deliveries = await own_cpu(handle_batch(events), on_cpu)
         with record_handled(None):

@@ -372,7 +372,7 @@ class DedupStage:
 
     def _advance(self, summary: Mapping[str, Any]) -> None:
         """Move the dedup clock to this thread's start and expire what left the horizon."""
-        start = _start_ms(summary)
+        start = start_ms(summary)
         clock = max(int(self.store.get(WATERMARK_KEY, 0)), start)
         if clock != self.store.get(WATERMARK_KEY):
             self.store[WATERMARK_KEY] = clock
@@ -410,7 +410,7 @@ class DedupStage:
         choice for a thread's first generation (recorded as the thread's sticky split)."""
         skey = SPLIT_PREFIX + thread_key(summary["owner"], summary["thread"])
         sticky = self.store.get(skey)
-        start = _start_ms(summary)
+        start = start_ms(summary)
         if sticky is not None:
             if int(sticky.get("at", 0)) < start:
                 self.store[skey] = {**sticky, "at": start}
@@ -433,7 +433,7 @@ class DedupStage:
         self.store[SEQ_KEY] = seq
         hv = list(summary["minhash"]) if verdict.keep else None
         dkey = DECISION_PREFIX + summary["iid"]
-        start = _start_ms(summary)
+        start = start_ms(summary)
         self.store[dkey] = {"decision": decision, "hv": hv, "seq": seq, "at": start}
         self._schedule(dkey, start)
         if verdict.keep:
@@ -448,7 +448,7 @@ class DedupStage:
         self.counters.inc("dedup", verdict.reason)
 
 
-def _start_ms(summary: Mapping[str, Any]) -> int:
+def start_ms(summary: Mapping[str, Any]) -> int:
     """A thread's event time for the dedup horizon: its start (0 when unknown)."""
     start = summary.get("start_ms")
     return int(start) if isinstance(start, int) and not isinstance(start, bool) else 0

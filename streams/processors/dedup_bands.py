@@ -61,6 +61,7 @@ from hebrus_flywheel.streams.processors.dedup import (
     DedupStage,
     decision_record,
     lsh_params,
+    start_ms,
     verdict_of,
 )
 from hebrus_flywheel.streams.processors.split import SplitConfig
@@ -141,15 +142,21 @@ class BandRouter:
         keys.append(scope + b"d\x1f" + str(summary["digest"]).encode())
         return keys
 
-    def probes(self, summary: Mapping[str, Any]) -> dict[int, Probe]:
-        hashvalues = np.asarray(summary["minhash"], dtype=np.uint32)
+    def keys_by_partition(self, summary: Mapping[str, Any],
+                          hashvalues: np.ndarray) -> dict[int, list[bytes]]:
+        """The bucket keys of a summary, by the band partition each goes to."""
         by_partition: dict[int, list[bytes]] = {}
         for key in self.keys(summary, hashvalues):
             by_partition.setdefault(stable_partition(key, self.band_partitions), []).append(key)
+        return by_partition
+
+    def probes(self, summary: Mapping[str, Any]) -> dict[int, Probe]:
+        hashvalues = np.asarray(summary["minhash"], dtype=np.uint32)
+        by_partition = self.keys_by_partition(summary, hashvalues)
         iid, home = str(summary["iid"]), home_of(summary, self.home_partitions)
         thread = thread_key(summary["owner"], summary["thread"])
         order, digest = order_key(summary), str(summary["digest"])
-        start = _start_of(summary)
+        start = start_ms(summary)
         return {p: Probe(iid=iid, thread=thread, home=home, order=order, start=start, digest=digest,
                          hashvalues=hashvalues, keys=tuple(keys))
                 for p, keys in sorted(by_partition.items())}
@@ -405,8 +412,8 @@ class HomePartition:
         self._changed = True
         self.store[self._pkey(iid)] = {"summary": dict(summary), "split": None}
         heapq.heappush(self._unsplit, (key, iid))
-        if _start_of(summary) > self._clock():
-            self.store[self._clock_key] = _start_of(summary)
+        if (start := start_ms(summary)) > self._clock():
+            self.store[self._clock_key] = start
 
     def pair(self, pair: Pair) -> None:
         self._load()
@@ -518,7 +525,7 @@ class HomePartition:
         summary, (split, rule) = pending["summary"], pending["split"]
         if candidates:
             del self.store[CANDIDATES_PREFIX + iid]
-        start = _start_of(summary)
+        start = start_ms(summary)
         kept = {}
         for c, (_, _, _, c_start, _) in candidates.items():
             known = self._known(c, c_start)
@@ -577,8 +584,3 @@ class HomePartition:
             self.counters.inc("expiry", "dedup_decisions" if key.startswith(DECIDED_PREFIX)
                               else "dedup_band_state")
         return None
-
-
-def _start_of(summary: Mapping[str, Any]) -> int:
-    start = summary.get("start_ms")
-    return int(start) if isinstance(start, int) and not isinstance(start, bool) else 0
