@@ -15,7 +15,10 @@ Completed threads reach the split and dedup stage in the order the worker's dedu
 decided them, replayed from its threads topic (``<app id>-threads-v1``, kept forever:
 the summaries and the capture partitions' marks, in the order the agent read them):
 near-duplicate decisions are first-come, and a generation decided on arrival, not in
-event-time order, followed timing. Everything else is computed afresh.
+event-time order, followed timing. Workers that ran the band-partitioned dedup
+(``--dedup-bands``) decided in event-time order at their home partitions: the chain
+repeats that order from the capture partitions' marks (:func:`decision_order`).
+Everything else is computed afresh.
 Then every record of the snapshot's window topics (offset 0 up to
 the manifest's end offsets) must be regenerated with the same ``window_id`` and
 ``content_digest``, and the replay uses those fresh windows in the recorded window-topic
@@ -161,9 +164,7 @@ def release_order(bootstrap: str, app_id: str, prefix: str) -> list[str]:
     replayed from its threads topic (summaries and the capture partitions' marks,
     :func:`streams.processors.decision_order.decision_sequence`); a topic without marks
     (workers before event-time order) was decided in the order it was read."""
-    if not app_id.startswith(prefix):
-        raise RebuildError(f"streams app {app_id} does not use the topic prefix {prefix!r}")
-    topics = StreamTopics.from_prefix(prefix, app_id[len(prefix):])
+    topics = _streams_topics(app_id, prefix)
     records = []
     for msg in read_topic(bootstrap, topics.threads):
         try:
@@ -175,10 +176,40 @@ def release_order(bootstrap: str, app_id: str, prefix: str) -> list[str]:
         records.append(record)
     if not any("mark" in r for r in records):
         return [str(r["iid"]) for r in records]
+    return decision_sequence(records, _capture_partitions(bootstrap, topics))
+
+
+def _streams_topics(app_id: str, prefix: str) -> StreamTopics:
+    if not app_id.startswith(prefix):
+        raise RebuildError(f"streams app {app_id} does not use the topic prefix {prefix!r}")
+    return StreamTopics.from_prefix(prefix, app_id[len(prefix):])
+
+
+def _capture_partitions(bootstrap: str, topics: StreamTopics) -> int:
     # the partition count from the end offsets: the rebuild role reads the capture
     # topics but may not describe their configs
     partitions = end_offsets(bootstrap, [topics.transcripts], error=RebuildError)
-    return decision_sequence(records, len(partitions[topics.transcripts]))
+    return len(partitions[topics.transcripts])
+
+
+def decision_order(bootstrap: str, runs: Sequence[StreamsRun], prefix: str) -> dict[str, Any]:
+    """How the in-memory chain orders its dedup decisions, as the worker group did.
+
+    One-partition dedup: the recorded order (:func:`release_order`). Band-partitioned
+    dedup (``streams worker --dedup-bands``): its homes decide in event-time order, which
+    the chain repeats from the capture partitions' marks (``event_order``); a summary the
+    homes decided late (``dedup/late_summaries`` in the worker's counters) may have been
+    decided otherwise, and then its windows are reported as not regenerated."""
+    layouts = {run.processor_config().dedup.band_partitioned for run in runs}
+    if len(layouts) > 1:
+        raise RebuildError(
+            "the snapshot's streams runs mix the one-partition and the band-partitioned "
+            "dedup (streams worker --dedup-bands): their decision orders cannot be replayed "
+            "as one; rebuild without --from-capture")
+    if layouts == {True}:
+        topics = _streams_topics(runs[0].app_id, prefix)
+        return {"event_order": _capture_partitions(bootstrap, topics)}
+    return {"release_order": release_order(bootstrap, runs[0].app_id, prefix)}
 
 
 def _messages(bootstrap: str, topics: Mapping[str, str], ranges: Ranges,
@@ -195,16 +226,10 @@ def regenerate(bootstrap: str, prefix: str, capture: Mapping[str, Any], *,
                timeout_s: float = 120.0) -> FreshWindows:
     """Run the recorded capture offsets through the in-memory stream chain (module doc)."""
     runs = recorded_runs(capture)
-    if any(run.processor_config().dedup.band_partitioned for run in runs):
-        raise RebuildError(
-            "the snapshot's windows came from a band-partitioned dedup (streams worker "
-            "--dedup-bands), whose decisions rebuild --from-capture cannot replay yet; "
-            "rebuild without --from-capture")
     end = {str(t): {int(p): int(o) for p, o in parts.items()}
            for t, parts in capture.get("end", {}).items()}
     cuts = segments(runs, end)
-    pipeline = LocalPipeline(prefix=prefix,
-                             release_order=release_order(bootstrap, runs[0].app_id, prefix))
+    pipeline = LocalPipeline(prefix=prefix, **decision_order(bootstrap, runs, prefix))
     unknown = set(end) - set(pipeline.topics.values())
     if unknown:
         raise RebuildError(f"the manifest's capture offsets name {sorted(unknown)}, not the "

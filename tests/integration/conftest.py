@@ -34,7 +34,7 @@ from hebrus_flywheel.streams.topics import (
 from tests.support.consent import grant_owners
 
 # faust's changelog topics of the stream worker's tables (streams.processors.app)
-STREAMS_TABLES = ("capture-state", "dedup-state")
+STREAMS_TABLES = ("capture-state", "dedup-state", "dedup-bands", "dedup-homes")
 
 
 @pytest.fixture(scope="session")
@@ -95,6 +95,7 @@ class TopicFactory:
         self.create(catalogue(prefix))
         topics, full_app = StreamTopics.from_prefix(prefix, app_id), prefix + app_id
         self.track([topics.threads, topics.decisions, topics.ticks, topics.crashes,
+                    topics.homes, topics.bands,
                     *(f"{full_app}-{table}-changelog" for table in STREAMS_TABLES),
                     f"{full_app}-__assignor-__leader"])
         return prefix, topics

@@ -1,6 +1,7 @@
 """``streams worker --dedup-bands`` on the real broker: band-partitioned dedup spreads over
 two workers, survives a kill -9, and writes exactly the windows of the in-process chain
-(which decides on one partition) from traffic with exact duplicates."""
+(which decides on one partition) from traffic with exact duplicates; ``rebuild
+--from-capture`` regenerates those windows from the capture topics."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from typing import Any
 
 import pytest
 
-from hebrus_flywheel.streams.processors.runs import group_members
+from hebrus_flywheel.consumers.capture_check import regenerate
+from hebrus_flywheel.consumers.epochs import offsets_json
+from hebrus_flywheel.consumers.kafka_io import end_offsets
+from hebrus_flywheel.streams.processors.runs import group_members, read_runs
+from hebrus_flywheel.streams.processors.topology import StreamTopics
+from hebrus_flywheel.streams.topics import STREAMS_RUNS_TOPIC
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
@@ -60,6 +66,16 @@ def counters(worker: WorkerProcess) -> dict[str, int]:
     return json.loads(lines[-1].split("streams counters ", 1)[1]) if lines else {}
 
 
+def regenerated_pairs(bootstrap: str, prefix: str, topics: StreamTopics) -> set[tuple[str, str]]:
+    """``(window_id, content_digest)`` of what ``rebuild --from-capture`` regenerates from
+    every capture record so far, with the streams runs the seal would record."""
+    runs = read_runs(bootstrap, prefix + STREAMS_RUNS_TOPIC)
+    end = end_offsets(bootstrap, [topics.transcripts, topics.observations, topics.identities])
+    fresh = regenerate(bootstrap, prefix, {"end": offsets_json(end),
+                                           "streams_runs": [r.to_json() for r in runs]})
+    return {(w["window_id"], w["content_digest"]) for w in fresh.windows.values()}
+
+
 def band_worker(topic_factory: Any, prefix: str, tmp: Path, tag: str) -> WorkerProcess:
     return WorkerProcess(bootstrap=topic_factory.bootstrap, prefix=prefix, app_id=APP_ID,
                          log_path=tmp / f"worker-{tag}.log", flags=FLAGS,
@@ -88,6 +104,7 @@ def test_two_band_partitioned_workers_write_the_one_partition_windows(
         for w in workers:
             w.stop()
     assert window_pairs(read_windows(bootstrap, topics)) == expected
+    assert regenerated_pairs(bootstrap, prefix, topics) == expected
     seen = [counters(w) for w in workers]
     for reason, n in decided.items():  # the same decisions, by reason
         assert sum(c.get(f"dedup/{reason}", 0) for c in seen) == n, (reason, seen)
@@ -121,3 +138,4 @@ def test_a_killed_band_partitioned_worker_resumes_from_its_tables(
         worker.stop()
     windows = read_windows(bootstrap, topics)
     assert window_pairs(windows) == expected  # repeats allowed, each byte-identical
+    assert regenerated_pairs(bootstrap, prefix, topics) == expected  # over both runs

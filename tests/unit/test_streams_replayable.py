@@ -157,12 +157,13 @@ def test_runs_cut_the_capture_offsets_into_one_segment_per_configuration() -> No
         segments(reset, {"obs": {0: 12, 1: 4}})
 
 
-def test_rebuild_from_capture_refuses_runs_of_the_band_partitioned_dedup() -> None:
+def test_rebuild_from_capture_refuses_runs_that_mix_the_two_dedup_layouts() -> None:
     from hebrus_flywheel.consumers.capture_check import regenerate
     from hebrus_flywheel.streams.processors.dedup import DedupConfig
 
-    config = dataclasses.replace(_config(), dedup=DedupConfig(band_partitioned=True))
-    capture = {"streams_runs": [_run_record("r1", config, {0: 0}).to_json()],
+    bands = dataclasses.replace(_config(), dedup=DedupConfig(band_partitioned=True))
+    capture = {"streams_runs": [_run_record("r1", _config(), {0: 0}).to_json(),
+                                _run_record("r2", bands, {0: 2}).to_json()],
                "end": {"obs": {"0": 4}}}
-    with pytest.raises(RebuildError, match="band-partitioned dedup"):
+    with pytest.raises(RebuildError, match="mix the one-partition and the band-partitioned"):
         regenerate("127.0.0.1:1", "", capture)  # refused before any broker is asked
