@@ -710,6 +710,10 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
          "ratio", cpu_count=cores, note="the speedup if the CPU seconds the two workers and "
          "the broker took were spread evenly over this machine's cores: what two_worker_"
          "speedup cannot pass here")
+    emit("two_worker_speedup_ideal_bound", one.elapsed / (one.cpu_s + one.broker_cpu_s) * cores,
+         "ratio", cpu_count=cores, note="the most two workers could give here with no "
+         "overhead at all: this machine's cores over the cores the one-worker drain "
+         "already kept busy (its worker and the broker)")
     emit("two_worker_live_speedup", live2.rate / live.rate, "ratio", same_windows=same,
          note="the same while the bench produces")
     if not same:
