@@ -329,10 +329,10 @@ class StreamsWorker:
             capture_consent=lambda owner, at_ms: self.consent.allows(owner, "capture", at_ms),
             split_config=p.split,
         )
-        self.dedup = DedupStage(
-            split_config=p.split, dedup_config=p.dedup, store=dedup_tables[-1],
-            counters=self.counters)
-        self.order = DecisionOrder(self.dedup, partitions=self.partitions)
+        # one layout per worker: the one dedup partition's order, or the bands (below)
+        self.order: DecisionOrder | None = None if p.dedup.band_partitioned else DecisionOrder(
+            DedupStage(split_config=p.split, dedup_config=p.dedup, store=dedup_tables[0],
+                       counters=self.counters), partitions=self.partitions)
         self.bands: BandDedup | None = None
         self.window = WindowStage(config=p.window, store=capture_table, counters=self.counters,
                                   sealed=True)
@@ -480,6 +480,7 @@ class StreamsWorker:
 
     async def _decide(self, msg: Any) -> list[Any]:
         """Split and dedup one thread summary; the decision's delivery (sent)."""
+        assert self.order is not None  # this agent runs in the one-partition layout only
         if await self._skipped_poison(msg):
             return []
         wire = json.loads(msg.value)
@@ -636,7 +637,9 @@ class StreamsWorker:
 
     def _held(self) -> int:
         """Generations the dedup stage holds for their turn (in this worker)."""
-        return self.bands.held if self.bands is not None else self.order.held
+        if self.bands is not None:
+            return self.bands.held
+        return self.order.held if self.order is not None else 0
 
     async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
         # Hold the flow until faust has sought the stream partitions back to their
@@ -657,7 +660,7 @@ class StreamsWorker:
         seek_uncommitted_to_start(self.app)
         if self.bands is not None:
             self.bands.reset(self.app.consumer.assignment())
-        else:
+        elif self.order is not None:
             self.order.reset()
             self.order.pending()  # what waits in the partition now held (the drain waits)
         for cache in self.caches:  # empty: faust acks every batch before it revokes

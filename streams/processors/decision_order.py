@@ -209,6 +209,16 @@ class MarkPolicy:
         self._live.clear()
 
 
+def watermark_of(marks: Mapping[int, int | None], partitions: int) -> float:
+    """The lowest of ``partitions`` marks: -inf while a partition has none, a mark of
+    None (caught up) passes everything, no partitions give no bound."""
+    if not partitions:
+        return math.inf
+    if len(marks) < partitions:
+        return -math.inf
+    return min((at for at in marks.values() if at is not None), default=math.inf)
+
+
 class DecisionOrder:
     """Feeds a :class:`DedupStage` its summaries in event-time order (see the module doc).
 
@@ -268,10 +278,7 @@ class DecisionOrder:
     def watermark(self) -> float:
         """The end below which every summary may be decided: the lowest mark (-inf while
         a partition has none, +inf once every partition is caught up)."""
-        marks = self._mark_view()
-        if len(marks) < self.partitions:
-            return -math.inf
-        return min((at for at in marks.values() if at is not None), default=math.inf)
+        return watermark_of(self._mark_view(), self.partitions)
 
     def release(self) -> list[dict[str, Any]]:
         """Decide, in order, every waiting summary that ends below the watermark."""

@@ -54,7 +54,7 @@ from hebrus_flywheel.core.counters import Counters
 from hebrus_flywheel.core.errors import ConfigError
 from hebrus_flywheel.streams.processors import expiry
 from hebrus_flywheel.streams.processors.common import SEP, thread_key
-from hebrus_flywheel.streams.processors.decision_order import OrderKey, order_key
+from hebrus_flywheel.streams.processors.decision_order import OrderKey, order_key, watermark_of
 from hebrus_flywheel.streams.processors.dedup import (
     SPLIT_PREFIX,
     DedupConfig,
@@ -160,16 +160,6 @@ class BandRouter:
         return {p: Probe(iid=iid, thread=thread, home=home, order=order, start=start, digest=digest,
                          hashvalues=hashvalues, keys=tuple(keys))
                 for p, keys in sorted(by_partition.items())}
-
-
-def _watermark(marks: Mapping[int, Mark], partitions: int) -> float:
-    """The lowest mark (a partition without one holds everything back; no partitions:
-    no bound)."""
-    if not partitions:
-        return math.inf
-    if len(marks) < partitions:
-        return -math.inf
-    return min(math.inf if at is None else at for at in marks.values())
 
 
 def _marks(store: Mapping[str, Any], prefix: str) -> dict[int, Any]:
@@ -282,7 +272,7 @@ class BandPartition:
         return self._marks
 
     def watermark(self) -> float:
-        return _watermark(self._all_marks(), self.capture_partitions)
+        return watermark_of(self._all_marks(), self.capture_partitions)
 
 
 PROBE_PREFIX = f"q{SEP}"
@@ -467,7 +457,7 @@ class HomePartition:
         self._load()
         bands = (min(self._band_marks.values())
                  if len(self._band_marks) == self.band_partitions else -math.inf)
-        return min(_watermark(self._capture_marks, self.capture_partitions), bands)
+        return min(watermark_of(self._capture_marks, self.capture_partitions), bands)
 
     @property
     def held(self) -> int:
