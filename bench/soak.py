@@ -215,6 +215,8 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
                       f"{total} observations applied; the figure covers those",
                       file=sys.stderr, flush=True)
                 break
+        if not args.max_seconds:
+            emit_held_drain(worker.log_path, timeout_s=args.held_drain_s)
     except BaseException:
         print(worker.log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
         raise
@@ -245,6 +247,20 @@ def soak(args: argparse.Namespace, bootstrap: str, prefix: str, home: Path) -> N
          seconds=round(time.monotonic() - started, 1))
 
 
+def emit_held_drain(log_path: Path, *, timeout_s: float) -> None:
+    """Once every record is committed, the generations the dedup still holds for their
+    turn must be decided as the caught-up partitions' marks pass them: wait for the
+    worker's ``dedup_held`` gauge to reach 0 (printed, not part of the RSS figure)."""
+    started = time.monotonic()
+    held = memory_mib(log_path).get("dedup_held", 0)
+    while held and time.monotonic() - started < timeout_s:
+        time.sleep(1.0)  # the worker logs its gauges every stats interval (1 s)
+        held = memory_mib(log_path).get("dedup_held", 0)
+    emit("dedup_held_after_drain", held, waited_s=round(time.monotonic() - started, 1),
+         timeout_s=timeout_s, note="generations still held for their dedup turn after "
+         "every record was committed (0: all decided)")
+
+
 def caches_full_at(samples: list[tuple[int, int]], cache_mib: list[float]) -> int | None:
     """Observations applied at the first sample whose RocksDB cache gauge reached 95 % of
     the process bound (None: never, or the worker logged no gauge)."""
@@ -268,6 +284,9 @@ def main() -> None:
                         help="event time between two owners' threads (overrides --horizon-at)")
     parser.add_argument("--dedup-bands", action="store_true",
                         help="the worker runs the band-partitioned dedup")
+    parser.add_argument("--held-drain-s", type=float, default=180.0,
+                        help="after every record is committed, wait this long at most for "
+                             "the dedup to decide what it still holds")
     parser.add_argument("--max-seconds", type=float, default=0.0,
                         help="stop sampling after this long (0: when all is committed); the "
                              "figure then covers the observations committed so far")
