@@ -301,9 +301,11 @@ class WorkerRun:
 
     def __init__(self, bootstrap: str, prefix: str, capture: Capture, expected: int, *,
                  workers: int, backlog: bool, profile: Path | None = None,
-                 event_loop: str = DEFAULT_EVENT_LOOP, dedup_bands: bool = False) -> None:
+                 event_loop: str = DEFAULT_EVENT_LOOP, dedup_bands: bool = False,
+                 standby_replicas: int = 1) -> None:
         self.bootstrap, self.capture, self.expected = bootstrap, capture, expected
         self.event_loop, self.dedup_bands = event_loop, dedup_bands
+        self.standby_replicas = standby_replicas
         self.topics = StreamTopics.from_prefix(prefix)
         self.prefix, self.workers, self.backlog, self.profile = prefix, workers, backlog, profile
 
@@ -318,6 +320,7 @@ class WorkerRun:
                                    app_id=APP_ID, log_path=Path(tmp) / f"worker-{i}.log",
                                    flags=FLAGS, home=Path(tmp) / f"home-{i}",
                                    extra=["--event-loop", self.event_loop,
+                                          "--standby-replicas", str(self.standby_replicas),
                                           *(["--dedup-bands"] if self.dedup_bands else [])])
                      for i in range(self.workers)]
             if self.profile is not None:  # CPU time, not wall: the machine may be shared
@@ -406,7 +409,7 @@ class WorkerRun:
              cpu_rate=round(t.cpu_rate, 1), observations=t.observations,
              records=self.capture.records, event_loop=self.event_loop,
              dedup="bands" if self.dedup_bands else "one-partition",
-             exact_copies=self.capture.exact_copies,
+             standby_replicas=self.standby_replicas, exact_copies=self.capture.exact_copies,
              note=f"{self.workers} worker process(es), " + (
                  "first capture record handled -> last window, records produced before "
                  "the workers started" if self.backlog else
@@ -609,6 +612,9 @@ def main() -> None:
     parser.add_argument("--dedup-bands", action="store_true",
                         help="workers run the band-partitioned dedup (streams worker "
                         "--dedup-bands)")
+    parser.add_argument("--standby-replicas", type=int, default=1,
+                        help="the workers' standby replicas (streams worker "
+                        "--standby-replicas; 1 is the worker's default)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="run the worker under cProfile and write its stats here")
     parser.add_argument("--exact-copies", type=int, default=0,
@@ -668,11 +674,12 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
                   pipeline_windows: Any) -> None:
     """The worker figures: one worker on a backlog and live, then two workers of one app
     id the same two ways (unless ``--no-two-workers``), and the ratios between them."""
-    loop, bands = args.event_loop, args.dedup_bands
+    kinds = {"event_loop": args.event_loop, "dedup_bands": args.dedup_bands,
+             "standby_replicas": args.standby_replicas}
     one = WorkerRun(bootstrap, f"{prefix}w.", capture, expected, workers=1, backlog=True,
-                    profile=args.profile, event_loop=loop, dedup_bands=bands).run()
+                    profile=args.profile, **kinds).run()
     live = WorkerRun(bootstrap, f"{prefix}l.", capture, expected, workers=1, backlog=False,
-                     event_loop=loop, dedup_bands=bands).run()
+                     **kinds).run()
     emit("faust_to_raw_ratio", one.rate / raw_rate, "ratio", goal=">= 0.5",
          note="both read a backlog of the same records in this run")
     emit("faust_to_raw_cpu_ratio", one.cpu_rate / raw_cpu_rate, "ratio",
@@ -681,6 +688,7 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
          note="the worker while the bench produces (shares the machine with the producer)")
     emit("goal_30k_worker_observations_per_s_met", float(one.rate >= 30_000), "bool")
     emit_dedup_share(one)
+    loop = args.event_loop
     floor = faust_floor(bootstrap, f"{prefix}w.", capture, loop)
     emit("faust_passthrough_observations_per_s", floor.rate, "obs/s", seconds=round(
          floor.elapsed, 2), cpu_s=round(floor.cpu_s, 2), cpu_rate=round(floor.cpu_rate, 1),
@@ -696,10 +704,10 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
     emit("capture_librdkafka_to_aiokafka_passthrough_ratio", floor.rate / aio.rate, "ratio")
     if args.no_two_workers:
         return
-    two = WorkerRun(bootstrap, f"{prefix}w2.", capture, expected, workers=2,
-                    backlog=True, event_loop=loop, dedup_bands=bands).run()
-    live2 = WorkerRun(bootstrap, f"{prefix}l2.", capture, expected, workers=2,
-                      backlog=False, event_loop=loop, dedup_bands=bands).run()
+    two = WorkerRun(bootstrap, f"{prefix}w2.", capture, expected, workers=2, backlog=True,
+                    **kinds).run()
+    live2 = WorkerRun(bootstrap, f"{prefix}l2.", capture, expected, workers=2, backlog=False,
+                      **kinds).run()
     same = _same_windows(bootstrap, [f"{prefix}{n}." for n in ("w", "l", "w2", "l2")],
                          expected=pipeline_windows)
     cores = os.cpu_count() or 1
