@@ -674,7 +674,8 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
                   pipeline_windows: Any) -> None:
     """The worker figures: one worker on a backlog and live, then two workers of one app
     id the same two ways (unless ``--no-two-workers``), and the ratios between them."""
-    kinds = {"event_loop": args.event_loop, "dedup_bands": args.dedup_bands,
+    loop = args.event_loop
+    kinds = {"event_loop": loop, "dedup_bands": args.dedup_bands,
              "standby_replicas": args.standby_replicas}
     one = WorkerRun(bootstrap, f"{prefix}w.", capture, expected, workers=1, backlog=True,
                     profile=args.profile, **kinds).run()
@@ -688,7 +689,6 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
          note="the worker while the bench produces (shares the machine with the producer)")
     emit("goal_30k_worker_observations_per_s_met", float(one.rate >= 30_000), "bool")
     emit_dedup_share(one)
-    loop = args.event_loop
     floor = faust_floor(bootstrap, f"{prefix}w.", capture, loop)
     emit("faust_passthrough_observations_per_s", floor.rate, "obs/s", seconds=round(
          floor.elapsed, 2), cpu_s=round(floor.cpu_s, 2), cpu_rate=round(floor.cpu_rate, 1),

@@ -209,7 +209,7 @@ class MarkPolicy:
         self._live.clear()
 
 
-def watermark_of(marks: Mapping[int, int | None], partitions: int) -> float:
+def watermark_of(marks: Mapping[int, float | None], partitions: int) -> float:
     """The lowest of ``partitions`` marks: -inf while a partition has none, a mark of
     None (caught up) passes everything, no partitions give no bound."""
     if not partitions:

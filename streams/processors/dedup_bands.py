@@ -455,9 +455,8 @@ class HomePartition:
 
     def watermark(self) -> float:
         self._load()
-        bands = (min(self._band_marks.values())
-                 if len(self._band_marks) == self.band_partitions else -math.inf)
-        return min(watermark_of(self._capture_marks, self.capture_partitions), bands)
+        return min(watermark_of(self._capture_marks, self.capture_partitions),
+                   watermark_of(self._band_marks, self.band_partitions))
 
     @property
     def held(self) -> int:
