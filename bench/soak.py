@@ -60,7 +60,7 @@ from hebrus_flywheel.streams.processors.topology import StreamTopics
 from hebrus_flywheel.streams.publisher import PublisherConfig, RuntimePublisher
 from hebrus_flywheel.streams.topics import catalogue, create_topics, delete_topics, describe_topics
 from tests.support.consent import grant_owners
-from tests.support.streams_harness import WorkerProcess
+from tests.support.streams_harness import WorkerProcess, last_logged
 from tests.support.streams_synthetic import (
     ProducerClock,
     ThreadSpec,
@@ -136,16 +136,6 @@ def committed_observations(probe: kafka.LagProbe, topic: str) -> tuple[int, int]
     mine = [tp for tp in ends if tp[0] == topic]
     return (sum(max(0, committed.get(tp, 0) - ends[tp][0]) for tp in mine),
             sum(ends[tp][1] - ends[tp][0] for tp in mine))
-
-
-def last_logged(log_path: Path, marker: str) -> dict[str, Any]:
-    """The JSON of the worker log's last ``marker`` line ({} before the first)."""
-    last = None
-    with open(log_path, errors="replace") as log:
-        for line in log:
-            if marker in line:
-                last = line
-    return {} if last is None else dict(json.loads(last.split(marker, 1)[1]))
 
 
 def worker_observations(log_path: Path) -> int:

@@ -105,6 +105,7 @@ from tests.support.chunks import chunked
 from tests.support.streams_harness import (
     WorkerProcess,
     grant_for,
+    last_logged,
     producer,
     read_windows,
     streams_role_env,
@@ -192,10 +193,11 @@ def raw_decoder() -> Any:
     return handle
 
 
-def pipeline_feeder(topics: StreamTopics, partitions: int) -> tuple[LocalPipeline, Any]:
+def pipeline_feeder(topics: StreamTopics, partitions: int,
+                    flags: dict[str, Any] | None = None) -> tuple[LocalPipeline, Any]:
     """The in-process chain, deciding in event-time order as the worker does (over the
     capture topics' ``partitions``), and its consume handler."""
-    pipeline = LocalPipeline(worker_processor_config(FLAGS), prefix=topics.prefix,
+    pipeline = LocalPipeline(worker_processor_config(flags or FLAGS), prefix=topics.prefix,
                              event_order=partitions)
     kinds = {v: k for k, v in topics.capture_kinds().items()}
 
@@ -302,8 +304,9 @@ class WorkerRun:
     def __init__(self, bootstrap: str, prefix: str, capture: Capture, expected: int, *,
                  workers: int, backlog: bool, profile: Path | None = None,
                  event_loop: str = DEFAULT_EVENT_LOOP, dedup_bands: bool = False,
-                 standby_replicas: int = 1) -> None:
+                 standby_replicas: int = 1, flags: dict[str, Any] | None = None) -> None:
         self.bootstrap, self.capture, self.expected = bootstrap, capture, expected
+        self.flags = flags or FLAGS
         self.event_loop, self.dedup_bands = event_loop, dedup_bands
         self.standby_replicas = standby_replicas
         self.topics = StreamTopics.from_prefix(prefix)
@@ -318,7 +321,7 @@ class WorkerRun:
         with tempfile.TemporaryDirectory() as tmp:
             procs = [WorkerProcess(bootstrap=self.bootstrap, prefix=self.prefix,
                                    app_id=APP_ID, log_path=Path(tmp) / f"worker-{i}.log",
-                                   flags=FLAGS, home=Path(tmp) / f"home-{i}",
+                                   flags=self.flags, home=Path(tmp) / f"home-{i}",
                                    extra=["--event-loop", self.event_loop,
                                           "--standby-replicas", str(self.standby_replicas),
                                           *(["--dedup-bands"] if self.dedup_bands else [])])
@@ -410,6 +413,7 @@ class WorkerRun:
              records=self.capture.records, event_loop=self.event_loop,
              dedup="bands" if self.dedup_bands else "one-partition",
              standby_replicas=self.standby_replicas, exact_copies=self.capture.exact_copies,
+             runtime_holdout_fraction=self.flags["runtime_holdout_fraction"],
              note=f"{self.workers} worker process(es), " + (
                  "first capture record handled -> last window, records produced before "
                  "the workers started" if self.backlog else
@@ -437,18 +441,9 @@ def agent_cpu(log_paths: list[Path]) -> dict[str, float]:
     return {k: round(v, 3) for k, v in totals.items()}
 
 
-COUNTERS_TAIL_BYTES = 1 << 16
-"""How much of a worker log's end holds its last counters line (a line is a few KB)."""
-
-
 def last_counters(log_path: Path) -> dict[str, int]:
-    """The last ``streams counters`` line a worker logged ({} before its first). Only the
-    log's tail is read: the wait for a run's end reads it ten times a second."""
-    with log_path.open("rb") as log:
-        log.seek(max(0, log_path.stat().st_size - COUNTERS_TAIL_BYTES))
-        tail = log.read().decode(errors="replace")
-    lines = [line for line in tail.splitlines() if "streams counters " in line]
-    return json.loads(lines[-1].split("streams counters ", 1)[1]) if lines else {}
+    """The last ``streams counters`` line a worker logged ({} before its first)."""
+    return last_logged(log_path, "streams counters ")
 
 
 def summed(counts: dict[str, int], prefix: str) -> int:
@@ -615,6 +610,11 @@ def main() -> None:
     parser.add_argument("--standby-replicas", type=int, default=1,
                         help="the workers' standby replicas (streams worker "
                         "--standby-replicas; 1 is the worker's default)")
+    parser.add_argument("--runtime-holdout-fraction", type=float,
+                        default=FLAGS["runtime_holdout_fraction"],
+                        help="share of threads held out with their captured routes (the "
+                        "worker keeps these route payloads in its state until the window; "
+                        "the worker's default is 0.05)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="run the worker under cProfile and write its stats here")
     parser.add_argument("--exact-copies", type=int, default=0,
@@ -636,7 +636,7 @@ def main() -> None:
         _, raw_s, raw_cpu = consume_all(bootstrap, names, raw_decoder())
         partitions = describe_topics(bootstrap, [topics.transcripts])[
             topics.transcripts].partitions
-        pipeline, feeder = pipeline_feeder(topics, partitions)
+        pipeline, feeder = pipeline_feeder(topics, partitions, flags_of(args))
         consume_all(bootstrap, [topics.identities], feeder)  # the worker loads them at start
         _, proc_s, proc_cpu = consume_all(bootstrap, names, feeder)
         flushed, flushed_cpu = time.perf_counter(), time.process_time()
@@ -669,6 +669,11 @@ def main() -> None:
         cleanup(bootstrap, prefix)
 
 
+def flags_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The worker flags this run uses (``FLAGS`` with the command line's holdout share)."""
+    return {**FLAGS, "runtime_holdout_fraction": args.runtime_holdout_fraction}
+
+
 def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
                   args: argparse.Namespace, *, raw_rate: float, raw_cpu_rate: float,
                   pipeline_windows: Any) -> None:
@@ -676,7 +681,7 @@ def bench_workers(bootstrap: str, prefix: str, capture: Capture, expected: int,
     id the same two ways (unless ``--no-two-workers``), and the ratios between them."""
     loop = args.event_loop
     kinds = {"event_loop": loop, "dedup_bands": args.dedup_bands,
-             "standby_replicas": args.standby_replicas}
+             "standby_replicas": args.standby_replicas, "flags": flags_of(args)}
     one = WorkerRun(bootstrap, f"{prefix}w.", capture, expected, workers=1, backlog=True,
                     profile=args.profile, **kinds).run()
     live = WorkerRun(bootstrap, f"{prefix}l.", capture, expected, workers=1, backlog=False,

@@ -9,6 +9,7 @@ clean run must produce.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -144,6 +145,25 @@ class WorkerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+LOG_TAIL_BYTES = 1 << 16
+"""How much of a worker log's end :func:`last_logged` reads first."""
+
+
+def last_logged(log_path: Path, marker: str) -> dict[str, Any]:
+    """The JSON after ``marker`` on the worker log's last line holding it ({} before the
+    first). The log's tail is read first (benchmarks poll it often while the log grows
+    to megabytes), the whole log only when the tail lacks the marker."""
+    size = log_path.stat().st_size
+    with log_path.open("rb") as log:
+        for start in dict.fromkeys((max(0, size - LOG_TAIL_BYTES), 0)):
+            log.seek(start)
+            lines = log.read(size - start).decode(errors="replace").splitlines()
+            found = [line for line in lines[1 if start else 0:] if marker in line]
+            if found:
+                return dict(json.loads(found[-1].split(marker, 1)[1]))
+    return {}
 
 
 def producer(bootstrap: str) -> Producer:
