@@ -152,14 +152,15 @@ LOG_TAIL_BYTES = 1 << 16
 
 
 def last_logged(log_path: Path, marker: str) -> dict[str, Any]:
-    """The JSON after ``marker`` on the worker log's last line holding it ({} before the
-    first). The log's tail is read first (benchmarks poll it often while the log grows
-    to megabytes), the whole log only when the tail lacks the marker."""
+    """The JSON after ``marker`` on the worker log's last whole line holding it ({}
+    before the first). The log's tail is read first (benchmarks poll it often while the
+    log grows to megabytes), the whole log only when the tail lacks the marker; a line
+    cut by the tail's start, or still being written at the end, is not read."""
     size = log_path.stat().st_size
     with log_path.open("rb") as log:
         for start in dict.fromkeys((max(0, size - LOG_TAIL_BYTES), 0)):
             log.seek(start)
-            lines = log.read(size - start).decode(errors="replace").splitlines()
+            lines = log.read(size - start).decode(errors="replace").split("\n")[:-1]
             found = [line for line in lines[1 if start else 0:] if marker in line]
             if found:
                 return dict(json.loads(found[-1].split(marker, 1)[1]))

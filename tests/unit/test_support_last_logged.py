@@ -45,3 +45,9 @@ def test_a_line_cut_by_the_tail_is_not_parsed(
     log = _log(tmp_path / "w.log", ['INFO streams counters {"k": 0}', line])
     # the tail starts inside the last line: it is skipped there, and read whole from the start
     assert last_logged(log, "streams counters ") == counters
+
+
+def test_a_line_still_being_written_is_not_parsed(tmp_path: Path) -> None:
+    log = tmp_path / "w.log"
+    log.write_text('INFO streams counters {"a": 1}\nINFO streams counters {"a": 2, "b"')
+    assert last_logged(log, "streams counters ") == {"a": 1}
