@@ -5,7 +5,6 @@ two workers, survives a kill -9, and writes exactly the windows of the in-proces
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +21,7 @@ from hebrus_flywheel.streams.topics import STREAMS_RUNS_TOPIC
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
+    last_logged,
     produce,
     producer,
     read_windows,
@@ -61,9 +61,7 @@ def messages_with_copies(n_threads: int, copies: int, seed: int) -> list[Any]:
 
 
 def counters(worker: WorkerProcess) -> dict[str, int]:
-    lines = [line for line in worker.log_path.read_text(errors="replace").splitlines()
-             if "streams counters" in line]
-    return json.loads(lines[-1].split("streams counters ", 1)[1]) if lines else {}
+    return last_logged(worker.log_path, "streams counters ")
 
 
 def regenerated_pairs(bootstrap: str, prefix: str, topics: StreamTopics) -> set[tuple[str, str]]:

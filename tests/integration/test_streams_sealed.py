@@ -42,6 +42,7 @@ from tests.support.sealing import session_keys
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
+    last_logged,
     produce,
     producer,
     wait_until,
@@ -253,7 +254,7 @@ def test_nothing_the_workers_write_holds_plaintext_and_erasure_drops_state(
         status = again.stop()
     log = again.log_path.read_text()
     assert status != 70 and "crashed" not in log, log[-3000:]
-    counters = _last_counters(log)
+    counters = _last_counters(again)
     sealing = {k: v for k, v in counters.items() if k.startswith("sealing/")}
     print("sealing counters of the restarted worker:", sealing)
     # every changelog record of alice's (her thread state and accounting; her 4 dedup
@@ -276,10 +277,10 @@ def owner_values(bootstrap: str, changelog: str, owner: str, kinds: str | None =
                and (kinds is None or key[0] in kinds))
 
 
-def _last_counters(log: str) -> dict[str, Any]:
-    lines = [line for line in log.splitlines() if "streams counters " in line]
-    assert lines, log[-3000:]
-    return dict(json.loads(lines[-1].split("streams counters ", 1)[1]))
+def _last_counters(worker: WorkerProcess) -> dict[str, Any]:
+    counters = last_logged(worker.log_path, "streams counters ")
+    assert counters, worker.log_path.read_text()[-3000:]
+    return counters
 
 
 def test_the_worker_refuses_a_changelog_sealed_under_another_key_store(
@@ -350,7 +351,7 @@ def test_a_running_worker_stops_writing_an_owner_erased_mid_thread(
     assert status != 70 and "crashed" not in log, log[-3000:]
     owners = {codec.decode(m.value())[1]["owner"] for m in run.window_messages()}
     assert owners == {run.bob}
-    counters = _last_counters(log)
+    counters = _last_counters(worker)
     print("counters after a mid-thread erasure:",
           {k: v for k, v in counters.items() if "erased" in k})
     assert counters.get("quarantine/owner_erased", 0) == len(late), counters
