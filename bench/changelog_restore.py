@@ -12,7 +12,12 @@ run (``--run-kib`` of bytes) in turn. Two ways, in the same run:
 * ``channel_decoded``: :class:`RefusingChangelogTopic`, whose channel decodes each record
   and the store decodes it again (the worker before 2026-12-06);
 * ``store_decoded_logged``: as ``store_decoded``, RocksDB writing its write-ahead log
-  too (``state_store.WRITE_AHEAD_LOG``; the worker before 2026-12-06).
+  too (``state_store.WRITE_AHEAD_LOG``; the worker before 2026-12-06);
+* ``store_decoded_sealed``: as ``store_decoded`` with every value sealed under its
+  owner's data key, as the worker's changelogs hold them: the store checks each seal
+  (AES-GCM) before storing it, without decoding the value (``StateSealer.check``);
+* ``store_decoded_sealed_opened``: the same, each value opened *and decoded* to check it
+  (the worker before 2026-12-07).
 
 Usage::
 
@@ -37,9 +42,12 @@ if str(ROOT) not in sys.path:
 import faust  # noqa: E402
 from faust.types import TP, Message  # noqa: E402
 
+from hebrus_flywheel.core.privacy import LocalOwnerKeyStore, Pseudonymizer  # noqa: E402
+from hebrus_flywheel.streams.owner_seal import Erased, OwnerSealer  # noqa: E402
 from hebrus_flywheel.streams.processors import state_store  # noqa: E402
 from hebrus_flywheel.streams.processors.state_codec import (  # noqa: E402
     RefusingChangelogTopic,
+    SealedState,
     StateValue,
     StoreDecodedChangelogTopic,
     dumps,
@@ -59,23 +67,47 @@ def emit(figure: str, value: float, unit: str, **extra: Any) -> None:
                       "value": round(value, 3), "unit": unit, **extra}), flush=True)
 
 
-def records(count: int, run_kib: int) -> list[tuple[bytes, bytes]]:
-    """(key, value) changelog records: headers and route runs, alternating."""
+def records(count: int, run_kib: int, state: StateSealer | None = None,
+            owners: tuple[str, ...] = ()) -> list[tuple[bytes, bytes]]:
+    """(key, value) changelog records: headers and route runs, alternating; of
+    ``owners`` in turn and sealed by ``state`` when given."""
     run = bytes(range(256)) * (run_kib * 4)
     out = []
     for i in range(count):
+        owner = owners[i % len(owners)] if owners else f"owner-{i}"
         if i % 2:
-            key, value = f"o\x1fowner-{i}\x1fthread\x1f0\x1fr0", {"routes": run, "first": 0}
+            key, value = f"o\x1f{owner}\x1fthread-{i}\x1f0\x1fr0", {"routes": run, "first": 0}
         else:
-            key, value = f"h\x1fowner-{i}\x1fthread\x1f0", {
-                "status": "open", "owner": f"owner-{i}", "applied": {"t": i, "o": i},
+            key, value = f"h\x1f{owner}\x1fthread-{i}\x1f0", {
+                "status": "open", "owner": owner, "applied": {"t": i, "o": i},
                 "ranges": [[0, 64], [80, 120]], "turns": [[0, 1], [1, 40]],
                 "turn_values": {str(t): list(range(200)) for t in range(4)}}
-        out.append((json.dumps(key).encode(), dumps(value)))
+        sealed = state.seal(key, value) if state is not None else value
+        out.append((json.dumps(key).encode(), dumps(sealed)))
     return out
 
 
-def restore_seconds(kind: type[Any], recs: list[tuple[bytes, bytes]], datadir: Path) -> float:
+def owner_keys(directory: Path, owners: int = 64) -> tuple[OwnerSealer, tuple[str, ...]]:
+    """A fresh key store of ``owners`` owners (each with a live key), and their ids."""
+    keys = LocalOwnerKeyStore(directory, create=True, max_age_s=3600)
+    names = Pseudonymizer(keys)
+    ids = tuple(names.owner(f"bench-owner-{n}") for n in range(owners))
+    for owner in ids:
+        keys.data_key(owner, create=True)
+    return OwnerSealer(lambda: keys), ids
+
+
+class OpeningStateSealer(StateSealer):
+    """Checks a restored value by opening and decoding it (the worker before
+    2026-12-07)."""
+
+    def check(self, key: str, value: SealedState) -> Erased | None:
+        opened = self.open(key, value)
+        return opened if isinstance(opened, Erased) else None
+
+
+def restore_seconds(kind: type[Any], recs: list[tuple[bytes, bytes]], datadir: Path,
+                    state: StateSealer | None = None) -> float:
     """Wall seconds to decode ``recs`` through the changelog channel and apply them."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -84,7 +116,7 @@ def restore_seconds(kind: type[Any], recs: list[tuple[bytes, bytes]], datadir: P
     table: Any = app.Table("t", partitions=1, key_type=str, value_type=StateValue,
                            options=dict(ROCKSDB_OPTIONS))
     store: Any = table.data
-    store.state_sealer = StateSealer(sealer=None, table="t")  # nothing sealed here
+    store.state_sealer = state or StateSealer(sealer=None, table="t")
     table.changelog_topic = kind(**table.changelog_topic._clone_args())
     name = table.changelog_topic.get_topic_name()
     channel = table.changelog_topic.clone_using_queue(asyncio.Queue())
@@ -111,18 +143,26 @@ def main() -> None:
     parser.add_argument("--run-kib", type=int, default=120)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    recs = records(args.records, args.run_kib)
     best: dict[str, float] = {}
-    variants = (("store_decoded", StoreDecodedChangelogTopic, False),
-                ("channel_decoded", RefusingChangelogTopic, False),
-                ("store_decoded_logged", StoreDecodedChangelogTopic, True))
     default = state_store.WRITE_AHEAD_LOG
     try:
         with tempfile.TemporaryDirectory() as tmp:
+            sealer, owners = owner_keys(Path(tmp) / "owners")
+            plain = records(args.records, args.run_kib)
+            sealed = records(args.records, args.run_kib, StateSealer(sealer, "t"), owners)
+            variants = (
+                ("store_decoded", StoreDecodedChangelogTopic, False, plain, None),
+                ("channel_decoded", RefusingChangelogTopic, False, plain, None),
+                ("store_decoded_logged", StoreDecodedChangelogTopic, True, plain, None),
+                ("store_decoded_sealed", StoreDecodedChangelogTopic, False, sealed,
+                 StateSealer(sealer, "t")),
+                ("store_decoded_sealed_opened", StoreDecodedChangelogTopic, False, sealed,
+                 OpeningStateSealer(sealer, "t")))
             for round_ in range(args.repeat):  # alternated: the machine is noisy
-                for name, kind, logged in variants:
+                for name, kind, logged, recs, state in variants:
                     state_store.WRITE_AHEAD_LOG = logged
-                    seconds = restore_seconds(kind, recs, Path(tmp) / f"{name}-{round_}")
+                    seconds = restore_seconds(kind, recs, Path(tmp) / f"{name}-{round_}",
+                                              state)
                     best[name] = min(best.get(name, seconds), seconds)
     finally:
         state_store.WRITE_AHEAD_LOG = default
@@ -135,6 +175,10 @@ def main() -> None:
     emit("changelog_restore_unlogged_to_logged_ratio",
          best["store_decoded_logged"] / best["store_decoded"], "ratio",
          note="restore speed, RocksDB without its write-ahead log against with it")
+    emit("changelog_restore_sealed_checked_to_opened_ratio",
+         best["store_decoded_sealed_opened"] / best["store_decoded_sealed"], "ratio",
+         note="restore speed of sealed records, each seal checked without decoding the "
+         "value against each value opened and decoded")
 
 if __name__ == "__main__":
     main()

@@ -12,8 +12,9 @@ key), and opens it on every read. So:
 * ``flywheel erase`` (the owner's key destroyed) leaves the RocksDB files unreadable
   for that owner, like the changelog; a value that opens as erased reads as absent;
 * a restored changelog record is stored as it was read (it is sealed already); before
-  that it is opened once, so a record that does not open stops the worker (fail
-  closed, as with the memory store) and one of an erased owner is deleted instead;
+  that its seal is checked once (decrypted, not decoded: ``StateSealer.check``), so a
+  record that does not open stops the worker (fail closed, as with the memory store)
+  and one of an erased owner is deleted instead;
 * a value written for an owner whose key is destroyed is deleted, never stored.
 
 Keys (pseudonymous ids, ordinals) and values of no owner (counters, expiry buckets)
@@ -343,7 +344,7 @@ class SealedRocksDBStore(RocksDBStore):
             return event
         value = self._restored_part("value", self._decode_value, msg)
         try:
-            opened = (self._sealer().open(key, value) if isinstance(value, SealedState)
+            opened = (self._sealer().check(key, value) if isinstance(value, SealedState)
                       else value)
         except (SealOpenError, ValueError, TypeError) as exc:
             log.critical(

@@ -120,6 +120,9 @@ def test_the_restore_bench_prints_its_figures(capsys: pytest.CaptureFixture[str]
         "changelog_restore_store_decoded_records_per_s",
         "changelog_restore_channel_decoded_records_per_s",
         "changelog_restore_store_decoded_logged_records_per_s",
+        "changelog_restore_store_decoded_sealed_records_per_s",
+        "changelog_restore_store_decoded_sealed_opened_records_per_s",
         "changelog_restore_store_to_channel_decoded_ratio",
-        "changelog_restore_unlogged_to_logged_ratio"]
+        "changelog_restore_unlogged_to_logged_ratio",
+        "changelog_restore_sealed_checked_to_opened_ratio"]
     assert all(line["value"] > 0 for line in lines)

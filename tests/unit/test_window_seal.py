@@ -172,6 +172,22 @@ def test_table_values_of_owners_are_sealed_others_stay_plain(keys, owner):
     assert state.seal(tkey, value) is None  # never plaintext: a tombstone
 
 
+def test_a_restored_value_is_checked_as_it_would_open_without_decoding(keys, owner):
+    state = StateSealer(_sealer(keys), "capture-state")
+    iid = instance_id(owner, "t" + "1" * 32, 0)
+    tkey, hkey = turn_key(iid, 0), header_key(iid)
+    sealed = loads(dumps(state.seal(tkey, {"token_ids": CANARY})))
+    assert state.check(tkey, sealed) is None
+    with pytest.raises(SealOpenError):
+        state.check(hkey, sealed)  # moved to another key
+    damaged = SealedState(owner=sealed.owner, generation=sealed.generation,
+                          body=sealed.body[:-1] + bytes([sealed.body[-1] ^ 1]))
+    with pytest.raises(SealOpenError):
+        state.check(tkey, damaged)
+    keys.destroy(owner)
+    assert isinstance(state.check(tkey, sealed), Erased)
+
+
 def test_window_of_erased_owner_is_quarantined_metadata_only(keys, owner, monkeypatch):
     from hebrus_flywheel.consumers.intake import classify, quarantine_record
     from hebrus_flywheel.consumers.labels import SourceRef
