@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from hebrus_flywheel.streams.topics import describe_topics
 from tests.support.streams_harness import (
     WorkerProcess,
     expected_pipeline,
+    last_logged,
     produce,
     producer,
     read_windows,
@@ -57,7 +57,8 @@ def _messages(n_threads: int, seed: int, *, identity: bool) -> list[Any]:
     return messages
 
 
-def _drain(bootstrap: str, prefix: str, tmp: Path, tag: str) -> str:
+def _drain(bootstrap: str, prefix: str, tmp: Path, tag: str) -> Path:
+    """Run one worker with ``--drain`` to its end; its log."""
     worker = WorkerProcess(
         bootstrap=bootstrap, prefix=prefix, app_id=APP_ID, log_path=tmp / f"worker-{tag}.log",
         flags=FLAGS, home=tmp / "home",
@@ -67,16 +68,8 @@ def _drain(bootstrap: str, prefix: str, tmp: Path, tag: str) -> str:
         rc = worker.proc.wait(timeout=240)
     finally:
         worker.stop()
-    log = worker.log_path.read_text(errors="replace")
-    assert rc == 0, log[-3000:]
-    return log
-
-
-def _last_counters(log: str) -> dict[str, Any]:
-    found = re.findall(r"streams counters (\{.*\})", log)
-    assert found, log[-3000:]
-    counters: dict[str, Any] = json.loads(found[-1])
-    return counters
+    assert rc == 0, worker.log_path.read_text(errors="replace")[-3000:]
+    return worker.log_path
 
 
 def _changelog_records(bootstrap: str, prefix: str) -> int:
@@ -98,7 +91,8 @@ def test_a_restart_reads_only_the_changelog_tail_and_repeats_identical_windows(
     assert written > 0
     produce(producer(bootstrap), topics, second)
     log = _drain(bootstrap, prefix, tmp_path, "1")
-    counters = _last_counters(log)
+    counters = last_logged(log, "streams counters ")
+    assert counters, log.read_text(errors="replace")[-3000:]
     restored = sum(int(counters.get(f"state/{t}_restored_records", 0)) for t in TABLES)
     print(f"first run wrote {written} changelog records; the restart restored {restored}")
     assert restored < written, (restored, written)
