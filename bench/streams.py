@@ -58,7 +58,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
@@ -102,6 +101,7 @@ from hebrus_flywheel.streams.topics import (
     describe_topics,
 )
 from tests.support.chunks import chunked
+from tests.support.process_cpu import THREAD_KINDS, CpuSampler, thread_cpu, total_cpu
 from tests.support.streams_harness import (
     WorkerProcess,
     grant_for,
@@ -349,35 +349,40 @@ class WorkerRun:
                    timeout_s=120, interval_s=0.5, what="every worker in the group")
         time.sleep(10)
         pids, brokers = [_pid(w) for w in procs], _broker_pids()
-        cpu_start, broker_start = _total_cpu(pids), _total_cpu(brokers)
+        cpu_start, broker_start = total_cpu(pids), total_cpu(brokers)
         start = time.perf_counter()
         self.capture.produce(self.bootstrap, self.topics)
         produced_s = time.perf_counter() - start
         self._wait_for_windows(interval_s=0.5, procs=procs)
         elapsed = time.perf_counter() - start
-        cpu_s, broker_s = _total_cpu(pids) - cpu_start, _total_cpu(brokers) - broker_start
+        cpu_s, broker_s = total_cpu(pids) - cpu_start, total_cpu(brokers) - broker_start
         return Timing(self.capture.observations, elapsed, cpu_s, broker_s,
                       {"produce_seconds": round(produced_s, 2)})
 
     def _drain(self, procs: list[WorkerProcess]) -> Timing:
         started = time.time()
-        samplers = [CpuSampler([_pid(w) for w in procs]), CpuSampler(_broker_pids())]
-        for sampler in samplers:
+        pids, brokers = [_pid(w) for w in procs], _broker_pids()
+        threads = CpuSampler(lambda: thread_cpu(pids))
+        broker = CpuSampler(lambda: total_cpu(brokers))
+        for sampler in (threads, broker):
             sampler.start()
         try:
             self._wait_for_windows(interval_s=0.1, procs=procs)
             end = time.time()
         finally:
-            for sampler in samplers:
+            for sampler in (threads, broker):
                 sampler.stop()
         first = [t for w in procs if (t := _first_capture_s(w.log_path)) is not None]
         if not first:
             raise SystemExit("no worker logged its first capture record (log level?)")
         t0 = min(first)
-        workers, broker = (s.at(end) - s.at(t0) for s in samplers)
-        return Timing(self.capture.observations, end - t0, workers, broker,
+        by_kind = {kind: threads.at(end)[kind] - threads.at(t0)[kind] for kind in THREAD_KINDS}
+        return Timing(self.capture.observations, end - t0, sum(by_kind.values()),
+                      broker.at(end) - broker.at(t0),
                       {"startup_seconds": round(t0 - started, 2),
-                       "last_worker_began_s": round(max(first) - t0, 2)})
+                       "last_worker_began_s": round(max(first) - t0, 2),
+                       **{f"worker_{kind}_cpu_s": round(cpu, 2)
+                          for kind, cpu in by_kind.items()}})
 
     def _wait_for_windows(self, interval_s: float, procs: list[WorkerProcess]) -> None:
         with WindowWatch(self.bootstrap, self.topics) as watch:
@@ -471,30 +476,6 @@ def emit_dedup_share(one: Timing) -> None:
          "does not spread (two free cores, no broker on them)")
 
 
-class CpuSampler(threading.Thread):
-    """The summed CPU seconds of some processes, sampled every 0.1 s in the background;
-    :meth:`at` reads the last sample taken at or before a time."""
-
-    def __init__(self, pids: list[int]) -> None:
-        super().__init__(daemon=True)
-        self.pids = pids
-        self.samples = [(time.time(), _total_cpu(self.pids))]
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.wait(0.1):
-            self.samples.append((time.time(), _total_cpu(self.pids)))
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join()
-        self.samples.append((time.time(), _total_cpu(self.pids)))
-
-    def at(self, when: float) -> float:
-        before = [cpu for t, cpu in self.samples if t <= when]
-        return before[-1] if before else self.samples[0][1]
-
-
 def _broker_pids() -> list[int]:
     """The running brokers of this ``$FLYWHEEL_HOME`` (``flywheel broker up``, one node or
     the recorded cluster): their CPU is printed as ``broker_cpu_s``; none for a broker
@@ -531,16 +512,6 @@ def _same_windows(bootstrap: str, prefixes: list[str], expected: Any = None) -> 
         print(f"window sets differ from {next(iter(named))}: {differ} windows not shared",
               file=sys.stderr)
     return not differ and bool(first)
-
-
-def _total_cpu(pids: list[int]) -> float:
-    return sum(_cpu_seconds(pid) for pid in pids)
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class WindowWatch:
