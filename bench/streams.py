@@ -362,7 +362,8 @@ class WorkerRun:
     def _drain(self, procs: list[WorkerProcess]) -> Timing:
         started = time.time()
         pids, brokers = [_pid(w) for w in procs], _broker_pids()
-        threads = CpuSampler(lambda: thread_cpu(pids))
+        # the process totals, and their threads by kind (tests/support/process_cpu.py)
+        threads = CpuSampler(lambda: {"total": total_cpu(pids), **thread_cpu(pids)})
         broker = CpuSampler(lambda: total_cpu(brokers))
         for sampler in (threads, broker):
             sampler.start()
@@ -376,8 +377,9 @@ class WorkerRun:
         if not first:
             raise SystemExit("no worker logged its first capture record (log level?)")
         t0 = min(first)
-        by_kind = {kind: threads.at(end)[kind] - threads.at(t0)[kind] for kind in THREAD_KINDS}
-        return Timing(self.capture.observations, end - t0, sum(by_kind.values()),
+        by_kind = {kind: threads.at(end)[kind] - threads.at(t0)[kind]
+                   for kind in ("total", *THREAD_KINDS)}
+        return Timing(self.capture.observations, end - t0, by_kind.pop("total"),
                       broker.at(end) - broker.at(t0),
                       {"startup_seconds": round(t0 - started, 2),
                        "last_worker_began_s": round(max(first) - t0, 2),
