@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 from tests.support.process_cpu import (
     THREAD_KINDS,
@@ -29,18 +30,34 @@ def test_threads_are_told_apart_by_id_and_name() -> None:
     assert thread_kind(10, 14, "jemalloc_bg", "python") == "other"
 
 
+def _comm(pid: int, tid: int) -> str:
+    return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+
+
 def test_a_busy_thread_shows_under_its_kind() -> None:
-    pid = os.getpid()
+    pid, burnt, done, tids = os.getpid(), threading.Event(), threading.Event(), []
+
+    def busy() -> None:
+        tids.append(threading.get_native_id())
+        _burn(0.2)
+        burnt.set()
+        done.wait()  # alive while it is read
+
     before = thread_cpu([pid])
-    worker = threading.Thread(target=_burn, args=(0.3,))
+    worker = threading.Thread(target=busy)
     worker.start()
-    _burn(0.1)
-    after = thread_cpu([pid])  # the busy thread is still alive: it is read
-    worker.join()
-    assert set(after) == set(THREAD_KINDS)
-    grown = {kind: after[kind] - before[kind] for kind in THREAD_KINDS}
-    assert grown["event_loop"] >= 0.05 and grown["python_threads"] >= 0.05, grown
-    assert grown["librdkafka"] == grown["rocksdb"] == 0.0, grown
+    try:
+        assert burnt.wait(30)
+        after = thread_cpu([pid])
+        # a Python thread keeps the name of the thread that started it (the process's,
+        # unless something renamed that thread): whichever kind that makes, it shows there
+        kind = thread_kind(pid, tids[0], _comm(pid, tids[0]), _comm(pid, pid))
+    finally:
+        done.set()
+        worker.join()
+    assert set(after) == set(THREAD_KINDS) and kind in ("python_threads", "other")
+    grown = {k: after[k] - before[k] for k in THREAD_KINDS}
+    assert grown[kind] >= 0.15, (kind, grown)
     assert sum(after.values()) <= cpu_seconds(pid) + 0.02  # ended threads: only the total
 
 
